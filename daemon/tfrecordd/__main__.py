@@ -1,0 +1,3 @@
+from tfrecordd.cli import main
+
+raise SystemExit(main())

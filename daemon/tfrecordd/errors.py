@@ -1,0 +1,87 @@
+"""One exception family for everything tfrecordd raises, and the exit codes the CLI maps them to."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_DATA = 65
+"""A file is not sound: truncated, corrupted or not a TFRecord file (sysexits' EX_DATAERR)."""
+EXIT_IO = 74
+"""An I/O error that is not about the data itself (sysexits' EX_IOERR)."""
+EXIT_CONFIG = 78
+"""The configuration is invalid (sysexits' EX_CONFIG); systemd is told not to restart on it."""
+
+
+class TfrecorddError(Exception):
+    """Base class of every error tfrecordd raises on purpose."""
+
+    exit_code = EXIT_FAILURE
+
+
+class ConfigError(TfrecorddError):
+    """The configuration is invalid; ``errors`` lists every problem found, each with its location."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("invalid configuration:\n" + "\n".join(f"  {e}" for e in self.errors))
+
+
+class RecordError(TfrecorddError):
+    """A TFRecord stream is not sound at ``offset`` (a byte offset into the decompressed stream)."""
+
+    exit_code = EXIT_DATA
+    kind = "invalid"
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.detail = detail
+        super().__init__(f"{path}: {self.kind} record at offset {offset}: {detail}")
+
+
+class TruncatedRecordError(RecordError):
+    """The stream ends inside a record: the file was cut short (or is still being written)."""
+
+    kind = "truncated"
+
+
+class CorruptRecordError(RecordError):
+    """A record's length or data does not match its CRC: the bytes were changed."""
+
+    kind = "corrupted"
+
+
+class CompressionError(TfrecorddError):
+    """A compressed stream is damaged, cut short, or decompresses past the configured cap."""
+
+    exit_code = EXIT_DATA
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.detail = detail
+        super().__init__(f"{path}: compressed stream damaged at byte {offset}: {detail}")
+
+
+class EncodeError(TfrecorddError):
+    """An event does not fit the schema; ``feature`` names the feature at fault, if one is."""
+
+    def __init__(self, reason: str, feature: str | None = None) -> None:
+        self.reason = reason
+        self.feature = feature
+        super().__init__(f"feature {feature!r}: {reason}" if feature else reason)
+
+
+class DecodeError(TfrecorddError):
+    """A record is not a parseable Example or SequenceExample."""
+
+    exit_code = EXIT_DATA
+
+
+class DurabilityError(TfrecorddError):
+    """An fsync, write or close failed: the file is discarded and the daemon must stop."""
+
+    exit_code = EXIT_IO

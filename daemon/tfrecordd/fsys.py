@@ -1,0 +1,95 @@
+"""The few file-system operations the commit protocol depends on, behind one swappable object.
+
+The shard writer, the journal and the publishing tools do their durable file work through a
+:class:`FileSystem`. Production uses :data:`LOCAL`; tests swap in a subclass that injects errors
+(EIO on fsync, ENOSPC on write) or simulates a power cut.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import BinaryIO
+
+
+class FileSystem:
+    """Durable local file operations: exclusive create, checked writes and fsyncs, atomic publish."""
+
+    def create_exclusive(self, path: str) -> BinaryIO:
+        """Create ``path`` for writing; fail if it exists or is a symlink (``O_EXCL|O_NOFOLLOW``)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags, 0o644)
+        return os.fdopen(fd, "wb", buffering=0)
+
+    def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
+        """Write all of ``data``, retrying short writes."""
+        view = memoryview(data)
+        while view:
+            n = f.write(view)
+            if n is None:  # pragma: no cover - only non-blocking files return None
+                raise OSError(errno.EAGAIN, "write would block")
+            view = view[n:]
+
+    def fsync(self, f: BinaryIO) -> None:
+        """Flush ``f`` to stable storage. A failure is final for this file: never retry it."""
+        f.flush()
+        os.fsync(f.fileno())
+
+    def close(self, f: BinaryIO) -> None:
+        """Close ``f``; errors propagate (a failed close may mean lost data)."""
+        f.close()
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the entries of directory ``path`` (creations, renames, removals) durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def publish(self, src: str, dst: str) -> None:
+        """Atomically give ``src`` the name ``dst``; fail with ``FileExistsError`` if ``dst`` exists.
+
+        ``link`` + ``unlink`` never replaces an existing file; where hard links are not supported,
+        falls back to ``rename`` after checking that ``dst`` is absent.
+        """
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+            if os.path.lexists(dst):
+                raise FileExistsError(errno.EEXIST, "already published", dst) from e
+            os.rename(src, dst)
+            return
+        os.unlink(src)
+
+    def replace(self, src: str, dst: str) -> None:
+        """Atomically rename ``src`` over ``dst`` (for files tfrecordd owns, such as checkpoints)."""
+        os.replace(src, dst)
+
+    def remove(self, path: str) -> None:
+        """Remove ``path`` if it exists."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+LOCAL = FileSystem()
+"""The real local file system."""
+
+
+def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
+    """Write a small file so that readers see either the old content or all of ``data``."""
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    fs.remove(tmp)
+    f = fs.create_exclusive(tmp)
+    try:
+        fs.write(f, data)
+        fs.fsync(f)
+    finally:
+        fs.close(f)
+    fs.replace(tmp, path)
+    fs.fsync_dir(directory)
