@@ -1,0 +1,326 @@
+"""The ``tf.train.Example`` / ``SequenceExample`` wire format, written directly from a plan.
+
+A writer is compiled once from the feature names and types: every key and tag is turned into
+bytes ahead of time, so encoding an event is a few ``struct.pack`` calls, varints from a table and
+one ``b"".join``. No protobuf message is built on this path; :mod:`tfrecordd.proto` is the oracle
+that the tests hold these bytes against.
+
+Map entries are written in the order of their keys' UTF-8 bytes, the order protobuf's
+deterministic serialization uses, so the output equals it byte for byte.
+
+Values are checked, never coerced: an int64 outside ``[-2**63, 2**63)``, a finite float that does
+not fit a float32, or a value of the wrong Python type (``bool`` included) raises
+:class:`~tfrecordd.errors.EncodeError` naming the feature. NaN and infinities given as such are
+written as such.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from enum import StrEnum
+from typing import Any
+
+from tfrecordd.errors import EncodeError
+
+__all__ = ["ExampleWriter", "FeatureType", "SequenceExampleWriter", "describe"]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+_MASK64 = 2**64 - 1
+
+
+class FeatureType(StrEnum):
+    """The three kinds of value list a ``tf.train.Feature`` holds."""
+
+    INT64 = "int64"
+    FLOAT = "float"
+    BYTES = "bytes"
+
+
+def _varint_slow(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_LIMIT = 1 << 14
+_SMALL: tuple[bytes, ...] = tuple(_varint_slow(n) for n in range(_SMALL_LIMIT))
+"""Every one- and two-byte varint: lengths and small ints are looked up, not computed."""
+
+
+def _varint(n: int) -> bytes:
+    """The varint of a non-negative ``n``."""
+    return _SMALL[n] if n < _SMALL_LIMIT else _varint_slow(n)
+
+
+_FLOAT_PACKERS: tuple[Callable[..., bytes], ...] = tuple(
+    struct.Struct(f"<{n}f").pack for n in range(65)
+)
+
+
+def describe(value: Any) -> str:
+    """An offending value as an error reason shows it: its type and a clipped repr."""
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _int64_error(values: Sequence[Any]) -> EncodeError:
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            return EncodeError(f"expected int64, got {describe(v)}")
+        if not INT64_MIN <= v <= INT64_MAX:
+            return EncodeError(f"int64 out of range: {v}")
+    return EncodeError("expected a list of int64")
+
+
+def _float_error(values: Sequence[Any]) -> EncodeError:
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return EncodeError(f"expected float, got {describe(v)}")
+        try:
+            struct.pack("<f", v)
+        except OverflowError:
+            return EncodeError(f"float out of float32 range: {v!r}")
+    return EncodeError("expected a list of float")
+
+
+def _bytes_error(values: Sequence[Any]) -> EncodeError:
+    for v in values:
+        if not isinstance(v, str | bytes):
+            return EncodeError(f"expected bytes, got {describe(v)}")
+        if isinstance(v, str):
+            try:
+                v.encode()
+            except UnicodeEncodeError as e:
+                return EncodeError(f"string is not valid UTF-8: {e.reason} at {e.start}")
+    return EncodeError("expected a list of bytes")
+
+
+def _int64_feature(values: Sequence[Any]) -> bytes:
+    """A ``Feature`` holding an ``Int64List`` of packed varints."""
+    if not values:
+        return b"\x1a\x00"
+    parts = []
+    small = _SMALL
+    try:
+        for v in values:
+            if v.__class__ is not int:
+                raise TypeError
+            if 0 <= v < _SMALL_LIMIT:
+                parts.append(small[v])
+            elif INT64_MIN <= v <= INT64_MAX:
+                parts.append(_varint_slow(v & _MASK64))
+            else:
+                raise OverflowError
+    except (TypeError, AttributeError, OverflowError):
+        # Subclasses of int other than bool (IntEnum, numpy-like ints) are ints too.
+        if not any(v.__class__ is bool or not isinstance(v, int) for v in values) and all(
+            INT64_MIN <= v <= INT64_MAX for v in values
+        ):
+            return _int64_feature([int(v) for v in values])
+        raise _int64_error(values) from None
+    packed = b"".join(parts)
+    n = len(packed)
+    inner = _varint(n)
+    return b"".join((b"\x1a", _varint(1 + len(inner) + n), b"\x0a", inner, packed))
+
+
+def _float_feature(values: Sequence[Any]) -> bytes:
+    """A ``Feature`` holding a packed ``FloatList`` of little-endian float32."""
+    n = len(values)
+    if not n:
+        return b"\x12\x00"
+    if bool in map(type, values):
+        raise _float_error(values)
+    try:
+        packed = _FLOAT_PACKERS[n](*values) if n <= 64 else struct.pack(f"<{n}f", *values)
+    except (struct.error, OverflowError, TypeError):
+        raise _float_error(values) from None
+    inner = _varint(4 * n)
+    return b"".join((b"\x12", _varint(1 + len(inner) + 4 * n), b"\x0a", inner, packed))
+
+
+def _bytes_feature(values: Sequence[Any]) -> bytes:
+    """A ``Feature`` holding a ``BytesList``; ``str`` values are written as UTF-8."""
+    if not values:
+        return b"\x0a\x00"
+    parts = []
+    try:
+        for v in values:
+            if v.__class__ is str:
+                v = v.encode()
+            elif v.__class__ is not bytes:
+                raise TypeError
+            parts.append(b"\x0a")
+            parts.append(_varint(len(v)))
+            parts.append(v)
+    except (TypeError, UnicodeEncodeError):
+        raise _bytes_error(values) from None
+    body = b"".join(parts)
+    return b"".join((b"\x0a", _varint(len(body)), body))
+
+
+_FEATURE: dict[FeatureType, Callable[[Sequence[Any]], bytes]] = {
+    FeatureType.INT64: _int64_feature,
+    FeatureType.FLOAT: _float_feature,
+    FeatureType.BYTES: _bytes_feature,
+}
+
+
+def _compile(
+    features: Sequence[tuple[str, FeatureType]],
+) -> tuple[tuple[int, str, bytes, Callable[[Sequence[Any]], bytes]], ...]:
+    """(index into the values, name, the entry's key field and value tag, the Feature encoder).
+
+    Sorted by the key's UTF-8 bytes: the order of protobuf's deterministic serialization.
+    """
+    seen: set[str] = set()
+    plan = []
+    for index, (name, kind) in enumerate(features):
+        if name in seen:
+            raise ValueError(f"feature {name!r} is declared twice")
+        seen.add(name)
+        key = name.encode()
+        prefix = b"\x0a" + _varint(len(key)) + key + b"\x12"
+        plan.append((key, index, name, prefix, _FEATURE[FeatureType(kind)]))
+    plan.sort(key=lambda p: p[0])
+    return tuple((index, name, prefix, enc) for _, index, name, prefix, enc in plan)
+
+
+def _map_entries(parts: list[bytes], prefix: bytes, value: bytes) -> int:
+    """Append one map entry (key, value message) to ``parts``; return the bytes appended."""
+    n = len(value)
+    value_len = _varint(n)
+    entry_len = len(prefix) + len(value_len) + n
+    entry_len_bytes = _varint(entry_len)
+    parts.append(b"\x0a")
+    parts.append(entry_len_bytes)
+    parts.append(prefix)
+    parts.append(value_len)
+    parts.append(value)
+    return 1 + len(entry_len_bytes) + entry_len
+
+
+def _check_count(values: Sequence[Any], expected: int, what: str) -> None:
+    if len(values) != expected:
+        raise EncodeError(f"expected {expected} {what} values, got {len(values)}")
+
+
+def _check_list(value: Any) -> None:
+    """Refuse what is not a list of values; a ``str`` would otherwise be split into characters."""
+    if isinstance(value, str | bytes | bytearray | memoryview) or not isinstance(value, Sequence):
+        raise EncodeError(f"expected a list of values, got {describe(value)}")
+
+
+class ExampleWriter:
+    """Writes serialized ``tf.train.Example`` messages for a fixed list of features.
+
+    ``features`` are ``(name, type)`` pairs; :meth:`encode` takes the values in the same order.
+    """
+
+    __slots__ = ("_count", "_plan")
+
+    def __init__(self, features: Sequence[tuple[str, FeatureType]]) -> None:
+        self._plan = _compile(features)
+        self._count = len(self._plan)
+
+    def encode(self, values: Sequence[Sequence[Any] | None]) -> bytes:
+        """Serialize one ``Example``.
+
+        ``values[i]`` is the list for the i-th feature: ints for int64, floats (or ints) for
+        float, ``bytes`` or ``str`` (written as UTF-8) for bytes. ``None`` leaves the feature out;
+        an empty list writes it with an empty value list of its kind.
+
+        Raises :class:`~tfrecordd.errors.EncodeError` naming the feature on a value that cannot be
+        written exactly.
+        """
+        if len(values) != self._count:
+            _check_count(values, self._count, "feature")
+        parts: list[bytes] = [b"\x0a", b""]
+        size = 0
+        for index, name, prefix, encode in self._plan:
+            v = values[index]
+            if v is None:
+                continue
+            try:
+                if v.__class__ is not list:
+                    _check_list(v)
+                feature = encode(v)
+            except EncodeError as e:
+                raise EncodeError(e.reason, name) from None
+            size += _map_entries(parts, prefix, feature)
+        parts[1] = _varint(size)
+        return b"".join(parts)
+
+
+def _feature_list(
+    name: str, encode: Callable[[Sequence[Any]], bytes], steps: Sequence[Sequence[Any]]
+) -> bytes:
+    """A ``FeatureList``: one ``Feature`` per step."""
+    if steps.__class__ is not list:
+        try:
+            _check_list(steps)
+        except EncodeError:
+            raise EncodeError(f"expected a list of steps, got {describe(steps)}", name) from None
+    parts = []
+    try:
+        for step in steps:
+            if step.__class__ is not list:
+                _check_list(step)
+            feature = encode(step)
+            parts.append(b"\x0a")
+            parts.append(_varint(len(feature)))
+            parts.append(feature)
+    except EncodeError as e:
+        raise EncodeError(f"step {len(parts) // 3}: {e.reason}", name) from None
+    return b"".join(parts)
+
+
+class SequenceExampleWriter:
+    """Writes serialized ``tf.train.SequenceExample`` messages.
+
+    ``context`` declares the per-sequence features, ``feature_lists`` the per-step ones, both as
+    ``(name, type)`` pairs in the order :meth:`encode` takes their values.
+    """
+
+    __slots__ = ("_context", "_context_count", "_lists", "_lists_count")
+
+    def __init__(
+        self,
+        context: Sequence[tuple[str, FeatureType]],
+        feature_lists: Sequence[tuple[str, FeatureType]],
+    ) -> None:
+        self._context = ExampleWriter(context)
+        self._lists = _compile(feature_lists)
+        self._lists_count = len(self._lists)
+
+    def encode(
+        self,
+        context_values: Sequence[Sequence[Any] | None],
+        list_values: Sequence[Sequence[Sequence[Any]] | None],
+    ) -> bytes:
+        """Serialize one ``SequenceExample``.
+
+        ``context_values`` are as in :meth:`ExampleWriter.encode`. ``list_values[i]`` is the
+        i-th feature list as a list of steps, each step a list of values; ``None`` leaves the
+        feature list out, an empty list writes it with no steps.
+        """
+        if len(list_values) != self._lists_count:
+            _check_count(list_values, self._lists_count, "feature list")
+        context = self._context.encode(context_values)
+        parts: list[bytes] = [b"\x12", b""]
+        size = 0
+        for index, name, prefix, encode in self._lists:
+            steps = list_values[index]
+            if steps is None:
+                continue
+            size += _map_entries(parts, prefix, _feature_list(name, encode, steps))
+        parts[1] = _varint(size)
+        parts.insert(0, context)
+        return b"".join(parts)
