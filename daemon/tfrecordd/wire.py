@@ -5,8 +5,9 @@ bytes ahead of time, so encoding an event is a few ``struct.pack`` calls, varint
 one ``b"".join``. No protobuf message is built on this path; :mod:`tfrecordd.proto` is the oracle
 that the tests hold these bytes against.
 
-Map entries are written in the order of their keys' UTF-8 bytes, the order protobuf's
-deterministic serialization uses, so the output equals it byte for byte.
+Map entries are written in the order of their keys' UTF-8 bytes (as protobuf's C++ deterministic
+serialization orders them), whatever the declaration order; each entry equals protobuf's own
+serialization of it byte for byte.
 
 Values are checked, never coerced: an int64 outside ``[-2**63, 2**63)``, a finite float that does
 not fit a float32, or a value of the wrong Python type (``bool`` included) raises
@@ -85,7 +86,7 @@ def _float_error(values: Sequence[Any]) -> EncodeError:
             return EncodeError(f"expected float, got {describe(v)}")
         try:
             struct.pack("<f", v)
-        except OverflowError:
+        except (OverflowError, struct.error):
             return EncodeError(f"float out of float32 range: {v!r}")
     return EncodeError("expected a list of float")
 
@@ -178,7 +179,7 @@ def _compile(
 ) -> tuple[tuple[int, str, bytes, Callable[[Sequence[Any]], bytes]], ...]:
     """(index into the values, name, the entry's key field and value tag, the Feature encoder).
 
-    Sorted by the key's UTF-8 bytes: the order of protobuf's deterministic serialization.
+    Sorted by the key's UTF-8 bytes, so the output does not depend on the declaration order.
     """
     seen: set[str] = set()
     plan = []
