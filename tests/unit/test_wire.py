@@ -274,9 +274,11 @@ def test_sequence_errors_name_the_feature_list_and_step() -> None:
     with pytest.raises(EncodeError) as info:
         writer.encode([["x"]], [[]])
     assert info.value.feature == "n"
+    steps_not_lists: Any = [[1, 2]]
     with pytest.raises(EncodeError) as info:
-        writer.encode([None], [[1, 2]])
+        writer.encode([None], steps_not_lists)
     assert info.value.feature == "labels"
+    assert info.value.reason == "step 0: expected a list of values, got int 1"
 
 
 def test_value_count_must_match_the_declaration() -> None:
