@@ -85,3 +85,25 @@ class DurabilityError(TfrecorddError):
     """An fsync, write or close failed: the file is discarded and the daemon must stop."""
 
     exit_code = EXIT_IO
+
+
+class InputError(TfrecorddError):
+    """An input cannot be read as a file: it is missing, a directory, or not a regular file."""
+
+    exit_code = 66  # sysexits' EX_NOINPUT
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(f"{path}: {detail}")
+
+
+class OutputError(TfrecorddError):
+    """An output cannot be created: it exists already (tools never overwrite) or is unwritable."""
+
+    exit_code = 73  # sysexits' EX_CANTCREAT
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(f"{path}: {detail}")

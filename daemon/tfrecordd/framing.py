@@ -1,0 +1,152 @@
+"""TFRecord record framing, bit-exact with TensorFlow's ``RecordWriter`` and ``RecordReader``.
+
+Each record is ``uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)``,
+all little-endian. :func:`iter_framed` tells a stream that was cut short (truncated) from one whose
+bytes were changed (corrupted) the way TensorFlow's ``record_reader.cc`` does: too few bytes for a
+header or a body is truncation, a CRC that does not match is corruption.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+import crc32c as _crc32c
+
+from tfrecordd.errors import CorruptRecordError, TruncatedRecordError
+
+HEADER_SIZE = 12
+"""Bytes before a record's data: the 8-byte length and the 4-byte masked CRC of the length."""
+FOOTER_SIZE = 4
+"""Bytes after a record's data: the masked CRC of the data."""
+OVERHEAD = HEADER_SIZE + FOOTER_SIZE
+"""Framing bytes added to every record."""
+DEFAULT_MAX_RECORD_BYTES = 256 * 1024 * 1024
+"""Largest record length :func:`iter_framed` accepts unless told otherwise."""
+
+_MASK_DELTA = 0xA282EAD8
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_HEADER = struct.Struct("<QI")
+_crc = _crc32c.crc32c
+# Large bodies are read in pieces so a bogus length in a short file never allocates the full length.
+_READ_PIECE = 1024 * 1024
+
+
+class Readable(Protocol):
+    """Anything with a binary ``read(n)``: files, ``io.BytesIO``, decompressing readers."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
+    """CRC32C of ``data``, masked as TFRecord stores it."""
+    c = _crc(data)
+    return (((c >> 15) | (c << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(record: bytes) -> bytes:
+    """One record framed as TFRecord bytes."""
+    length = _U64.pack(len(record))
+    return b"".join(
+        (
+            length,
+            _U32.pack(masked_crc32c(length)),
+            record,
+            _U32.pack(masked_crc32c(record)),
+        )
+    )
+
+
+def frame_many(records: Iterable[bytes]) -> bytes:
+    """Several records framed back to back, built with a single join."""
+    parts: list[bytes] = []
+    append = parts.append
+    u64 = _U64.pack
+    u32 = _U32.pack
+    crc = _crc
+    delta = _MASK_DELTA
+    for record in records:
+        length = u64(len(record))
+        c = crc(length)
+        append(length)
+        append(u32((((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF))
+        append(record)
+        c = crc(record)
+        append(u32((((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF))
+    return b"".join(parts)
+
+
+def _read_exact(stream: Readable, n: int) -> bytes:
+    """Up to ``n`` bytes; fewer only at end of stream (``read`` may return short counts)."""
+    if n <= _READ_PIECE:
+        data = stream.read(n)
+        if len(data) == n or not data:
+            return data
+        parts = [data]
+        got = len(data)
+    else:
+        parts = []
+        got = 0
+    while got < n:
+        piece = stream.read(min(n - got, _READ_PIECE))
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)
+
+
+def header_is_valid(header: bytes) -> bool:
+    """Whether ``header`` starts with a TFRecord header whose length CRC checks out."""
+    if len(header) < HEADER_SIZE:
+        return False
+    length_crc: int = _HEADER.unpack_from(header)[1]
+    return masked_crc32c(header[:8]) == length_crc
+
+
+def iter_framed(
+    stream: Readable, path: str, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+) -> Iterator[tuple[int, bytes]]:
+    """Read framed records from ``stream``, yielding ``(offset, data)`` with both CRCs verified.
+
+    ``offset`` is where the record's header starts in the (decompressed) stream. A stream that ends
+    cleanly between records ends the iteration; an empty stream holds zero records.
+
+    Raises:
+        TruncatedRecordError: the stream ends inside a header or a record body.
+        CorruptRecordError: a length or data CRC does not match, or the length is above
+            ``max_record_bytes`` (checked after the length CRC, and before anything is allocated).
+    """
+    offset = 0
+    unpack_header = _HEADER.unpack
+    while True:
+        header = _read_exact(stream, HEADER_SIZE)
+        if not header:
+            return
+        if len(header) < HEADER_SIZE:
+            raise TruncatedRecordError(
+                path, offset, f"stream ends {len(header)} bytes into a {HEADER_SIZE}-byte header"
+            )
+        length, length_crc = unpack_header(header)
+        if masked_crc32c(header[:8]) != length_crc:
+            hint = " (not a TFRecord stream?)" if offset == 0 else ""
+            raise CorruptRecordError(path, offset, f"length CRC mismatch{hint}")
+        if length > max_record_bytes:
+            raise CorruptRecordError(
+                path, offset, f"record length {length} is above the limit of {max_record_bytes}"
+            )
+        body = _read_exact(stream, length + FOOTER_SIZE)
+        if len(body) < length + FOOTER_SIZE:
+            raise TruncatedRecordError(
+                path,
+                offset,
+                f"stream ends {len(body)} bytes into a {length + FOOTER_SIZE}-byte record body",
+            )
+        data = body[:length]
+        (data_crc,) = _U32.unpack_from(body, length)
+        if masked_crc32c(data) != data_crc:
+            raise CorruptRecordError(path, offset, f"data CRC mismatch ({length}-byte record)")
+        yield offset, data
+        offset += HEADER_SIZE + length + FOOTER_SIZE

@@ -1,0 +1,138 @@
+"""Writing TFRecord streams: framing plus compression, into any byte sink.
+
+:class:`RecordWriter` is what the daemon's shard writer drives; it neither opens, fsyncs nor closes
+files. :func:`open_writer` is the convenience for tools and tests: a local file published
+atomically, under the same no-partial-file rule as shards.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from tfrecordd.compression import Compression, Compressor
+from tfrecordd.framing import frame_many
+from tfrecordd.fsys import LOCAL, FileSystem
+
+
+class RecordWriter:
+    """Frames records, compresses them, and hands the compressed bytes to ``sink``.
+
+    ``sink`` is called only with non-empty ``bytes``, in stream order. Records may sit inside the
+    compressor until :meth:`sync` or :meth:`finish`.
+    """
+
+    def __init__(
+        self,
+        sink: Callable[[bytes], object],
+        compression: Compression = Compression.GZIP,
+        *,
+        level: int | None = None,
+    ) -> None:
+        self.compression = Compression(compression)
+        self._sink = sink
+        self._compressor = Compressor(self.compression, level)
+        self._passthrough = self.compression is Compression.NONE
+        self._records = 0
+        self._raw_bytes = 0
+        self._file_bytes = 0
+        self._pending_raw = 0
+
+    @property
+    def records(self) -> int:
+        """Records written so far."""
+        return self._records
+
+    @property
+    def raw_bytes(self) -> int:
+        """Framed, uncompressed bytes written so far."""
+        return self._raw_bytes
+
+    @property
+    def file_bytes(self) -> int:
+        """Compressed bytes handed to the sink so far."""
+        return self._file_bytes
+
+    @property
+    def pending_raw(self) -> int:
+        """Raw bytes fed since the last sync whose compressed form may not have reached the sink.
+
+        Always 0 without compression. ``file_bytes + Compressor.bound(compression, pending_raw)``
+        bounds the size the stream will have after the next :meth:`sync` and :meth:`finish`.
+        """
+        return self._pending_raw
+
+    def _emit(self, data: bytes) -> None:
+        if data:
+            self._sink(data)
+            self._file_bytes += len(data)
+
+    def write(self, record: bytes) -> None:
+        """Write one record."""
+        self.write_many((record,))
+
+    def write_many(self, records: Sequence[bytes]) -> None:
+        """Write several records: framed together and compressed in one call."""
+        if not records:
+            return
+        raw = frame_many(records)
+        self._emit(self._compressor.compress(raw))
+        self._records += len(records)
+        self._raw_bytes += len(raw)
+        if not self._passthrough:
+            self._pending_raw += len(raw)
+
+    def sync(self) -> None:
+        """End the current compression unit and push every pending byte to the sink."""
+        self._emit(self._compressor.sync())
+        self._pending_raw = 0
+
+    def finish(self) -> None:
+        """End the stream. The sink's file is left for the caller to fsync and close."""
+        self._emit(self._compressor.finish())
+        self._pending_raw = 0
+
+
+def in_progress_name(path: str) -> str:
+    """The hidden name a file is written under before it is published as ``path``."""
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.inprogress")
+
+
+@contextmanager
+def open_writer(
+    path: str | os.PathLike[str],
+    compression: Compression,
+    *,
+    level: int | None = None,
+    fs: FileSystem = LOCAL,
+) -> Iterator[RecordWriter]:
+    """Write a TFRecord file that appears at ``path`` complete, durable and at once.
+
+    Records go to ``.<name>.inprogress`` in the same directory, created exclusively. When the block
+    ends normally the stream is finished, the file fsynced and closed, published under ``path``
+    without replacing anything (``FileExistsError`` if ``path`` exists), and the directory fsynced.
+    When the block raises, the in-progress file is removed and nothing is published.
+    """
+    final = os.path.abspath(os.fspath(path))
+    if os.path.lexists(final):
+        raise FileExistsError(errno.EEXIST, "refusing to overwrite", final)
+    tmp = in_progress_name(final)
+    f = fs.create_exclusive(tmp)
+    closed = False
+    try:
+        writer = RecordWriter(lambda data: fs.write(f, data), compression, level=level)
+        yield writer
+        writer.finish()
+        fs.fsync(f)
+        closed = True
+        fs.close(f)
+        fs.publish(tmp, final)
+    except BaseException:
+        if not closed:
+            f.close()
+        fs.remove(tmp)
+        raise
+    fs.fsync_dir(os.path.dirname(final))
