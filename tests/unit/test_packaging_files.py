@@ -127,6 +127,11 @@ def test_unit_stop_timeout_outlasts_the_default_drain(service: dict[str, str]) -
     assert _seconds(service["TimeoutStopSec"]) > drain
 
 
+def test_unit_keeps_what_the_process_metrics_read(service: dict[str, str]) -> None:
+    # prometheus_client reports no process_* metric at all without /proc/stat (its boot time).
+    assert service.get("ProcSubset", "all") == "all"
+
+
 def test_unit_state_directory_is_the_default_state_dir(service: dict[str, str]) -> None:
     config = pytest.importorskip("tfrecordd.config")
     state_dir = config.DaemonSection.model_fields["state_dir"].default
