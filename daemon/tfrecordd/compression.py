@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final, cast
 
 import zstandard
 
-from tfrecordd.errors import CompressionError
+from tfrecordd.errors import (
+    CompressionError,
+    CorruptStreamError,
+    DecompressionLimitError,
+    TruncatedStreamError,
+)
 from tfrecordd.framing import header_is_valid
 
 if TYPE_CHECKING:
@@ -138,8 +143,8 @@ def _zstd_compress_bound(n: int) -> int:
 
 _GZIP_WRAPPER = 10 + 8
 _ZLIB_WRAPPER = 2 + 4
-_ZLIB_FULL_FLUSH = 5  # the empty stored block a full flush appends
-_ZLIB_FINAL_BLOCK = 2  # the empty final block finish() appends after a full flush
+_ZLIB_FULL_FLUSH = 6  # the empty stored block a full flush appends, with its alignment
+_ZLIB_FINAL_BLOCK = 6  # finish()'s empty final block (stored at level 0) after a full flush
 _ZSTD_FRAME_HEADER_MAX = 18
 _ZSTD_CHECKSUM = 4
 
@@ -295,8 +300,10 @@ class _Inflater(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def _error(self, detail: str) -> CompressionError:
-        return CompressionError(self._path, self._consumed, detail)
+    def _error(
+        self, detail: str, error: type[CompressionError] = CorruptStreamError
+    ) -> CompressionError:
+        return error(self._path, self._consumed, detail)
 
     def readinto(self, b: WriteableBuffer) -> int:
         view = memoryview(b).cast("B")
@@ -337,10 +344,12 @@ class _Inflater(io.RawIOBase):
             if out:
                 self._produced += len(out)
                 if self._max is not None and self._produced > self._max:
-                    raise self._error(f"decompresses to more than {self._max} bytes")
+                    raise self._error(
+                        f"decompresses to more than {self._max} bytes", DecompressionLimitError
+                    )
                 return out
             if self._d is not None and not self._ended and not rest and self._src.eof:
-                raise self._error(f"file ends inside a {kind}")
+                raise self._error(f"file ends inside a {kind}", TruncatedStreamError)
 
 
 class _ZstdFrameChecker(io.RawIOBase):
@@ -371,7 +380,7 @@ class _ZstdFrameChecker(io.RawIOBase):
         data = self._src.read(len(view))
         if not data:
             if self._state != "magic" or self._buf or self._skip:
-                raise CompressionError(self._path, self._pos, "file ends inside a zstd frame")
+                raise TruncatedStreamError(self._path, self._pos, "file ends inside a zstd frame")
             return 0
         self._scan(data)
         view[: len(data)] = data
@@ -402,7 +411,7 @@ class _ZstdFrameChecker(io.RawIOBase):
         return self._pos
 
     def _fail(self, detail: str) -> CompressionError:
-        return CompressionError(self._path, self._pos - len(self._buf), detail)
+        return CorruptStreamError(self._path, self._pos - len(self._buf), detail)
 
     def _advance(self) -> None:
         buf = bytes(self._buf)
@@ -473,12 +482,12 @@ class _Capped(io.RawIOBase):
         try:
             data: bytes = self._reader.read(len(view))
         except zstandard.ZstdError as e:
-            raise CompressionError(
+            raise CorruptStreamError(
                 self._path, self._checker.position, f"zstd frame is damaged ({e})"
             ) from e
         self._produced += len(data)
         if self._max is not None and self._produced > self._max:
-            raise CompressionError(
+            raise DecompressionLimitError(
                 self._path, self._checker.position, f"decompresses to more than {self._max} bytes"
             )
         view[: len(data)] = data

@@ -107,3 +107,33 @@ class OutputError(TfrecorddError):
         self.path = path
         self.detail = detail
         super().__init__(f"{path}: {detail}")
+
+
+class TruncatedStreamError(CompressionError):
+    """A compressed stream ends inside a gzip member, the zlib stream or a zstd frame: cut short."""
+
+    kind = "truncated"
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        super().__init__(path, offset, detail)
+        self.args = (f"{path}: truncated compressed stream at byte {offset}: {detail}",)
+
+
+class CorruptStreamError(CompressionError):
+    """A compressed stream's bytes are not valid (bad header, data or checksum, trailing bytes)."""
+
+    kind = "corrupted"
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        super().__init__(path, offset, detail)
+        self.args = (f"{path}: corrupted compressed stream at byte {offset}: {detail}",)
+
+
+class DecompressionLimitError(CompressionError):
+    """A compressed stream decompresses to more than the configured cap (a decompression bomb?)."""
+
+    kind = "too large"
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        super().__init__(path, offset, detail)
+        self.args = (f"{path}: compressed stream too large at byte {offset}: {detail}",)

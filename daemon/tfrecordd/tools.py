@@ -1,14 +1,278 @@
-"""Shard tools: ``verify``, ``cat`` and ``transcode``."""
+"""Shard tools: ``verify``, ``cat`` and ``transcode``.
+
+``verify PATH...`` reads every record of every file, checking both CRCs of each record and the
+integrity of the compressed stream, and prints a count per file and a total. It exits 0 only when
+every file is sound; otherwise each bad file is named with the byte offset and whether it is
+truncated or corrupted, and the exit code is 65. ``--json`` prints one JSON document instead.
+
+``cat PATH...`` prints one JSON object per line for each record, always: feature name → list of
+values, bytes as UTF-8 text where valid and ``{"base64": ...}`` otherwise. ``--sequence`` reads
+``SequenceExample`` records as ``{"context": {...}, "feature_lists": {name: [[...], ...]}}``.
+``--json`` wraps each line with where the record came from:
+``{"path": ..., "offset": ..., "example": {...}}``.
+
+``transcode SRC... --to C --out DIR`` rewrites each source in compression ``C`` as
+``DIR/<source name with the new suffix>``, published atomically; an existing output is never
+overwritten.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+from tfrecordd import proto
+from tfrecordd.compression import (
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
+    SUFFIXES,
+    Compression,
+    compression_from_name,
+)
+from tfrecordd.errors import (
+    EXIT_DATA,
+    EXIT_OK,
+    CompressionError,
+    DecodeError,
+    OutputError,
+    RecordError,
+    TfrecorddError,
+)
+from tfrecordd.framing import DEFAULT_MAX_RECORD_BYTES
+from tfrecordd.reader import iter_records_with_offsets
+from tfrecordd.writer import open_writer
+
+_BATCH_RECORDS = 1024
+_BATCH_BYTES = 4 * 1024 * 1024
+_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def _size(text: str) -> int:
+    """A byte count such as ``4096``, ``64M`` or ``2G`` (binary units)."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    scale = _UNITS.get(t[-1:], 1)
+    digits = t[:-1] if t[-1:] in _UNITS else t
+    try:
+        value = int(digits) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compression",
+        choices=[c.value for c in Compression],
+        help="how the inputs are compressed (default: detected from content and name)",
+    )
+    p.add_argument(
+        "--max-record-bytes",
+        type=_size,
+        default=DEFAULT_MAX_RECORD_BYTES,
+        metavar="SIZE",
+        help="largest record accepted (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-decompressed-bytes",
+        type=_size,
+        default=DEFAULT_MAX_DECOMPRESSED_BYTES,
+        metavar="SIZE",
+        help="cap on what one file may decompress to (default: %(default)s)",
+    )
+
+
+def _records(args: argparse.Namespace, path: str) -> Iterator[tuple[int, bytes]]:
+    compression = Compression(args.compression) if args.compression else None
+    return iter_records_with_offsets(
+        path,
+        compression=compression,
+        max_record_bytes=args.max_record_bytes,
+        max_decompressed_bytes=args.max_decompressed_bytes,
+    )
+
+
+def _problem(e: TfrecorddError) -> dict[str, Any]:
+    """A JSON-able description of what is wrong with a file."""
+    if isinstance(e, RecordError):
+        return {"kind": e.kind, "offset": e.offset, "detail": e.detail, "message": str(e)}
+    if isinstance(e, CompressionError):
+        kind = getattr(e, "kind", "invalid")
+        return {
+            "kind": f"{kind} compressed stream",
+            "offset": e.offset,
+            "detail": e.detail,
+            "message": str(e),
+        }
+    return {"kind": "input", "offset": None, "detail": str(e), "message": str(e)}
+
+
+def _verify(args: argparse.Namespace) -> int:
+    out: TextIO = sys.stdout
+    files: list[dict[str, Any]] = []
+    codes: list[int] = []
+    for path in args.paths:
+        count = 0
+        entry: dict[str, Any] = {"path": path}
+        try:
+            for _ in _records(args, path):
+                count += 1
+        except TfrecorddError as e:
+            entry.update(ok=False, records=count, error=_problem(e))
+            codes.append(e.exit_code)
+            if not args.json:
+                print(f"BAD  {e}", file=out)
+        else:
+            entry.update(ok=True, records=count, error=None)
+            if not args.json:
+                print(f"OK   {path}: {count} records", file=out)
+        files.append(entry)
+    total = sum(f["records"] for f in files)
+    bad = sum(not f["ok"] for f in files)
+    if args.json:
+        doc = {"ok": not bad, "files": files, "total_records": total, "bad_files": bad}
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+    else:
+        print(f"total: {total} records in {len(files)} files, {bad} bad", file=out)
+    if not codes:
+        return EXIT_OK
+    return EXIT_DATA if EXIT_DATA in codes else codes[0]
+
+
+def _features(values: dict[str, proto.FeatureValues]) -> dict[str, list[Any]]:
+    return {k: proto.jsonable(v) for k, v in sorted(values.items())}
+
+
+def _cat(args: argparse.Namespace) -> int:
+    try:
+        return _cat_to(args, sys.stdout)
+    except BrokenPipeError:
+        # The reader went away (``| head``): that is the end of the output, not a failure.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_OK
+
+
+def _cat_to(args: argparse.Namespace, out: TextIO) -> int:
+    left: int | None = args.limit
+    for path in args.paths:
+        if left is not None and left <= 0:
+            break
+        for offset, record in _records(args, path):
+            if left is not None:
+                if left <= 0:
+                    break
+                left -= 1
+            obj: dict[str, Any]
+            try:
+                if args.sequence:
+                    context, lists = proto.parse_sequence_example(record)
+                    obj = {
+                        "context": _features(context),
+                        "feature_lists": {
+                            k: [proto.jsonable(v) for v in vs] for k, vs in sorted(lists.items())
+                        },
+                    }
+                else:
+                    obj = _features(proto.parse_example(record))
+            except DecodeError as e:
+                raise DecodeError(f"{path}: record at offset {offset}: {e}") from e
+            if args.json:
+                obj = {"path": path, "offset": offset, "example": obj}
+            out.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
+    out.flush()
+    return EXIT_OK
+
+
+def output_name(source: str, compression: Compression) -> str:
+    """The file name a transcoded copy of ``source`` gets: its base name with the new suffix."""
+    name = os.path.basename(source.rstrip("/"))
+    for suffix in sorted(SUFFIXES.values(), key=len, reverse=True):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    else:
+        if compression_from_name(name) is not None:
+            name = os.path.splitext(name)[0]
+        name = name.removesuffix(".tfrecord")
+    return name + SUFFIXES[compression]
+
+
+def _transcode_one(args: argparse.Namespace, src: str, dst: str) -> int:
+    to = Compression(args.to)
+    if os.path.lexists(dst):
+        raise OutputError(dst, "exists already; refusing to overwrite")
+    try:
+        with open_writer(dst, to, level=args.level) as writer:
+            batch: list[bytes] = []
+            size = 0
+            for _, record in _records(args, src):
+                batch.append(record)
+                size += len(record)
+                if len(batch) >= _BATCH_RECORDS or size >= _BATCH_BYTES:
+                    writer.write_many(batch)
+                    batch, size = [], 0
+            writer.write_many(batch)
+            count = writer.records
+    except FileExistsError as e:
+        raise OutputError(dst, "exists already; refusing to overwrite") from e
+    except OSError as e:
+        raise OutputError(dst, f"cannot write: {e.strerror or e}") from e
+    print(f"{src} -> {dst}: {count} records", file=sys.stdout)
+    return EXIT_OK
+
+
+def _transcode(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.out):
+        raise OutputError(args.out, "output directory does not exist")
+    to = Compression(args.to)
+    codes: list[int] = []
+    for src in args.sources:
+        dst = os.path.join(args.out, output_name(src, to))
+        try:
+            codes.append(_transcode_one(args, src, dst))
+        except TfrecorddError as e:
+            print(f"tfrecordd: {e}", file=sys.stderr)
+            codes.append(e.exit_code)
+    failed = [c for c in codes if c != EXIT_OK]
+    return failed[0] if failed else EXIT_OK
+
+
+def _command(
+    sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help)
+    p.set_defaults(func=func)
+    return p
 
 
 def add_commands(sub: Any) -> None:
-    """Register the shard tools' subcommands on the CLI's subparsers."""
-    del sub
+    """Register ``verify``, ``cat`` and ``transcode`` on the CLI's subparsers."""
+    p = _command(sub, "verify", _verify, "check every record's CRCs and each compressed stream")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="TFRecord files or fsspec URLs")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    _add_limits(p)
 
+    p = _command(sub, "cat", _cat, "print records as JSON lines (feature name → values)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="TFRecord files or fsspec URLs")
+    p.add_argument(
+        "--json", action="store_true", help='wrap each line as {"path", "offset", "example"}'
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="stop after N records in all")
+    p.add_argument("--sequence", action="store_true", help="records are SequenceExamples")
+    _add_limits(p)
 
-__all__ = ["add_commands", "argparse"]
+    p = _command(sub, "transcode", _transcode, "re-compress shards, each published atomically")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="TFRecord files or fsspec URLs")
+    p.add_argument(
+        "--to", required=True, choices=[c.value for c in Compression], help="new compression"
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the new files")
+    p.add_argument("--level", type=int, help="compression level (default: per compression)")
+    _add_limits(p)
