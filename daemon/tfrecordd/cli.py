@@ -13,7 +13,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from tfrecordd import tools
+    from tfrecordd import service, tools
 
     p = argparse.ArgumentParser(
         prog="tfrecordd",
@@ -21,6 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"tfrecordd {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    service.add_commands(sub)
     tools.add_commands(sub)
     return p
 

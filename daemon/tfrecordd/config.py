@@ -1,0 +1,244 @@
+"""The daemon's configuration: TOML validated in two phases, every error reported at once.
+
+Phase one checks the shared sections (``[daemon]``, ``[metrics]``, ``[output]``) and the keys
+every source shares; phase two checks each source and encoder against its plugin's own model.
+Unknown keys are errors everywhere. Every problem is collected, with its location, into one
+:class:`~tfrecordd.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+)
+
+from tfrecordd.compression import Compression
+from tfrecordd.errors import ConfigError
+from tfrecordd.plugin import EncoderConfig, Registry, SourceConfig
+from tfrecordd.units import Duration, Size
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DaemonSection(_Section):
+    """``[daemon]``: identity, state and shutdown."""
+
+    node_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9_.-]+$")
+    """This daemon's id in shard names and claims; unique among daemons sharing an output.
+    Default: the host name."""
+    state_dir: Path = Path("/var/lib/tfrecordd")
+    """Where the journal, the checkpoint, source state and the dead letters live."""
+    drain_timeout: Duration = 30.0
+    """On SIGTERM, how long to drain the pipeline and publish open shards before exiting."""
+    queue_batches: int = Field(default=16, ge=1)
+    """Capacity, in batches, of each stream between stages; a full stream pauses the sources."""
+    max_batch_events: int = Field(default=1000, ge=1)
+    """The most events a source puts in one batch."""
+    max_batch_bytes: Size = Field(default=1 << 20, ge=1)
+    """The payload bytes a source aims to keep one batch under (one large event may exceed)."""
+    dead_letter_max_bytes: Size = Field(default=64 << 20, ge=1024)
+    """Size of the dead-letter file before it rotates (``dead-letters.jsonl.1`` keeps the previous
+    one; older ones are deleted and counted in ``tfrecordd_dead_letters_discarded_total``)."""
+    log_format: Literal["auto", "text", "json"] = "auto"
+    """Log lines as text or JSON; ``auto``: JSON under systemd's journal, text otherwise."""
+
+
+class MetricsSection(_Section):
+    """``[metrics]``: the Prometheus endpoint (``/metrics``) and liveness check (``/healthz``)."""
+
+    enabled: bool = True
+    """Serve metrics at all."""
+    listen: str = "127.0.0.1:9464"
+    """``host:port`` to listen on (``[::1]:9464`` for IPv6); loopback unless you choose else."""
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, v: str) -> str:
+        split_host_port(v)
+        return v
+
+
+class OutputSection(_Section):
+    """``[output]``: where shards go and when they rotate."""
+
+    dir: str
+    """The directory shards are published in."""
+    compression: Compression = Compression.GZIP
+    """``none``, ``gzip``, ``zlib`` (all read by ``tf.data``) or ``zstd`` (tfrecordd's reader)."""
+    level: int | None = None
+    """Compression level; default: gzip/zlib 6, zstd 3."""
+    max_shard_bytes: Size = Field(default=256 << 20, ge=4096)
+    """Rotate before a shard's size on disk (compressed) would pass this. Only a shard holding a
+    single batch larger than this on its own may exceed it."""
+    max_shard_records: int = Field(default=0, ge=0)
+    """Rotate at this many records; 0: no limit."""
+    max_shard_age: Duration = Field(default=600.0, gt=0)
+    """A shard holding data is published at most this long after its first record arrived."""
+    prefix: str = Field(default="part", pattern=r"^[A-Za-z0-9_.-]+$")
+    """The first part of each shard's name."""
+    fsync: bool = True
+    """fsync shards, the journal and directories. Turning this off gives up every durability
+    promise across power loss (kill -9 stays safe); for tests and throwaway data only."""
+
+
+class DaemonConfig(_Section):
+    """The whole configuration, validated."""
+
+    daemon: DaemonSection = DaemonSection()
+    metrics: MetricsSection = MetricsSection()
+    output: OutputSection
+    sources: list[SerializeAsAny[SourceConfig]]
+    """``[[sources]]``: each validated by its plugin's model (``type``)."""
+    encoders: dict[str, SerializeAsAny[EncoderConfig]]
+    """``[encoders.NAME]``: each validated by its plugin's model (``type``)."""
+    path: Path | None = None
+    """The file this config was read from, if any."""
+
+    def encoder_for(self, source: SourceConfig) -> EncoderConfig:
+        """The encoder config a source names."""
+        return self.encoders[source.encoder]
+
+
+class _Shape(_Section):
+    daemon: DaemonSection = DaemonSection()
+    metrics: MetricsSection = MetricsSection()
+    output: OutputSection
+    sources: list[dict[str, Any]] = Field(min_length=1)
+    encoders: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class _SourceCommon(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    type: str
+    encoder: str
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:9464"`` → ``("127.0.0.1", 9464)``; ``"[::1]:80"`` → ``("::1", 80)``."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ValueError(f"expected host:port with a host, got {value!r}")
+    return host, int(port)
+
+
+def _loc(prefix: str, loc: tuple[int | str, ...]) -> str:
+    out = prefix
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _messages(e: ValidationError, prefix: str = "", suffix: str = "") -> list[str]:
+    msgs = []
+    for err in e.errors(include_url=False):
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif (
+            err["type"] not in ("missing", "value_error")
+            and "input" in err
+            and not isinstance(err["input"], dict)
+        ):
+            msg += f" (got {err['input']!r})"
+        msgs.append(f"{_loc(prefix, err['loc'])}: {msg}{suffix}")
+    return msgs
+
+
+def parse_config(data: dict[str, Any], registry: Registry, path: Path | None = None) -> DaemonConfig:
+    """Validate a decoded config; raises :class:`ConfigError` listing every problem."""
+    errors: list[str] = []
+    try:
+        shape = _Shape.model_validate(data)
+    except ValidationError as e:
+        errors.extend(_messages(e))
+        shape = None
+        raw_sources = data.get("sources") if isinstance(data.get("sources"), list) else []
+        raw_encoders = data.get("encoders") if isinstance(data.get("encoders"), dict) else {}
+    else:
+        raw_sources, raw_encoders = shape.sources, shape.encoders
+
+    encoders: dict[str, EncoderConfig] = {}
+    for name, raw in (raw_encoders or {}).items():
+        if not isinstance(raw, dict):
+            continue
+        kind = raw.get("type")
+        model = registry.encoders.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            known = ", ".join(sorted(registry.encoders)) or "none installed"
+            errors.append(f"encoders.{name}.type: unknown encoder type {kind!r} (known: {known})")
+            continue
+        try:
+            encoders[name] = model.model_validate(raw)
+        except ValidationError as e:
+            errors.extend(_messages(e, f"encoders.{name}", f" [encoder {name!r}, type {kind!r}]"))
+
+    sources: list[SourceConfig] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_sources or []):
+        if not isinstance(raw, dict):
+            continue
+        try:
+            common = _SourceCommon.model_validate(raw)
+        except ValidationError as e:
+            errors.extend(_messages(e, f"sources[{i}]"))
+            continue
+        where = f" [source {common.name!r}, type {common.type!r}]"
+        model = registry.sources.get(common.type)
+        if model is None:
+            known = ", ".join(sorted(registry.sources)) or "none installed"
+            errors.append(f"sources[{i}].type: unknown source type {common.type!r} (known: {known})")
+            continue
+        if common.name in seen:
+            errors.append(f"sources[{i}].name: duplicate source name {common.name!r}")
+        seen.add(common.name)
+        if common.encoder not in (raw_encoders or {}):
+            errors.append(f"sources[{i}].encoder: no [encoders.{common.encoder}] table{where}")
+        try:
+            sources.append(model.model_validate(raw))
+        except ValidationError as e:
+            errors.extend(_messages(e, f"sources[{i}]", where))
+
+    if errors or shape is None:
+        raise ConfigError(errors)
+    try:
+        return DaemonConfig(
+            daemon=shape.daemon,
+            metrics=shape.metrics,
+            output=shape.output,
+            sources=sources,
+            encoders=encoders,
+            path=path,
+        )
+    except ValidationError as e:  # pragma: no cover - the parts were validated above
+        raise ConfigError(_messages(e)) from e
+
+
+def load_config(path: str | os.PathLike[str], registry: Registry | None = None) -> DaemonConfig:
+    """Read and validate a TOML config file; raises :class:`ConfigError` on any problem."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError([f"{p}: cannot read: {e.strerror or e}"]) from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{p}: not valid TOML: {e}"]) from e
+    return parse_config(data, registry or Registry.from_entry_points(), p)

@@ -1,0 +1,52 @@
+"""Named crash points: a test-only switch that kills the daemon at one step of the commit protocol.
+
+Set ``TFRECORDD_CRASH_AT=<point>`` (or ``<point>:<n>`` to crash on the n-th time the point is
+reached) and the process exits at once with status 137, as if killed by SIGKILL: no cleanup, no
+flush, no atexit handlers. Unset, :func:`reached` costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+
+POINTS = (
+    "after-create",
+    "mid-write",
+    "after-fsync",
+    "after-intent",
+    "after-publish",
+    "after-dir-fsync",
+    "after-ack",
+    "after-done",
+    "after-claim",
+    "after-spool-ack",
+)
+"""Every crash point the daemon passes, in protocol order."""
+
+_target: str | None = None
+_countdown = 0
+
+
+def arm(spec: str | None) -> None:
+    """Arm a crash point from a ``point[:n]`` spec (``None`` disarms)."""
+    global _target, _countdown
+    if not spec:
+        _target, _countdown = None, 0
+        return
+    point, _, n = spec.partition(":")
+    if point not in POINTS:
+        raise ValueError(f"unknown crash point {point!r} (known: {', '.join(POINTS)})")
+    _target, _countdown = point, int(n or 1)
+
+
+def reached(point: str) -> None:
+    """Crash here if this point is armed and its count is reached."""
+    global _countdown
+    if _target != point:
+        return
+    _countdown -= 1
+    if _countdown <= 0:
+        os._exit(137)
+
+
+arm(os.environ.get("TFRECORDD_CRASH_AT"))

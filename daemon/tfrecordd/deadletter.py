@@ -1,0 +1,100 @@
+"""The dead-letter file: bad events with their raw bytes, reason, source and position.
+
+One JSON object per line in ``state_dir/dead-letters.jsonl``: ``time``, ``source``, ``where``,
+``reason`` (a short category), ``detail``, and the raw bytes as ``raw`` (UTF-8 text) or
+``raw_base64``. The file is fsynced before the commit that acknowledges the positions of the
+events it holds, so a dead letter is never acknowledged without being durable. When the file
+passes its size cap it becomes ``dead-letters.jsonl.1`` (replacing the previous one, whose
+lines are counted as discarded).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from typing import Any, BinaryIO
+
+import orjson
+
+from tfrecordd.fsys import FileSystem
+
+NAME = "dead-letters.jsonl"
+
+
+class DeadLetters:
+    """Appends dead letters; :meth:`sync` makes them durable."""
+
+    def __init__(self, state_dir: str, fs: FileSystem, max_bytes: int, *, fsync: bool = True):
+        self.path = os.path.join(state_dir, NAME)
+        self.fs = fs
+        self.max_bytes = max_bytes
+        self.fsync_enabled = fsync
+        self._file: BinaryIO | None = None
+        self._size = 0
+        self._lines = 0
+        self._dirty = False
+
+    def _open(self) -> BinaryIO:
+        if self._file is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
+            self._file = os.fdopen(fd, "ab", buffering=0)
+            self._size = os.fstat(fd).st_size
+            self._lines = 0
+        return self._file
+
+    def write(self, source: str, where: str, reason: str, detail: str, raw: bytes) -> int:
+        """Append one dead letter; returns the number of older dead letters discarded by rotation
+        (an estimate for a file left by an earlier run)."""
+        entry: dict[str, Any] = {
+            "time": time.time(),
+            "source": source,
+            "where": where,
+            "reason": reason,
+            "detail": detail,
+        }
+        try:
+            entry["raw"] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            entry["raw_base64"] = base64.b64encode(raw).decode("ascii")
+        line = orjson.dumps(entry) + b"\n"
+        discarded = 0
+        f = self._open()
+        if self._size and self._size + len(line) > self.max_bytes:
+            discarded = self._rotate()
+            f = self._open()
+        self.fs.write(f, line)
+        self._size += len(line)
+        self._lines += 1
+        self._dirty = True
+        return discarded
+
+    def _rotate(self) -> int:
+        old = self.path + ".1"
+        discarded = 0
+        if os.path.exists(old):
+            with open(old, "rb") as f:
+                discarded = sum(1 for _ in f)
+        self.sync()
+        assert self._file is not None
+        self._file.close()
+        self._file = None
+        os.replace(self.path, old)
+        if self.fsync_enabled:
+            self.fs.fsync_dir(os.path.dirname(self.path))
+        return discarded
+
+    def sync(self) -> None:
+        """Make every dead letter written so far durable."""
+        if self._dirty and self._file is not None:
+            if self.fsync_enabled:
+                self.fs.fsync(self._file)
+            self._dirty = False
+
+    def close(self) -> None:
+        """Sync and close."""
+        self.sync()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

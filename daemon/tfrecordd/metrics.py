@@ -1,0 +1,220 @@
+"""Prometheus metrics on a registry of tfrecordd's own, served with ``/healthz`` over anyio.
+
+Names follow Prometheus conventions: prefix ``tfrecordd_``, counters end in ``_total``, sizes in
+bytes, times in seconds. Labels come from configuration (source, encoder, stage, reason),
+never from event content or file names.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+from anyio.abc import SocketStream
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from tfrecordd import __version__
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """Every metric the daemon exports, on one registry (a fresh one per daemon: tests stay
+    independent of each other)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.build_info = Info("tfrecordd_build", "Version of the running daemon.", registry=r)
+        self.build_info.info({"version": __version__})
+        self.events_received = Counter(
+            "tfrecordd_events_received_total", "Events read by sources.", ["source"], registry=r
+        )
+        self.events_invalid = Counter(
+            "tfrecordd_events_invalid_total",
+            "Events that could not be encoded, by reason.",
+            ["source", "reason"],
+            registry=r,
+        )
+        self.events_dead_lettered = Counter(
+            "tfrecordd_events_dead_lettered_total",
+            "Events written to the dead-letter file.",
+            ["source"],
+            registry=r,
+        )
+        self.events_dropped = Counter(
+            "tfrecordd_events_dropped_total",
+            "Events dropped on purpose (a datagram source facing a full pipeline), by reason.",
+            ["source", "reason"],
+            registry=r,
+        )
+        self.inputs_refused = Counter(
+            "tfrecordd_inputs_refused_total",
+            "Inputs refused before they became events (symlinks, FIFOs in a spool), by reason.",
+            ["source", "reason"],
+            registry=r,
+        )
+        self.events_acked = Counter(
+            "tfrecordd_events_acked_total",
+            "Events whose source positions were acknowledged after publishing.",
+            ["source"],
+            registry=r,
+        )
+        self.dead_letters_discarded = Counter(
+            "tfrecordd_dead_letters_discarded_total",
+            "Dead letters deleted when the dead-letter files rotated past their cap.",
+            registry=r,
+        )
+        self.records_written = Counter(
+            "tfrecordd_records_written_total", "Records written to shards.", registry=r
+        )
+        self.raw_bytes_written = Counter(
+            "tfrecordd_raw_bytes_written_total",
+            "Framed record bytes written, before compression.",
+            registry=r,
+        )
+        self.file_bytes_written = Counter(
+            "tfrecordd_compressed_bytes_written_total",
+            "Bytes written to shard files, after compression.",
+            registry=r,
+        )
+        self.shards_published = Counter(
+            "tfrecordd_shards_published_total", "Shards published.", registry=r
+        )
+        self.shards_discarded = Counter(
+            "tfrecordd_shards_discarded_total",
+            "In-progress shards discarded (at recovery or after a write error).",
+            registry=r,
+        )
+        self.last_publish = Gauge(
+            "tfrecordd_last_publish_timestamp_seconds",
+            "Unix time of the last shard published (0 before the first).",
+            registry=r,
+        )
+        self.open_shard_bytes = Gauge(
+            "tfrecordd_open_shard_bytes", "Bytes on disk of the open shard.", registry=r
+        )
+        self.open_shard_records = Gauge(
+            "tfrecordd_open_shard_records", "Records in the open shard.", registry=r
+        )
+        self.open_shard_age = Gauge(
+            "tfrecordd_open_shard_age_seconds",
+            "Age of the open shard's first record (0 when none is open).",
+            registry=r,
+        )
+        self.publish_duration = Histogram(
+            "tfrecordd_publish_duration_seconds",
+            "Time to commit a shard: end stream, fsync, journal, publish, directory fsync.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.fsync_duration = Histogram(
+            "tfrecordd_fsync_duration_seconds",
+            "Time spent in one fsync of a shard, the journal or a directory.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ack_duration = Histogram(
+            "tfrecordd_ack_duration_seconds",
+            "Time for a source to acknowledge the positions of one published shard.",
+            ["source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stream_depth = Gauge(
+            "tfrecordd_stream_depth_batches",
+            "Batches waiting in the stream in front of a stage.",
+            ["stage"],
+            registry=r,
+        )
+        self.backpressure = Counter(
+            "tfrecordd_backpressure_seconds_total",
+            "Time sources spent waiting on a full pipeline.",
+            ["source"],
+            registry=r,
+        )
+        self.journal_bytes = Gauge(
+            "tfrecordd_journal_bytes", "Size of the commit journal.", registry=r
+        )
+        self.recovered = Counter(
+            "tfrecordd_recovery_commits_total",
+            "Commits found at start-up, by outcome (redone, dropped).",
+            ["outcome"],
+            registry=r,
+        )
+        self.up = Gauge(
+            "tfrecordd_up", "1 while the pipeline runs, 0 while starting or stopping.", registry=r
+        )
+
+    def render(self) -> bytes:
+        """The metrics in Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+async def serve(
+    host: str,
+    port: int,
+    metrics: Metrics,
+    healthy: Callable[[], bool],
+    *,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``/metrics`` and ``/healthz`` over HTTP/1.0 until cancelled; reports the bound port."""
+
+    async def handle(stream: SocketStream) -> None:
+        async with stream:
+            try:
+                with anyio.fail_after(5):
+                    head = b""
+                    while b"\r\n\r\n" not in head and len(head) < 8192:
+                        chunk = await stream.receive(4096)
+                        head += chunk
+            except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                return
+            parts = head.split(b"\r\n", 1)[0].split()
+            target = parts[1].decode("latin-1") if len(parts) >= 2 else ""
+            path = target.split("?", 1)[0]
+            if path == "/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, metrics.render()
+            elif path == "/healthz":
+                ok = healthy()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                ctype, body = "text/plain; charset=utf-8", b"ok\n" if ok else b"unhealthy\n"
+            else:
+                status, ctype, body = "404 Not Found", "text/plain; charset=utf-8", b"not found\n"
+            resp = (
+                f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode("latin-1") + body
+            try:
+                await stream.send(resp)
+            except (anyio.BrokenResourceError, OSError):
+                return
+
+    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    bound = listener.extra(anyio.abc.SocketAttribute.local_port)
+    log.info("metrics listening on %s:%d", host, bound)
+    task_status.started(bound)
+    async with listener:
+        await listener.serve(handle)
+
+
+class Stopwatch:
+    """Measures elapsed monotonic time into a histogram."""
+
+    __slots__ = ("_h", "_t")
+
+    def __init__(self, histogram: Histogram) -> None:
+        self._h = histogram
+        self._t = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        self._t = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._h.observe(time.monotonic() - self._t)

@@ -1,0 +1,489 @@
+"""The daemon: sources → encoder → shard writer → committer, under one anyio task group.
+
+This plays the role TensorFlow's ``QueueRunner`` threads and ``Coordinator`` once did. Bounded
+memory object streams are the queues (a full stream pauses the producers), each source owns a
+clone of the send side (the stream ends by itself when the last source stops), and stopping is
+a cancel scope, not a flag. Blocking work (file writes, compression, fsync, encoding) runs in
+worker threads so the event loop keeps serving sockets and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from tfrecordd import crashpoints
+from tfrecordd.config import DaemonConfig, split_host_port
+from tfrecordd.deadletter import DeadLetters
+from tfrecordd.errors import DurabilityError
+from tfrecordd.fsys import LOCAL, FileSystem
+from tfrecordd.journal import Intent, Journal
+from tfrecordd.metrics import Metrics, Stopwatch, serve
+from tfrecordd.notify import SystemdNotifier
+from tfrecordd.plugin import Encoder, RawBatch, RawEvent, Source, SourceContext, Token
+from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer
+
+log = logging.getLogger("tfrecordd")
+
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """A batch after encoding: records for the shard, failures for the dead letters."""
+
+    source: str
+    records: list[bytes]
+    token: Token
+    events: int
+    failures: list[tuple[RawEvent, str, str]]
+
+
+@dataclass(slots=True)
+class _Unit:
+    """What the next commit will cover: an open shard (if any records came) and tokens."""
+
+    shard: OpenShard | None = None
+    tokens: dict[str, list[Token]] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    first_at: float | None = None
+
+    def empty(self) -> bool:
+        return self.shard is None and not self.tokens
+
+
+class _SourceContext(SourceContext):
+    def __init__(
+        self, daemon: Daemon, name: str, send: MemoryObjectSendStream[RawBatch]
+    ) -> None:
+        cfg = daemon.config
+        self.name = name
+        self.node_id = cfg.daemon.node_id
+        self.state_dir = os.path.join(str(cfg.daemon.state_dir), "sources", name)
+        self.max_batch_events = cfg.daemon.max_batch_events
+        if cfg.output.max_shard_records:
+            self.max_batch_events = min(self.max_batch_events, cfg.output.max_shard_records)
+        self.max_batch_bytes = min(cfg.daemon.max_batch_bytes, cfg.output.max_shard_bytes // 4)
+        self._send = send
+        self._m = daemon.metrics
+        self._received = daemon.metrics.events_received.labels(name)
+        self._backpressure = daemon.metrics.backpressure.labels(name)
+
+    async def send(self, batch: RawBatch) -> None:
+        if not batch.received:
+            batch.received = time.monotonic()
+        try:
+            self._send.send_nowait(batch)
+        except anyio.WouldBlock:
+            t0 = time.monotonic()
+            try:
+                await self._send.send(batch)
+            finally:
+                self._backpressure.inc(time.monotonic() - t0)
+        self._received.inc(len(batch.events))
+
+    def count_dropped(self, reason: str, n: int = 1) -> None:
+        self._m.events_dropped.labels(self.name, reason).inc(n)
+
+    def count_refused(self, reason: str, n: int = 1) -> None:
+        self._m.inputs_refused.labels(self.name, reason).inc(n)
+
+
+class Daemon:
+    """One tfrecordd process's pipeline. ``await run()`` until stopped."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        *,
+        fs: FileSystem = LOCAL,
+        metrics: Metrics | None = None,
+        notifier: SystemdNotifier | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        self.config = config
+        self.fs = fs
+        self.metrics = metrics or Metrics()
+        self.notifier = notifier or SystemdNotifier()
+        self.handle_signals = handle_signals
+        out = config.output
+        self.out_dir = os.path.abspath(out.dir)
+        self.state_dir = str(config.daemon.state_dir)
+        self.fsync = out.fsync
+        self.namer = ShardNamer(out.prefix, config.daemon.node_id, out.compression)
+        self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
+        built: dict[str, Encoder] = {n: e.build() for n, e in config.encoders.items()}
+        self.encoder_of: dict[str, Encoder] = {s.name: built[s.encoder] for s in config.sources}
+        self.journal = Journal(
+            self.state_dir,
+            fs,
+            folds={name: type(src).fold for name, src in self.sources.items()},
+            fsync=self.fsync,
+        )
+        self.dead_letters = DeadLetters(
+            self.state_dir, fs, config.daemon.dead_letter_max_bytes, fsync=self.fsync
+        )
+        self.metrics_port: int | None = None
+        self._unit = _Unit()
+        self._sources_scope: anyio.CancelScope | None = None
+        self._pipeline_scope: anyio.CancelScope | None = None
+        self._flush_requested = False
+        self._stopping = False
+        self._running = False
+        self._beat = time.monotonic()
+        self._progress = 0
+
+    # -- control ---------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop reading, drain, publish what is open within ``drain_timeout``, then return."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("stopping: draining within %.1fs", self.config.daemon.drain_timeout)
+        self.notifier.stopping("draining")
+        if self._sources_scope is not None:
+            self._sources_scope.cancel()
+        if self._pipeline_scope is not None:
+            self._pipeline_scope.deadline = time.monotonic() + self.config.daemon.drain_timeout
+
+    def request_flush(self) -> None:
+        """Publish the open shard now (what SIGHUP does)."""
+        self._flush_requested = True
+
+    def healthy(self) -> bool:
+        """True while the pipeline runs and the writer loop is not stuck."""
+        return self._running and time.monotonic() - self._beat < 120
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Recover, start everything, and run until stopped (or until every source ends)."""
+        self._sources_scope = anyio.CancelScope()
+        self._pipeline_scope = anyio.CancelScope()
+        if self._stopping:
+            self._sources_scope.cancel()
+        os.makedirs(self.out_dir, exist_ok=True)
+        os.makedirs(self.state_dir, exist_ok=True)
+        await self._recover()
+        raw_send, raw_recv = anyio.create_memory_object_stream[RawBatch](
+            self.config.daemon.queue_batches
+        )
+        enc_send, enc_recv = anyio.create_memory_object_stream[EncodedBatch](
+            self.config.daemon.queue_batches
+        )
+        try:
+            async with anyio.create_task_group() as services:
+                if self.config.metrics.enabled:
+                    host, port = split_host_port(self.config.metrics.listen)
+                    self.metrics_port = await services.start(
+                        serve, host, port, self.metrics, self.healthy
+                    )
+                if self.handle_signals:
+                    services.start_soon(self._signals)
+                services.start_soon(self._watchdog)
+                self._running = True
+                self.metrics.up.set(1)
+                self.notifier.ready(f"running {len(self.sources)} source(s)")
+                log.info(
+                    "started: node %s, %d source(s), output %s (%s)",
+                    self.config.daemon.node_id,
+                    len(self.sources),
+                    self.out_dir,
+                    self.config.output.compression,
+                )
+                task_status.started()
+                if self._stopping:
+                    self._pipeline_scope.deadline = (
+                        time.monotonic() + self.config.daemon.drain_timeout
+                    )
+                with self._pipeline_scope:
+                    async with anyio.create_task_group() as pipeline:
+                        pipeline.start_soon(self._run_sources, raw_send)
+                        pipeline.start_soon(self._encode_stage, raw_recv, enc_send)
+                        pipeline.start_soon(self._write_stage, enc_recv)
+                if self._pipeline_scope.cancelled_caught:
+                    log.error("drain did not finish within drain_timeout; open work will replay")
+                services.cancel_scope.cancel()
+        finally:
+            self._running = False
+            self.metrics.up.set(0)
+            with anyio.CancelScope(shield=True):
+                await self._cleanup()
+
+    async def _cleanup(self) -> None:
+        if self._unit.shard is not None:
+            await anyio.to_thread.run_sync(self._unit.shard.discard)
+            self.metrics.shards_discarded.inc()
+            self._unit = _Unit()
+        for name, src in self.sources.items():
+            try:
+                await src.aclose()
+            except Exception:
+                log.exception("source %s: error while closing", name)
+        await anyio.to_thread.run_sync(self.dead_letters.close)
+        self.journal.close()
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    log.info("SIGHUP: publishing open shards")
+                    self.request_flush()
+                elif self._stopping:
+                    log.warning("second %s: exiting at once", signal.Signals(signum).name)
+                    os._exit(128 + signum)
+                else:
+                    log.info("%s received", signal.Signals(signum).name)
+                    self.request_stop()
+
+    async def _watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval()  # already half of WatchdogSec
+        if not interval:
+            return
+        while True:
+            await anyio.sleep(interval)
+            if self.healthy():
+                self.notifier.watchdog()
+
+    async def _recover(self) -> None:
+        rec = await anyio.to_thread.run_sync(self.journal.recover)
+        discarded = 0
+        for entry in os.listdir(self.out_dir):
+            if self.namer.owns_inprogress(entry):
+                self.fs.remove(os.path.join(self.out_dir, entry))
+                discarded += 1
+        self.metrics.shards_discarded.inc(discarded)
+        pending: dict[str, list[Token]] = {}
+        redo: list[Intent] = []
+        dropped = 0
+        for intent in rec.unfinished:
+            if intent.shard is None or os.path.exists(os.path.join(self.out_dir, intent.shard)):
+                redo.append(intent)
+                for source, tokens in intent.positions.items():
+                    pending.setdefault(source, []).extend(tokens)
+            else:
+                self.journal.drop(intent.seq)
+                dropped += 1
+        for name, src in self.sources.items():
+            await src.recover(rec.states.get(name), pending.get(name, []))
+        for intent in redo:
+            self.journal.write_done(intent.seq)
+        self.metrics.recovered.labels("redone").inc(len(redo))
+        self.metrics.recovered.labels("dropped").inc(dropped)
+        self.metrics.journal_bytes.set(self.journal.size)
+        log.info(
+            "recovered: %d commit(s) redone, %d dropped, %d in-progress file(s) discarded%s",
+            len(redo),
+            dropped,
+            discarded,
+            f", journal tail torn at byte {rec.torn_at}" if rec.torn_at is not None else "",
+        )
+
+    # -- stages ----------------------------------------------------------------------------
+
+    async def _run_sources(self, raw_send: MemoryObjectSendStream[RawBatch]) -> None:
+        assert self._sources_scope is not None
+        async with raw_send:
+            with self._sources_scope:
+                async with anyio.create_task_group() as tg:
+                    for name, src in self.sources.items():
+                        tg.start_soon(self._run_source, name, src, raw_send.clone())
+
+    async def _run_source(
+        self, name: str, src: Source, send: MemoryObjectSendStream[RawBatch]
+    ) -> None:
+        async with send:
+            await src.run(_SourceContext(self, name, send))
+        log.info("source %s: finished", name)
+
+    async def _encode_stage(
+        self,
+        recv: MemoryObjectReceiveStream[RawBatch],
+        send: MemoryObjectSendStream[EncodedBatch],
+    ) -> None:
+        depth = self.metrics.stream_depth.labels("encode")
+        async with recv, send:
+            async for batch in recv:
+                depth.set(recv.statistics().current_buffer_used)
+                encoded = await anyio.to_thread.run_sync(self._encode, batch)
+                await send.send(encoded)
+
+    def _encode(self, batch: RawBatch) -> EncodedBatch:
+        encoder = self.encoder_of[batch.source]
+        good: list[RawEvent] = []
+        failures: list[tuple[RawEvent, str, str]] = []
+        for ev in batch.events:
+            if ev.error is not None:
+                failures.append((ev, "rejected", ev.error))
+            else:
+                good.append(ev)
+        result = encoder.encode_batch(good) if good else None
+        records: list[bytes] = []
+        if result is not None:
+            records = result.records
+            failures.extend((good[i], reason, detail) for i, reason, detail in result.failures)
+        return EncodedBatch(batch.source, records, batch.token, len(batch.events), failures)
+
+    async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
+        depth = self.metrics.stream_depth.labels("write")
+        max_age = self.config.output.max_shard_age
+        async with recv:
+            ended = False
+            while not ended:
+                wait = 1.0
+                if self._unit.first_at is not None:
+                    wait = min(wait, self._unit.first_at + max_age - time.monotonic())
+                batch: EncodedBatch | None = None
+                with anyio.move_on_after(max(wait, 0.0)):
+                    try:
+                        batch = await recv.receive()
+                    except anyio.EndOfStream:
+                        ended = True
+                self._beat = time.monotonic()
+                if batch is not None:
+                    depth.set(recv.statistics().current_buffer_used)
+                    await self._write_batch(batch)
+                self._update_open_gauges()
+                if self._unit.empty():
+                    self._flush_requested = False
+                    continue
+                first = self._unit.first_at
+                if self._flush_requested or (first is not None and self._beat - first >= max_age):
+                    self._flush_requested = False
+                    await self._commit()
+            if not self._unit.empty():
+                await self._commit()
+
+    def _update_open_gauges(self) -> None:
+        shard = self._unit.shard
+        m = self.metrics
+        m.open_shard_bytes.set(shard.file_bytes if shard else 0)
+        m.open_shard_records.set(shard.records if shard else 0)
+        first = self._unit.first_at
+        m.open_shard_age.set(time.monotonic() - first if first is not None else 0)
+
+    async def _write_batch(self, batch: EncodedBatch) -> None:
+        if batch.failures:
+            await anyio.to_thread.run_sync(self._dead_letter, batch)
+        records = batch.records
+        if records:
+            limit = self.config.output.max_shard_records
+            shard = self._unit.shard
+            if shard is not None and (
+                (limit and shard.records + len(records) > limit)
+                or not await anyio.to_thread.run_sync(shard.fits, records)
+            ):
+                await self._commit()
+            await anyio.to_thread.run_sync(self._write_records, records)
+        unit = self._unit
+        unit.tokens.setdefault(batch.source, []).append(batch.token)
+        unit.events[batch.source] = unit.events.get(batch.source, 0) + batch.events
+        if unit.first_at is None:
+            unit.first_at = time.monotonic()
+        limit = self.config.output.max_shard_records
+        if limit and unit.shard is not None and unit.shard.records >= limit:
+            await self._commit()
+
+    def _dead_letter(self, batch: EncodedBatch) -> None:
+        discarded = 0
+        for ev, reason, detail in batch.failures:
+            discarded += self.dead_letters.write(batch.source, ev.where, reason, detail, ev.payload)
+            self.metrics.events_invalid.labels(batch.source, reason).inc()
+        self.metrics.events_dead_lettered.labels(batch.source).inc(len(batch.failures))
+        if discarded:
+            self.metrics.dead_letters_discarded.inc(discarded)
+            log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
+
+    def _write_records(self, records: list[bytes]) -> None:
+        shard = self._unit.shard
+        try:
+            if shard is None:
+                out = self.config.output
+                shard = OpenShard(
+                    self.out_dir,
+                    self.namer.next(),
+                    out.compression,
+                    out.level,
+                    out.max_shard_bytes,
+                    self.fs,
+                )
+                self._unit.shard = shard
+                crashpoints.reached("after-create")
+            before_raw, before_file = shard.raw_bytes, shard.file_bytes
+            shard.write(records)
+            crashpoints.reached("mid-write")
+        except OSError as e:
+            raise DurabilityError(f"writing shard: {e.strerror or e}") from e
+        self.metrics.records_written.inc(len(records))
+        self.metrics.raw_bytes_written.inc(shard.raw_bytes - before_raw)
+        self.metrics.file_bytes_written.inc(shard.file_bytes - before_file)
+
+    async def _commit(self) -> None:
+        unit, self._unit = self._unit, _Unit()
+        positions = unit.tokens
+        counted = unit.shard.file_bytes if unit.shard is not None else 0
+        with Stopwatch(self.metrics.publish_duration):
+            try:
+                intent, finished = await anyio.to_thread.run_sync(self._commit_sync, unit)
+            except BaseException:
+                if unit.shard is not None:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(unit.shard.discard)
+                    self.metrics.shards_discarded.inc()
+                raise
+        if finished is not None:
+            self.metrics.shards_published.inc()
+            self.metrics.file_bytes_written.inc(finished.size - counted)
+            self.metrics.last_publish.set(time.time())
+            log.info(
+                "published %s: %d records, %d bytes", finished.name, finished.records, finished.size
+            )
+        for source, tokens in positions.items():
+            with Stopwatch(self.metrics.ack_duration.labels(source)):
+                await self.sources[source].ack(tokens)
+            self.metrics.events_acked.labels(source).inc(unit.events.get(source, 0))
+            crashpoints.reached("after-ack")
+        await anyio.to_thread.run_sync(self.journal.write_done, intent.seq)
+        crashpoints.reached("after-done")
+        self.metrics.journal_bytes.set(self.journal.size)
+        self._progress += 1
+
+    def _commit_sync(self, unit: _Unit) -> tuple[Intent, FinishedShard | None]:
+        finished: FinishedShard | None = None
+        if unit.shard is not None:
+            with Stopwatch(self.metrics.fsync_duration):
+                finished = unit.shard.finish(fsync=self.fsync)
+            crashpoints.reached("after-fsync")
+        try:
+            self.dead_letters.sync()
+        except OSError as e:
+            raise DurabilityError(f"dead letters: fsync failed: {e.strerror or e}") from e
+        intent = self.journal.next_intent(
+            finished.name if finished else None,
+            unit.tokens,
+            records=finished.records if finished else 0,
+            size=finished.size if finished else 0,
+            sha256=finished.sha256 if finished else None,
+        )
+        try:
+            with Stopwatch(self.metrics.fsync_duration):
+                self.journal.write_intent(intent)
+        except OSError as e:
+            raise DurabilityError(f"journal: {e.strerror or e}") from e
+        crashpoints.reached("after-intent")
+        if finished is not None:
+            try:
+                self.fs.publish(finished.tmp_path, finished.final_path)
+                crashpoints.reached("after-publish")
+                if self.fsync:
+                    with Stopwatch(self.metrics.fsync_duration):
+                        self.fs.fsync_dir(self.out_dir)
+            except OSError as e:
+                raise DurabilityError(f"publishing {finished.name}: {e.strerror or e}") from e
+            crashpoints.reached("after-dir-fsync")
+        return intent, finished

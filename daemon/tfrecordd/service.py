@@ -1,0 +1,84 @@
+"""The service commands: ``run``, ``check-config``, ``plugins`` and ``healthcheck``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import anyio
+
+from tfrecordd import health, logs
+from tfrecordd.config import load_config
+from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError
+from tfrecordd.plugin import Registry
+from tfrecordd.runtime import Daemon
+
+log = logging.getLogger("tfrecordd")
+
+
+def add_commands(sub: Any) -> None:
+    """Register the service subcommands on the CLI's subparsers."""
+    p = sub.add_parser("run", help="run the daemon")
+    p.add_argument("--config", "-c", required=True, help="the TOML config file")
+    p.add_argument(
+        "--log-format", choices=["auto", "text", "json"], help="override [daemon].log_format"
+    )
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check-config", help="validate a config file without starting anything")
+    p.add_argument("config", help="the TOML config file")
+    p.set_defaults(func=cmd_check_config)
+
+    p = sub.add_parser("plugins", help="list the installed source and encoder plugins")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("healthcheck", help="exit 0 if a running daemon reports itself healthy")
+    p.add_argument("--url", default=health.DEFAULT_URL, help=f"default: {health.DEFAULT_URL}")
+    p.add_argument("--timeout", type=float, default=3.0)
+    p.set_defaults(func=lambda a: health.main_healthcheck(a.url, a.timeout))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Validate the config, then run the daemon until SIGTERM/SIGINT."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"tfrecordd: {e}", file=sys.stderr)
+        return e.exit_code
+    logs.setup(args.log_format or config.daemon.log_format)
+    daemon = Daemon(config)
+    try:
+        anyio.run(daemon.run)
+    except TfrecorddError as e:
+        log.error("stopping: %s", e)
+        return e.exit_code
+    log.info("stopped")
+    return EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Run the start-up checks on a config file; print a summary or every error."""
+    config = load_config(args.config)
+    print(
+        f"{args.config}: OK ({len(config.sources)} source(s), {len(config.encoders)} encoder(s), "
+        f"output {config.output.dir}, {config.output.compression})"
+    )
+    for s in config.sources:
+        print(f"  source {s.name}: type {s.type}, encoder {s.encoder}, {type(s).delivery}")
+    return EXIT_OK
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    """List every registered plugin with where it comes from."""
+    del args
+    reg = Registry.from_entry_points()
+    print("sources:")
+    for name, model in sorted(reg.sources.items()):
+        delivery = getattr(model, "delivery", "?")
+        print(f"  {name:<16} {model.__module__}.{model.__qualname__}  ({delivery})")
+    print("encoders:")
+    for name, emodel in sorted(reg.encoders.items()):
+        print(f"  {name:<16} {emodel.__module__}.{emodel.__qualname__}")
+    return EXIT_OK

@@ -1,0 +1,176 @@
+"""Shard files: naming, the hidden in-progress file, size-capped rotation, and publishing.
+
+A shard is written as ``.<name>.inprogress`` next to its final name, through the compressor,
+with every byte also fed to a SHA-256 digest. :meth:`OpenShard.finish` ends the compressed
+stream, fsyncs and closes the file; publishing gives it its final name without ever replacing
+another file, and the directory is fsynced after. No glob for finished shards (``*.tfrecord*``)
+matches an in-progress name: it is hidden and ends in ``.inprogress``.
+
+Size cap: before a batch is written, the shard's bytes on disk plus
+:meth:`Compressor.bound` of everything not yet flushed out of the compressor (the pending bytes
+and the batch) must fit in ``max_shard_bytes``; when the pessimistic estimate does not fit, the
+compressor is synced so the estimate becomes exact, and only then does the shard rotate. So a
+shard exceeds ``max_shard_bytes`` only when one batch alone is larger than the cap.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from tfrecordd.compression import SUFFIXES, Compression, Compressor
+from tfrecordd.errors import DurabilityError
+from tfrecordd.framing import OVERHEAD
+from tfrecordd.fsys import FileSystem
+from tfrecordd.writer import RecordWriter
+
+INPROGRESS_SUFFIX = ".inprogress"
+
+
+def inprogress_name(name: str) -> str:
+    """The hidden name a shard has while it is being written."""
+    return f".{name}{INPROGRESS_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedShard:
+    """A complete, fsynced, closed shard still under its in-progress name."""
+
+    name: str
+    tmp_path: str
+    final_path: str
+    records: int
+    size: int
+    raw_bytes: int
+    sha256: str
+
+
+class ShardNamer:
+    """Names that are unique across restarts and nodes and sort by creation time:
+    ``<prefix>-<UTC time>-<node>-<run id>-<seq><suffix>``."""
+
+    def __init__(self, prefix: str, node_id: str, compression: Compression) -> None:
+        self.prefix = prefix
+        self.node_id = node_id
+        self.suffix = SUFFIXES[compression]
+        self.run_id = secrets.token_hex(3)
+        self.seq = 0
+
+    def next(self) -> str:
+        self.seq += 1
+        now = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        return f"{self.prefix}-{now}-{self.node_id}-{self.run_id}-{self.seq:06d}{self.suffix}"
+
+    def owns_inprogress(self, filename: str) -> bool:
+        """Whether ``filename`` is an in-progress shard of this node (from any run)."""
+        return (
+            filename.startswith(f".{self.prefix}-")
+            and filename.endswith(INPROGRESS_SUFFIX)
+            and f"-{self.node_id}-" in filename
+        )
+
+
+class OpenShard:
+    """One shard being written. Blocking: call it from a worker thread."""
+
+    def __init__(
+        self,
+        directory: str,
+        name: str,
+        compression: Compression,
+        level: int | None,
+        max_bytes: int,
+        fs: FileSystem,
+    ) -> None:
+        self.directory = directory
+        self.name = name
+        self.compression = compression
+        self.max_bytes = max_bytes
+        self.fs = fs
+        self.tmp_path = os.path.join(directory, inprogress_name(name))
+        self._digest = hashlib.sha256()
+        self.file_bytes = 0
+        self._file: BinaryIO | None = fs.create_exclusive(self.tmp_path)
+        self._writer = RecordWriter(self._sink, compression, level=level)
+
+    def _sink(self, data: bytes) -> None:
+        assert self._file is not None
+        self.fs.write(self._file, data)
+        self._digest.update(data)
+        self.file_bytes += len(data)
+
+    @property
+    def records(self) -> int:
+        return self._writer.records
+
+    @property
+    def raw_bytes(self) -> int:
+        return self._writer.raw_bytes
+
+    def fits(self, records: list[bytes]) -> bool:
+        """Whether these records fit under the size cap (syncing the compressor if needed)."""
+        if self.records == 0:
+            return True
+        incoming = sum(len(r) for r in records) + OVERHEAD * len(records)
+        bound = Compressor.bound
+        if self.file_bytes + bound(self.compression, self._writer.pending_raw + incoming) <= (
+            self.max_bytes
+        ):
+            return True
+        self._writer.sync()
+        return self.file_bytes + bound(self.compression, incoming) <= self.max_bytes
+
+    def write(self, records: list[bytes]) -> None:
+        self._writer.write_many(records)
+
+    def finish(self, *, fsync: bool = True) -> FinishedShard:
+        """End the stream, fsync and close. Any failure here is final for this file."""
+        assert self._file is not None
+        f = self._file
+        try:
+            self._writer.finish()
+            if fsync:
+                self.fs.fsync(f)
+        except OSError as e:
+            self._file = None
+            self._close_quietly(f)
+            raise DurabilityError(f"{self.tmp_path}: {e.strerror or e}") from e
+        self._file = None
+        try:
+            self.fs.close(f)
+        except OSError as e:
+            raise DurabilityError(f"{self.tmp_path}: close failed: {e.strerror or e}") from e
+        return FinishedShard(
+            name=self.name,
+            tmp_path=self.tmp_path,
+            final_path=os.path.join(self.directory, self.name),
+            records=self.records,
+            size=self.file_bytes,
+            raw_bytes=self.raw_bytes,
+            sha256=self._digest.hexdigest(),
+        )
+
+    def discard(self) -> None:
+        """Close (errors ignored) and remove the in-progress file."""
+        if self._file is not None:
+            self._close_quietly(self._file)
+            self._file = None
+        self.fs.remove(self.tmp_path)
+
+    @staticmethod
+    def _close_quietly(f: BinaryIO) -> None:
+        try:
+            f.close()
+        except OSError:
+            pass
+
+
+def publish(shard: FinishedShard, fs: FileSystem, *, fsync: bool = True) -> None:
+    """Give the shard its final name (never replacing a file) and make that durable."""
+    fs.publish(shard.tmp_path, shard.final_path)
+    if fsync:
+        fs.fsync_dir(os.path.dirname(shard.final_path))
