@@ -162,7 +162,9 @@ def _messages(e: ValidationError, prefix: str = "", suffix: str = "") -> list[st
     return msgs
 
 
-def parse_config(data: dict[str, Any], registry: Registry, path: Path | None = None) -> DaemonConfig:
+def parse_config(
+    data: dict[str, Any], registry: Registry, path: Path | None = None
+) -> DaemonConfig:
     """Validate a decoded config; raises :class:`ConfigError` listing every problem."""
     errors: list[str] = []
     try:
@@ -170,23 +172,21 @@ def parse_config(data: dict[str, Any], registry: Registry, path: Path | None = N
     except ValidationError as e:
         errors.extend(_messages(e))
         shape = None
-        raw_sources = data.get("sources") if isinstance(data.get("sources"), list) else []
-        raw_encoders = data.get("encoders") if isinstance(data.get("encoders"), dict) else {}
-    else:
-        raw_sources, raw_encoders = shape.sources, shape.encoders
+    raw_sources = data.get("sources") if isinstance(data.get("sources"), list) else []
+    raw_encoders = data.get("encoders") if isinstance(data.get("encoders"), dict) else {}
 
     encoders: dict[str, EncoderConfig] = {}
     for name, raw in (raw_encoders or {}).items():
         if not isinstance(raw, dict):
             continue
         kind = raw.get("type")
-        model = registry.encoders.get(kind) if isinstance(kind, str) else None
-        if model is None:
+        emodel = registry.encoders.get(kind) if isinstance(kind, str) else None
+        if emodel is None:
             known = ", ".join(sorted(registry.encoders)) or "none installed"
             errors.append(f"encoders.{name}.type: unknown encoder type {kind!r} (known: {known})")
             continue
         try:
-            encoders[name] = model.model_validate(raw)
+            encoders[name] = emodel.model_validate(raw)
         except ValidationError as e:
             errors.extend(_messages(e, f"encoders.{name}", f" [encoder {name!r}, type {kind!r}]"))
 
@@ -204,7 +204,9 @@ def parse_config(data: dict[str, Any], registry: Registry, path: Path | None = N
         model = registry.sources.get(common.type)
         if model is None:
             known = ", ".join(sorted(registry.sources)) or "none installed"
-            errors.append(f"sources[{i}].type: unknown source type {common.type!r} (known: {known})")
+            errors.append(
+                f"sources[{i}].type: unknown source type {common.type!r} (known: {known})"
+            )
             continue
         if common.name in seen:
             errors.append(f"sources[{i}].name: duplicate source name {common.name!r}")

@@ -6,7 +6,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_DATA = 65
-"""A file is not sound: truncated, corrupted or not a TFRecord file (sysexits' EX_DATAERR)."""
+"""A file is not sound: truncated, corrupted or not TFRecord (sysexits' EX_DATAERR)."""
 EXIT_IO = 74
 """An I/O error that is not about the data itself (sysexits' EX_IOERR)."""
 EXIT_CONFIG = 78
@@ -20,7 +20,7 @@ class TfrecorddError(Exception):
 
 
 class ConfigError(TfrecorddError):
-    """The configuration is invalid; ``errors`` lists every problem found, each with its location."""
+    """The configuration is invalid; ``errors`` lists every problem, each with its location."""
 
     exit_code = EXIT_CONFIG
 

@@ -7,17 +7,18 @@ The shard writer, the journal and the publishing tools do their durable file wor
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from typing import BinaryIO
 
 
 class FileSystem:
-    """Durable local file operations: exclusive create, checked writes and fsyncs, atomic publish."""
+    """Durable local file operations: exclusive create, checked writes, fsyncs, atomic publish."""
 
     def create_exclusive(self, path: str) -> BinaryIO:
-        """Create ``path`` for writing; fail if it exists or is a symlink (``O_EXCL|O_NOFOLLOW``)."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        """Create ``path`` for writing; fail if it exists or is a symlink (O_EXCL, O_NOFOLLOW)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags, 0o644)
         return os.fdopen(fd, "wb", buffering=0)
 
@@ -48,7 +49,7 @@ class FileSystem:
             os.close(fd)
 
     def publish(self, src: str, dst: str) -> None:
-        """Atomically give ``src`` the name ``dst``; fail with ``FileExistsError`` if ``dst`` exists.
+        """Atomically give ``src`` the name ``dst``; ``FileExistsError`` if ``dst`` exists.
 
         ``link`` + ``unlink`` never replaces an existing file; where hard links are not supported,
         falls back to ``rename`` after checking that ``dst`` is absent.
@@ -65,15 +66,13 @@ class FileSystem:
         os.unlink(src)
 
     def replace(self, src: str, dst: str) -> None:
-        """Atomically rename ``src`` over ``dst`` (for files tfrecordd owns, such as checkpoints)."""
+        """Atomically rename ``src`` over ``dst`` (for files tfrecordd owns: checkpoints)."""
         os.replace(src, dst)
 
     def remove(self, path: str) -> None:
         """Remove ``path`` if it exists."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 LOCAL = FileSystem()

@@ -82,7 +82,10 @@ POOL.Add(_file())
 
 
 def _cls(name: str) -> type[Message]:
-    return message_factory.GetMessageClass(POOL.FindMessageTypeByName(f"tensorflow.{name}"))
+    cls: type[Message] = message_factory.GetMessageClass(
+        POOL.FindMessageTypeByName(f"tensorflow.{name}")
+    )
+    return cls
 
 
 BytesList = _cls("BytesList")
@@ -127,8 +130,7 @@ def parse_sequence_example(
         raise DecodeError(f"not a serialized SequenceExample: {e}") from e
     context = {k: feature_values(v) for k, v in msg.context.feature.items()}
     lists = {
-        k: [feature_values(f) for f in v.feature]
-        for k, v in msg.feature_lists.feature_list.items()
+        k: [feature_values(f) for f in v.feature] for k, v in msg.feature_lists.feature_list.items()
     }
     return context, lists
 

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -57,9 +58,7 @@ class _Unit:
 
 
 class _SourceContext(SourceContext):
-    def __init__(
-        self, daemon: Daemon, name: str, send: MemoryObjectSendStream[RawBatch]
-    ) -> None:
+    def __init__(self, daemon: Daemon, name: str, send: MemoryObjectSendStream[RawBatch]) -> None:
         cfg = daemon.config
         self.name = name
         self.node_id = cfg.daemon.node_id
@@ -250,25 +249,33 @@ class Daemon:
             if self.healthy():
                 self.notifier.watchdog()
 
-    async def _recover(self) -> None:
-        rec = await anyio.to_thread.run_sync(self.journal.recover)
+    def _sort_unfinished(self, unfinished: list[Intent]) -> tuple[list[Intent], int, int]:
+        """Discard our in-progress files; split unfinished intents into redo and dropped."""
         discarded = 0
         for entry in os.listdir(self.out_dir):
             if self.namer.owns_inprogress(entry):
                 self.fs.remove(os.path.join(self.out_dir, entry))
                 discarded += 1
-        self.metrics.shards_discarded.inc(discarded)
-        pending: dict[str, list[Token]] = {}
         redo: list[Intent] = []
         dropped = 0
-        for intent in rec.unfinished:
+        for intent in unfinished:
             if intent.shard is None or os.path.exists(os.path.join(self.out_dir, intent.shard)):
                 redo.append(intent)
-                for source, tokens in intent.positions.items():
-                    pending.setdefault(source, []).extend(tokens)
             else:
                 self.journal.drop(intent.seq)
                 dropped += 1
+        return redo, dropped, discarded
+
+    async def _recover(self) -> None:
+        rec = await anyio.to_thread.run_sync(self.journal.recover)
+        redo, dropped, discarded = await anyio.to_thread.run_sync(
+            self._sort_unfinished, rec.unfinished
+        )
+        self.metrics.shards_discarded.inc(discarded)
+        pending: dict[str, list[Token]] = {}
+        for intent in redo:
+            for source, tokens in intent.positions.items():
+                pending.setdefault(source, []).extend(tokens)
         for name, src in self.sources.items():
             await src.recover(rec.states.get(name), pending.get(name, []))
         for intent in redo:

@@ -15,6 +15,7 @@ shard exceeds ``max_shard_bytes`` only when one batch alone is larger than the c
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import os
@@ -163,10 +164,8 @@ class OpenShard:
 
     @staticmethod
     def _close_quietly(f: BinaryIO) -> None:
-        try:
+        with contextlib.suppress(OSError):
             f.close()
-        except OSError:
-            pass
 
 
 def publish(shard: FinishedShard, fs: FileSystem, *, fsync: bool = True) -> None:

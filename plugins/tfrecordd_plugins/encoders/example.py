@@ -8,7 +8,7 @@ from typing import Literal
 import orjson
 
 from tfrecordd.errors import EncodeError
-from tfrecordd.plugin import EncodeResult, Encoder, EncoderConfig, RawEvent
+from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
 from tfrecordd.schema import ExampleSchema, FeatureSpec
 
 
