@@ -103,10 +103,12 @@ def _bytes_error(values: Sequence[Any]) -> EncodeError:
     return EncodeError("expected a list of bytes")
 
 
-def _int64_feature(values: Sequence[Any]) -> bytes:
-    """A ``Feature`` holding an ``Int64List`` of packed varints."""
-    if not values:
-        return b"\x1a\x00"
+def _int64_payload(values: Sequence[Any]) -> bytes:
+    """The packed varints of an ``Int64List``; negative values take ten bytes."""
+    if len(values) == 1:
+        v = values[0]
+        if v.__class__ is int and 0 <= v < _SMALL_LIMIT:
+            return _SMALL[v]
     parts = []
     small = _SMALL
     try:
@@ -124,33 +126,29 @@ def _int64_feature(values: Sequence[Any]) -> bytes:
         if not any(v.__class__ is bool or not isinstance(v, int) for v in values) and all(
             INT64_MIN <= v <= INT64_MAX for v in values
         ):
-            return _int64_feature([int(v) for v in values])
+            return _int64_payload([int(v) for v in values])
         raise _int64_error(values) from None
-    packed = b"".join(parts)
-    n = len(packed)
-    inner = _varint(n)
-    return b"".join((b"\x1a", _varint(1 + len(inner) + n), b"\x0a", inner, packed))
+    return b"".join(parts)
 
 
-def _float_feature(values: Sequence[Any]) -> bytes:
-    """A ``Feature`` holding a packed ``FloatList`` of little-endian float32."""
+_PACK_ONE_FLOAT = _FLOAT_PACKERS[1]
+
+
+def _float_payload(values: Sequence[Any]) -> bytes:
+    """The packed little-endian float32 values of a ``FloatList``."""
     n = len(values)
-    if not n:
-        return b"\x12\x00"
-    if bool in map(type, values):
-        raise _float_error(values)
     try:
-        packed = _FLOAT_PACKERS[n](*values) if n <= 64 else struct.pack(f"<{n}f", *values)
+        if n == 1 and values[0].__class__ is float:
+            return _PACK_ONE_FLOAT(values[0])
+        if bool in map(type, values):
+            raise TypeError
+        return _FLOAT_PACKERS[n](*values) if n <= 64 else struct.pack(f"<{n}f", *values)
     except (struct.error, OverflowError, TypeError):
         raise _float_error(values) from None
-    inner = _varint(4 * n)
-    return b"".join((b"\x12", _varint(1 + len(inner) + 4 * n), b"\x0a", inner, packed))
 
 
-def _bytes_feature(values: Sequence[Any]) -> bytes:
-    """A ``Feature`` holding a ``BytesList``; ``str`` values are written as UTF-8."""
-    if not values:
-        return b"\x0a\x00"
+def _bytes_payload(values: Sequence[Any]) -> bytes:
+    """The fields of a ``BytesList``; ``str`` values are written as UTF-8."""
     parts = []
     try:
         for v in values:
@@ -158,26 +156,69 @@ def _bytes_feature(values: Sequence[Any]) -> bytes:
                 v = v.encode()
             elif v.__class__ is not bytes:
                 raise TypeError
+            n = len(v)
             parts.append(b"\x0a")
-            parts.append(_varint(len(v)))
+            parts.append(_SMALL[n] if n < _SMALL_LIMIT else _varint_slow(n))
             parts.append(v)
     except (TypeError, UnicodeEncodeError):
         raise _bytes_error(values) from None
-    body = b"".join(parts)
-    return b"".join((b"\x0a", _varint(len(body)), body))
+    return b"".join(parts)
 
 
-_FEATURE: dict[FeatureType, Callable[[Sequence[Any]], bytes]] = {
-    FeatureType.INT64: _int64_feature,
-    FeatureType.FLOAT: _float_feature,
-    FeatureType.BYTES: _bytes_feature,
+_PAYLOAD: dict[FeatureType, tuple[bytes, bool, Callable[[Sequence[Any]], bytes]]] = {
+    FeatureType.BYTES: (b"\x0a", False, _bytes_payload),
+    FeatureType.FLOAT: (b"\x12", True, _float_payload),
+    FeatureType.INT64: (b"\x1a", True, _int64_payload),
 }
+"""Per type: the ``Feature`` field tag, whether the payload is one packed field, the encoder."""
+
+_HEADS_CACHED = 4096
+
+
+def _feature_head(kind_tag: bytes, packed: bool, n: int) -> bytes:
+    """The bytes of a ``Feature`` that precede a payload of ``n`` bytes."""
+    value_head = b"\x0a" + _varint(n) if packed and n else b""
+    return kind_tag + _varint(len(value_head) + n) + value_head
+
+
+class _Heads(dict[int, bytes]):
+    """Everything of one map entry that precedes a payload of a given length, cached by length.
+
+    An entry is ``key field, Feature{kind tag, length, [packed tag, length,] payload}``: all of
+    it but the payload depends only on the feature and the payload's length.
+    """
+
+    def __init__(self, key: bytes, kind_tag: bytes, packed: bool) -> None:
+        super().__init__()
+        self.key_field = b"\x0a" + _varint(len(key)) + key
+        self.kind_tag = kind_tag
+        self.packed = packed
+
+    def __missing__(self, n: int) -> bytes:
+        feature_head = _feature_head(self.kind_tag, self.packed, n)
+        value = b"\x12" + _varint(len(feature_head) + n) + feature_head
+        entry_len = len(self.key_field) + len(value) + n
+        head = b"\x0a" + _varint(entry_len) + self.key_field + value
+        if n < _HEADS_CACHED:
+            self[n] = head
+        return head
+
+
+class _StepHeads(_Heads):
+    """Like :class:`_Heads`, for one step of a ``FeatureList``: a repeated ``Feature`` field."""
+
+    def __missing__(self, n: int) -> bytes:
+        feature_head = _feature_head(self.kind_tag, self.packed, n)
+        head = b"\x0a" + _varint(len(feature_head) + n) + feature_head
+        if n < _HEADS_CACHED:
+            self[n] = head
+        return head
 
 
 def _compile(
-    features: Sequence[tuple[str, FeatureType]],
-) -> tuple[tuple[int, str, bytes, Callable[[Sequence[Any]], bytes]], ...]:
-    """(index into the values, name, the entry's key field and value tag, the Feature encoder).
+    features: Sequence[tuple[str, FeatureType]], heads: type[_Heads] = _Heads
+) -> tuple[tuple[int, str, _Heads, Callable[[Sequence[Any]], bytes]], ...]:
+    """(index into the values, name, the entry heads, the payload encoder) for each feature.
 
     Sorted by the key's UTF-8 bytes, so the output does not depend on the declaration order.
     """
@@ -188,24 +229,10 @@ def _compile(
             raise ValueError(f"feature {name!r} is declared twice")
         seen.add(name)
         key = name.encode()
-        prefix = b"\x0a" + _varint(len(key)) + key + b"\x12"
-        plan.append((key, index, name, prefix, _FEATURE[FeatureType(kind)]))
+        kind_tag, packed, payload = _PAYLOAD[FeatureType(kind)]
+        plan.append((key, index, name, heads(key, kind_tag, packed), payload))
     plan.sort(key=lambda p: p[0])
-    return tuple((index, name, prefix, enc) for _, index, name, prefix, enc in plan)
-
-
-def _map_entries(parts: list[bytes], prefix: bytes, value: bytes) -> int:
-    """Append one map entry (key, value message) to ``parts``; return the bytes appended."""
-    n = len(value)
-    value_len = _varint(n)
-    entry_len = len(prefix) + len(value_len) + n
-    entry_len_bytes = _varint(entry_len)
-    parts.append(b"\x0a")
-    parts.append(entry_len_bytes)
-    parts.append(prefix)
-    parts.append(value_len)
-    parts.append(value)
-    return 1 + len(entry_len_bytes) + entry_len
+    return tuple((index, name, heads, payload) for _, index, name, heads, payload in plan)
 
 
 def _check_count(values: Sequence[Any], expected: int, what: str) -> None:
@@ -243,27 +270,29 @@ class ExampleWriter:
         """
         if len(values) != self._count:
             _check_count(values, self._count, "feature")
-        parts: list[bytes] = [b"\x0a", b""]
-        size = 0
-        for index, name, prefix, encode in self._plan:
-            v = values[index]
-            if v is None:
-                continue
-            try:
+        parts: list[bytes] = []
+        name = None
+        try:
+            for index, name, heads, payload in self._plan:  # noqa: B007
+                v = values[index]
+                if v is None:
+                    continue
                 if v.__class__ is not list:
                     _check_list(v)
-                feature = encode(v)
-            except EncodeError as e:
-                raise EncodeError(e.reason, name) from None
-            size += _map_entries(parts, prefix, feature)
-        parts[1] = _varint(size)
-        return b"".join(parts)
+                data = payload(v)
+                parts.append(heads[len(data)])
+                parts.append(data)
+        except EncodeError as e:
+            raise EncodeError(e.reason, name) from None
+        body = b"".join(parts)
+        n = len(body)
+        return b"\x0a" + (_SMALL[n] if n < _SMALL_LIMIT else _varint_slow(n)) + body
 
 
-def _feature_list(
-    name: str, encode: Callable[[Sequence[Any]], bytes], steps: Sequence[Sequence[Any]]
+def _feature_list_entry(
+    name: str, heads: _Heads, payload: Callable[[Sequence[Any]], bytes], steps: Sequence[Any]
 ) -> bytes:
-    """A ``FeatureList``: one ``Feature`` per step."""
+    """The ``FeatureLists`` map entry of one feature list: one ``Feature`` per step."""
     if steps.__class__ is not list:
         try:
             _check_list(steps)
@@ -274,13 +303,15 @@ def _feature_list(
         for step in steps:
             if step.__class__ is not list:
                 _check_list(step)
-            feature = encode(step)
-            parts.append(b"\x0a")
-            parts.append(_varint(len(feature)))
-            parts.append(feature)
+            data = payload(step)
+            parts.append(heads[len(data)])
+            parts.append(data)
     except EncodeError as e:
-        raise EncodeError(f"step {len(parts) // 3}: {e.reason}", name) from None
-    return b"".join(parts)
+        raise EncodeError(f"step {len(parts) // 2}: {e.reason}", name) from None
+    body = b"".join(parts)
+    value = b"\x12" + _varint(len(body))
+    entry_len = len(heads.key_field) + len(value) + len(body)
+    return b"".join((b"\x0a", _varint(entry_len), heads.key_field, value, body))
 
 
 class SequenceExampleWriter:
@@ -298,7 +329,7 @@ class SequenceExampleWriter:
         feature_lists: Sequence[tuple[str, FeatureType]],
     ) -> None:
         self._context = ExampleWriter(context)
-        self._lists = _compile(feature_lists)
+        self._lists = _compile(feature_lists, _StepHeads)
         self._lists_count = len(self._lists)
 
     def encode(
@@ -315,13 +346,10 @@ class SequenceExampleWriter:
         if len(list_values) != self._lists_count:
             _check_count(list_values, self._lists_count, "feature list")
         context = self._context.encode(context_values)
-        parts: list[bytes] = [b"\x12", b""]
-        size = 0
-        for index, name, prefix, encode in self._lists:
+        parts = []
+        for index, name, heads, payload in self._lists:
             steps = list_values[index]
-            if steps is None:
-                continue
-            size += _map_entries(parts, prefix, _feature_list(name, encode, steps))
-        parts[1] = _varint(size)
-        parts.insert(0, context)
-        return b"".join(parts)
+            if steps is not None:
+                parts.append(_feature_list_entry(name, heads, payload, steps))
+        entries = b"".join(parts)
+        return b"".join((context, b"\x12", _varint(len(entries)), entries))
