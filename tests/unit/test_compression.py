@@ -1,0 +1,291 @@
+"""Stream compression: detection, sync units, size bounds, and strict streaming decompression."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import random
+import struct
+import zlib
+
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfrecordd.compression import (
+    SUFFIXES,
+    TF_COMPRESSION_TYPE,
+    Compression,
+    Compressor,
+    detect,
+    open_decompressed,
+)
+from tfrecordd.errors import (
+    CompressionError,
+    CorruptStreamError,
+    DecompressionLimitError,
+    TruncatedStreamError,
+)
+from tfrecordd.framing import frame, masked_crc32c
+
+COMPRESSED = [Compression.GZIP, Compression.ZLIB, Compression.ZSTD]
+
+
+def _compress(compression: Compression, units: list[bytes], level: int | None = None) -> bytes:
+    c = Compressor(compression, level)
+    out = bytearray()
+    for unit in units:
+        out += c.compress(unit)
+        out += c.sync()
+    out += c.finish()
+    return bytes(out)
+
+
+def _decompress(data: bytes, compression: Compression, max_bytes: int | None = None) -> bytes:
+    reader = open_decompressed(io.BytesIO(data), compression, path="mem", max_bytes=max_bytes)
+    out = bytearray()
+    while chunk := reader.read(7919):
+        out += chunk
+    return bytes(out)
+
+
+def test_names() -> None:
+    assert [c.value for c in Compression] == ["none", "gzip", "zlib", "zstd"]
+    assert SUFFIXES[Compression.GZIP] == ".tfrecord.gz"
+    assert SUFFIXES[Compression.ZLIB] == ".tfrecord.zz"
+    assert SUFFIXES[Compression.ZSTD] == ".tfrecord.zst"
+    assert SUFFIXES[Compression.NONE] == ".tfrecord"
+    assert TF_COMPRESSION_TYPE == {
+        Compression.NONE: "",
+        Compression.GZIP: "GZIP",
+        Compression.ZLIB: "ZLIB",
+        Compression.ZSTD: None,
+    }
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+def test_detect_from_content(compression: Compression) -> None:
+    head = _compress(compression, [frame(b"payload") * 3])[:12]
+    assert detect(head) is compression
+    assert detect(head, "shard" + SUFFIXES[compression]) is compression
+    if compression is not Compression.ZLIB:
+        other = Compression.ZSTD if compression is not Compression.ZSTD else Compression.GZIP
+        assert detect(head, "mislabeled" + SUFFIXES[other]) is compression
+
+
+def test_detect_plain_header_wins_over_a_magic_lookalike() -> None:
+    record = b"x" * 0x8B1F  # its little-endian length starts with the gzip magic 1f 8b
+    head = frame(record)[:12]
+    assert head.startswith(b"\x1f\x8b")
+    assert detect(head, "shard.tfrecord.gz") is Compression.NONE
+
+
+def test_detect_weak_zlib_header_yields_to_the_suffix() -> None:
+    head = b"\x78\x01" + bytes(10)  # passes the zlib header check, and is not a TFRecord header
+    assert detect(head) is Compression.ZLIB
+    assert detect(head, "a.tfrecord.gz") is Compression.GZIP
+    assert detect(head, "a.zlib") is Compression.ZLIB
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("a.tfrecord.gz", Compression.GZIP),
+        ("a.GZ", Compression.GZIP),
+        ("a.tfrecord.zz", Compression.ZLIB),
+        ("a.zlib", Compression.ZLIB),
+        ("a.tfrecord.zst", Compression.ZSTD),
+        ("a.zstd", Compression.ZSTD),
+        ("a.tfrecord", Compression.NONE),
+        ("", Compression.NONE),
+    ],
+)
+def test_detect_falls_back_to_the_suffix(name: str, expected: Compression) -> None:
+    assert detect(b"", name) is expected
+    assert detect(b"\x89PNG\r\n\x1a\n\0\0\0\0", name) is expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(list(Compression)),
+    st.lists(st.lists(st.binary(max_size=2000), max_size=5), max_size=6),
+)
+def test_round_trip_with_sync_points(compression: Compression, units: list[list[bytes]]) -> None:
+    c = Compressor(compression)
+    out = bytearray()
+    raw = bytearray()
+    for unit in units:
+        for piece in unit:
+            out += c.compress(piece)
+            raw += piece
+        out += c.sync()
+        if compression is not Compression.ZLIB:
+            # After a sync, everything written so far is a complete stream on its own.
+            assert _decompress(bytes(out), compression) == raw
+    out += c.finish()
+    assert _decompress(bytes(out), compression) == raw
+
+
+def test_sync_units_are_what_standard_tools_expect() -> None:
+    units = [b"one " * 100, b"two " * 100, b"three"]
+    joined = b"".join(units)
+    gz = _compress(Compression.GZIP, units)
+    assert gzip.decompress(gz) == joined
+    assert gz.count(b"\x1f\x8b\x08") == 3  # one member per unit
+    zl = _compress(Compression.ZLIB, units)
+    assert zlib.decompress(zl) == joined  # one zlib stream with full flushes inside
+    zs = _compress(Compression.ZSTD, units)
+    frames = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True)
+    assert frames.decompress(zs) == joined
+    assert zs.count(b"\x28\xb5\x2f\xfd") == 3
+    params = zstandard.get_frame_parameters(zs)
+    assert params.has_checksum
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+def test_empty_stream_is_valid_and_empty(compression: Compression) -> None:
+    data = _compress(compression, [])
+    assert _decompress(data, compression) == b""
+    if compression is Compression.GZIP:
+        assert gzip.decompress(data) == b""
+    if compression is not Compression.NONE:
+        assert data  # a real (empty) stream, not zero bytes
+
+
+def test_sync_without_data_adds_nothing() -> None:
+    for compression in Compression:
+        c = Compressor(compression)
+        c.compress(b"data")
+        assert c.sync() or compression is Compression.NONE
+        assert c.sync() == b""
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_bound_holds_for_incompressible_data(compression: Compression) -> None:
+    rng = random.Random(7)
+    levels = [-5, 1, 3, 19] if compression is Compression.ZSTD else [0, 1, 6, 9]
+    sizes = [0, 1, 100, 16383, 16384, 65536, 131072, 131075, 400_000, 1 << 20]
+    for level in levels:
+        for n in sizes:
+            data = os.urandom(n)
+            c = Compressor(compression, level)
+            out = bytearray()
+            i = 0
+            while i < n:
+                step = rng.randint(1, 70_000)
+                out += c.compress(data[i : i + step])
+                i += step
+            out += c.sync() + c.finish()
+            assert len(out) <= Compressor.bound(compression, n), (level, n, len(out))
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_written_plus_bound_caps_the_size_after_sync_and_finish(compression: Compression) -> None:
+    # What the shard writer relies on: with `written` bytes out and a unit of n raw bytes pending,
+    # syncing and finishing never makes the file larger than written + bound(n).
+    rng = random.Random(11)
+    units = [os.urandom(rng.randint(0, 40_000)) for _ in range(8)]
+    for k in range(len(units)):
+        c = Compressor(compression)
+        written = 0
+        for unit in units[:k]:
+            written += len(c.compress(unit)) + len(c.sync())
+        last = units[k]
+        total = written + len(c.compress(last)) + len(c.sync()) + len(c.finish())
+        assert total <= written + Compressor.bound(compression, len(last))
+
+
+def test_bound_of_none_is_exact() -> None:
+    assert Compressor.bound(Compression.NONE, 12345) == 12345
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_every_cut_is_truncation_except_at_a_unit_end(compression: Compression) -> None:
+    units = [frame(os.urandom(300) + b"z" * 300), frame(b"second" * 50)]
+    c = Compressor(compression)
+    # gzip members and zstd frames are complete streams, so a cut right after one is a clean end;
+    # zlib units share one stream, which only finish() completes.
+    unit_end = len(c.compress(units[0]) + c.sync()) if compression is not Compression.ZLIB else -1
+    data = _compress(compression, units)
+    for cut in range(1, len(data)):
+        if cut == unit_end:
+            assert _decompress(data[:cut], compression) == units[0]
+            continue
+        with pytest.raises(TruncatedStreamError) as info:
+            _decompress(data[:cut], compression)
+        assert info.value.path == "mem"
+        assert 0 <= info.value.offset <= cut
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_a_bit_flip_is_an_error_or_changes_nothing(compression: Compression) -> None:
+    # Some bits are covered by no check and mean nothing (gzip mtime/OS bytes, padding after the
+    # last deflate block, zstd window size): a flip there decodes to the same bytes. Any other flip
+    # must be an error, never different data.
+    raw = frame(os.urandom(200) + b"q" * 500) + frame(b"more" * 64)
+    data = _compress(compression, [raw[:716], raw[716:]])
+    detected = 0
+    rng = random.Random(3)
+    for i in range(len(data)):
+        flipped = bytearray(data)
+        flipped[i] ^= 1 << rng.randrange(8)
+        try:
+            assert _decompress(bytes(flipped), compression) == raw
+        except CompressionError:
+            detected += 1
+    assert detected > len(data) * 3 // 4
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_trailing_garbage_is_corruption(compression: Compression) -> None:
+    data = _compress(compression, [frame(b"record")])
+    for garbage in (b"\0", b"\0" * 16, b"garbage after the stream"):
+        with pytest.raises(CorruptStreamError):
+            _decompress(data + garbage, compression)
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_garbage_alone_is_an_error(compression: Compression) -> None:
+    rng = random.Random(5)
+    for n in (1, 2, 3, 4, 12, 1000):
+        with pytest.raises(CompressionError):
+            _decompress(rng.randbytes(n), compression)
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_decompression_bomb_is_stopped(compression: Compression) -> None:
+    bomb = _compress(compression, [bytes(64 << 20)])
+    assert len(bomb) < 1 << 20
+    with pytest.raises(DecompressionLimitError, match="more than 1048576 bytes"):
+        _decompress(bomb, compression, max_bytes=1 << 20)
+    assert len(_decompress(bomb, compression, max_bytes=64 << 20)) == 64 << 20
+
+
+def test_zstd_skippable_frames_are_skipped() -> None:
+    skippable = struct.pack("<II", 0x184D2A53, 5) + b"notes"
+    data = skippable + _compress(Compression.ZSTD, [b"abc"]) + skippable
+    assert _decompress(data, Compression.ZSTD) == b"abc"
+    with pytest.raises(TruncatedStreamError):
+        _decompress(data[:-2], Compression.ZSTD)
+
+
+def test_zstd_checksum_mismatch_is_corruption() -> None:
+    data = bytearray(_compress(Compression.ZSTD, [b"checked content"]))
+    data[-1] ^= 0xFF
+    with pytest.raises(CorruptStreamError, match="checksum"):
+        _decompress(bytes(data), Compression.ZSTD)
+
+
+def test_none_is_passthrough() -> None:
+    data = frame(b"plain") + b"anything"
+    assert _decompress(data, Compression.NONE) == data
+
+
+def test_detect_plain_header_check_uses_the_length_crc() -> None:
+    header = struct.pack("<Q", 5)
+    assert detect(header + struct.pack("<I", masked_crc32c(header))) is Compression.NONE
+    assert detect(header + struct.pack("<I", masked_crc32c(header) ^ 1), "x.zst") is (
+        Compression.ZSTD
+    )
