@@ -324,6 +324,8 @@ class _Inflater(io.RawIOBase):
                 if self._ended or self._pending[0] != _GZIP_MAGIC[0]:
                     raise self._error("unexpected bytes after the end of the gzip stream")
                 self._d = zlib.decompressobj(31)
+            elif self._src.eof and self._src.offset == 0:
+                return b""  # an empty file: zero records, as TensorFlow reads it
             elif self._ended:
                 if self._pending:
                     raise self._error("unexpected bytes after the end of the zlib stream")
