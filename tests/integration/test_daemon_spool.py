@@ -1,0 +1,214 @@
+"""The daemon in-process on a spool directory: events in, shards and dead letters out."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.support import (
+    dead_letters,
+    inprogress_files,
+    movie_event,
+    read_ids,
+    shard_files,
+    spool_file,
+    write_config,
+)
+from tfrecordd.config import load_config
+from tfrecordd.metrics import Metrics
+from tfrecordd.runtime import Daemon
+from tfrecordd_plugins.sources.directory import CLAIM_DIR
+
+pytestmark = pytest.mark.anyio
+
+
+def metric(m: Metrics, name: str, **labels: str) -> float:
+    value = m.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def spool_drained(root: Path) -> bool:
+    spool = root / "spool"
+    left = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
+    claimed = list((spool / CLAIM_DIR).iterdir()) if (spool / CLAIM_DIR).exists() else []
+    return not left and not claimed
+
+
+async def until(predicate: object, timeout: float = 30.0) -> None:
+    assert callable(predicate)
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+
+
+async def run_until_drained(
+    root: Path, daemon: Daemon, events: int, timeout: float = 30.0
+) -> None:
+    """Run until ``events`` events were read, stop (the drain publishes), check the spool."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        await until(
+            lambda: metric(daemon.metrics, "tfrecordd_events_received_total", source="spool")
+            >= events,
+            timeout,
+        )
+        daemon.request_stop()
+    assert spool_drained(root), "every file is acked once its records are published"
+
+
+async def test_good_events_once_and_bad_ones_dead_lettered(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    spool = tmp_path / "spool"
+    events = [movie_event(i) for i in range(600)]
+    spool_file(spool, "a.jsonl", events[:200])
+    spool_file(
+        spool,
+        "b.jsonl",
+        [*events[200:400], "{not json", "", {"id": 10_000, "age": "old"}, "x" * 5000],
+    )
+    spool_file(spool, "c.jsonl", events[400:])
+    config = load_config(cfg)
+    source = config.sources[0].model_copy(update={"max_line_bytes": 4096})
+    config = config.model_copy(update={"sources": [source]})
+    daemon = Daemon(config, handle_signals=False)
+    await run_until_drained(tmp_path, daemon, 603)
+
+    ids = read_ids(tmp_path / "shards")
+    assert ids == {i: 1 for i in range(600)}
+    assert not inprogress_files(tmp_path / "shards")
+    letters = dead_letters(tmp_path / "state")
+    assert sorted(d["reason"] for d in letters) == ["malformed", "rejected", "schema"]
+    by_reason = {d["reason"]: d for d in letters}
+    assert by_reason["malformed"]["raw"] == "{not json"
+    assert "'age'" in by_reason["schema"]["detail"]
+    assert "max_line_bytes" in by_reason["rejected"]["detail"]
+    assert by_reason["rejected"]["raw"] == "x" * 4096
+    assert all(d["source"] == "spool" and "b.jsonl:" in d["where"] for d in letters)
+    m = daemon.metrics
+    assert metric(m, "tfrecordd_events_received_total", source="spool") == 603
+    assert metric(m, "tfrecordd_records_written_total") == 600
+    assert metric(m, "tfrecordd_events_dead_lettered_total", source="spool") == 3
+    assert metric(m, "tfrecordd_events_invalid_total", source="spool", reason="schema") == 1
+    assert metric(m, "tfrecordd_shards_published_total") == len(shard_files(tmp_path / "shards"))
+    assert metric(m, "tfrecordd_events_acked_total", source="spool") == 603
+    assert metric(m, "tfrecordd_compressed_bytes_written_total") == sum(
+        p.stat().st_size for p in shard_files(tmp_path / "shards")
+    )
+
+
+async def test_on_done_move_keeps_finished_files(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, source={"on_done": "move"})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(10)])
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    await run_until_drained(tmp_path, daemon, 10)
+    assert [p.name for p in (tmp_path / "spool" / "done").iterdir()] == ["a.jsonl"]
+    assert read_ids(tmp_path / "shards") == {i: 1 for i in range(10)}
+
+
+async def test_rotation_by_records(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_records": 64})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(1000)])
+    await run_until_drained(tmp_path, Daemon(load_config(cfg), handle_signals=False), 1000)
+    counts = [sum(1 for _ in read_ids_file(p)) for p in shard_files(tmp_path / "shards")]
+    assert sum(counts) == 1000
+    assert max(counts) == 64
+    assert counts[:-1] == [64] * (len(counts) - 1)
+
+
+def read_ids_file(path: Path) -> list[int]:
+    from tfrecordd.reader import iter_examples
+
+    return [int(ex["id"][0]) for ex in iter_examples(path)]
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "zlib", "zstd"])
+async def test_rotation_by_bytes_never_exceeds_the_cap(tmp_path: Path, compression: str) -> None:
+    cap = 8192
+    cfg = write_config(tmp_path, output={"max_shard_bytes": cap, "compression": compression})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(3000)])
+    await run_until_drained(tmp_path, Daemon(load_config(cfg), handle_signals=False), 3000)
+    shards = shard_files(tmp_path / "shards")
+    sizes = [p.stat().st_size for p in shards]
+    assert read_ids(tmp_path / "shards") == {i: 1 for i in range(3000)}
+    assert len(shards) > 2
+    assert max(sizes) <= cap
+    # Shards are filled, not cut early: all but the last use at least half the cap.
+    assert min(sizes[:-1]) >= cap // 2
+
+
+async def test_rotation_by_age_publishes_while_idle(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_age": "300ms"})
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    out = tmp_path / "shards"
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(5)])
+        t0 = time.monotonic()
+        await until(lambda: len(shard_files(out)) == 1, 10)
+        assert time.monotonic() - t0 < 5
+        spool_file(tmp_path / "spool", "b.jsonl", [movie_event(i) for i in range(5, 9)])
+        await until(lambda: len(shard_files(out)) == 2, 10)
+        await anyio.sleep(0.5)
+        assert len(shard_files(out)) == 2, "no empty shard is published"
+        daemon.request_stop()
+    assert read_ids(out) == {i: 1 for i in range(9)}
+
+
+async def test_flush_request_publishes_now(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_age": "1h"})
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    out = tmp_path / "shards"
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(5)])
+        await until(lambda: metric(daemon.metrics, "tfrecordd_open_shard_records") == 5, 10)
+        assert shard_files(out) == []
+        daemon.request_flush()
+        await until(lambda: len(shard_files(out)) == 1, 10)
+        await until(lambda: spool_drained(tmp_path), 10)
+        daemon.request_stop()
+
+
+async def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    spool = tmp_path / "spool"
+    outside = tmp_path / "secret.jsonl"
+    outside.write_text('{"id": 999}\n')
+    os.symlink(outside, spool / "link.jsonl")
+    os.mkfifo(spool / "fifo.jsonl")
+    (spool / "dir.jsonl").mkdir()
+    spool_file(spool, "ok.jsonl", [movie_event(1)])
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        await until(
+            lambda: metric(daemon.metrics, "tfrecordd_events_received_total", source="spool") == 1
+        )
+        daemon.request_stop()
+    assert not list((spool / CLAIM_DIR).iterdir())
+    assert read_ids(tmp_path / "shards") == {1: 1}
+    assert (spool / "link.jsonl").is_symlink() and outside.exists()
+    refused = metric(
+        daemon.metrics, "tfrecordd_inputs_refused_total", source="spool", reason="not_regular_file"
+    )
+    assert refused == 3
+
+
+async def test_ignores_hidden_and_temporary_names(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_age": "200ms"})
+    spool = tmp_path / "spool"
+    (spool / ".hidden.jsonl").write_text('{"id": 1}\n')
+    (spool / "partial.jsonl.tmp").write_text('{"id": 2}\n')
+    (spool / "other.txt").write_text('{"id": 3}\n')
+    spool_file(spool, "real.jsonl", [movie_event(4)])
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        await until(lambda: len(shard_files(tmp_path / "shards")) == 1, 10)
+        daemon.request_stop()
+    assert read_ids(tmp_path / "shards") == {4: 1}
+    assert {p.name for p in spool.iterdir()} >= {".hidden.jsonl", "partial.jsonl.tmp", "other.txt"}
