@@ -314,7 +314,7 @@ def _getter(path: tuple[PathStep, ...], text: str) -> Callable[[Any], Any]:
         for depth, (key, index) in enumerate(path):
             if current is None:
                 return None
-            if isinstance(current, Mapping):
+            if current.__class__ is dict or isinstance(current, Mapping):
                 if key is None:
                     where = _where(path, depth)
                     raise EncodeError(f"path {text!r}: {where} is an object, not a list")
@@ -354,7 +354,8 @@ def _compile_feature(name: str, spec: FeatureSpec) -> _Plan:
     default = None
     if spec.default is not None:
         default = _default_converter(spec)(spec.default)
-    plain = frozenset() if spec.shape or spec.time_unit or spec.length else _PLAIN_TYPES[spec.type]
+    special = spec.shape is not None or spec.time_unit is not None or spec.length
+    plain = frozenset() if special else _PLAIN_TYPES[spec.type]
     return name, key, _getter(path, text), convert, default, spec.required, plain
 
 

@@ -63,12 +63,14 @@ _FLOAT_PACKERS: tuple[Callable[..., bytes], ...] = tuple(
 )
 
 
+def _clipped(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def describe(value: Any) -> str:
     """An offending value as an error reason shows it: its type and a clipped repr."""
-    text = repr(value)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"{type(value).__name__} {text}"
+    return f"{type(value).__name__} {_clipped(value)}"
 
 
 def _int64_error(values: Sequence[Any]) -> EncodeError:
@@ -76,7 +78,7 @@ def _int64_error(values: Sequence[Any]) -> EncodeError:
         if isinstance(v, bool) or not isinstance(v, int):
             return EncodeError(f"expected int64, got {describe(v)}")
         if not INT64_MIN <= v <= INT64_MAX:
-            return EncodeError(f"int64 out of range: {v}")
+            return EncodeError(f"int64 out of range: {_clipped(v)}")
     return EncodeError("expected a list of int64")
 
 
@@ -87,7 +89,7 @@ def _float_error(values: Sequence[Any]) -> EncodeError:
         try:
             struct.pack("<f", v)
         except (OverflowError, struct.error):
-            return EncodeError(f"float out of float32 range: {v!r}")
+            return EncodeError(f"float out of float32 range: {_clipped(v)}")
     return EncodeError("expected a list of float")
 
 
@@ -172,7 +174,7 @@ _PAYLOAD: dict[FeatureType, tuple[bytes, bool, Callable[[Sequence[Any]], bytes]]
 }
 """Per type: the ``Feature`` field tag, whether the payload is one packed field, the encoder."""
 
-_HEADS_CACHED = 4096
+_HEADS_CACHED = 1024
 
 
 def _feature_head(kind_tag: bytes, packed: bool, n: int) -> bytes:
