@@ -9,8 +9,8 @@ Map entries are written in the order of their keys' UTF-8 bytes (as protobuf's C
 serialization orders them), whatever the declaration order; each entry equals protobuf's own
 serialization of it byte for byte.
 
-Values are checked, never coerced: an int64 outside ``[-2**63, 2**63)``, a finite float that does
-not fit a float32, or a value of the wrong Python type (``bool`` included) raises
+Values are checked, never wrapped or truncated: an int64 outside ``[-2**63, 2**63)``, a finite
+float that does not fit a float32, or a value of the wrong Python type (``bool`` included) raises
 :class:`~tfrecordd.errors.EncodeError` naming the feature. NaN and infinities given as such are
 written as such.
 """
