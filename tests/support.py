@@ -74,9 +74,7 @@ def write_config(
     sections = {
         "daemon": {"node_id": "test", "state_dir": root / "state", "drain_timeout": "20s"}
         | dict(daemon or {}),
-        "metrics": {"listen": f"127.0.0.1:{metrics_port}"}
-        if metrics_port
-        else {"enabled": False},
+        "metrics": {"listen": f"127.0.0.1:{metrics_port}"} if metrics_port else {"enabled": False},
         "output": {"dir": root / "shards", "compression": "gzip", "max_shard_age": "1m"}
         | dict(output or {}),
     }
@@ -93,7 +91,7 @@ def write_config(
     } | dict(source or {})
     lines.append("[[sources]]")
     lines += [f"{k} = {_toml(v)}" for k, v in src.items()]
-    lines += ['[encoders.movies]', 'type = "example"', "[encoders.movies.features]"]
+    lines += ["[encoders.movies]", 'type = "example"', "[encoders.movies.features]"]
     lines += [f"{json.dumps(k)} = {_toml(v)}" for k, v in (features or MOVIES_FEATURES).items()]
     (root / "spool").mkdir(parents=True, exist_ok=True)
     path = root / "tfrecordd.toml"
@@ -162,6 +160,7 @@ class DaemonProcess:
         self.log = config.parent / "daemon.log"
         full_env = {k: v for k, v in os.environ.items() if k != "TFRECORDD_CRASH_AT"}
         full_env |= {"PYTHONUNBUFFERED": "1"} | dict(env or {})
+        self._log_start = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as logf:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tfrecordd", "run", "--config", str(config)],
@@ -169,6 +168,11 @@ class DaemonProcess:
                 stderr=subprocess.STDOUT,
                 env=full_env,
             )
+
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """Wait until the daemon logged that its pipeline runs (signal handlers installed)."""
+        wait_for(lambda: " started: " in self.output() or self.proc.poll() is not None, timeout)
+        assert self.proc.poll() is None, self.output()
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
@@ -187,7 +191,10 @@ class DaemonProcess:
         self.proc.wait(30)
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        """What this process logged (the log file is shared with earlier runs)."""
+        with self.log.open("rb") as f:
+            f.seek(self._log_start)
+            return f.read().decode(errors="replace")
 
 
 @contextmanager

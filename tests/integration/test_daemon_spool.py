@@ -21,7 +21,7 @@ from tests.support import (
 from tfrecordd.config import load_config
 from tfrecordd.metrics import Metrics
 from tfrecordd.runtime import Daemon
-from tfrecordd_plugins.sources.directory import CLAIM_DIR
+from tfrecordd_plugins.sources.directory import CLAIM_DIR, DirectorySource
 
 pytestmark = pytest.mark.anyio
 
@@ -45,19 +45,24 @@ async def until(predicate: object, timeout: float = 30.0) -> None:
             await anyio.sleep(0.05)
 
 
-async def run_until_drained(
-    root: Path, daemon: Daemon, events: int, timeout: float = 30.0
-) -> None:
-    """Run until ``events`` events were read, stop (the drain publishes), check the spool."""
+async def run_until_drained(root: Path, daemon: Daemon, events: int, timeout: float = 30.0) -> None:
+    """Run until ``events`` events were read and every file was acked, then stop."""
     async with anyio.create_task_group() as tg:
         await tg.start(daemon.run)
         await until(
-            lambda: metric(daemon.metrics, "tfrecordd_events_received_total", source="spool")
-            >= events,
+            lambda: (
+                metric(daemon.metrics, "tfrecordd_events_received_total", source="spool") >= events
+            ),
             timeout,
         )
+        # A file is acked once its end, sent after its last event, is published: wait until
+        # the source has sent every file's end, so that the drain publishes and acks them all.
+        source = daemon.sources["spool"]
+        assert isinstance(source, DirectorySource)
+        claims = root / "spool" / CLAIM_DIR
+        await until(lambda: {p.name for p in claims.iterdir()} <= source._sent_eof, timeout)
         daemon.request_stop()
-    assert spool_drained(root), "every file is acked once its records are published"
+    assert spool_drained(root)
 
 
 async def test_good_events_once_and_bad_ones_dead_lettered(tmp_path: Path) -> None:
@@ -78,7 +83,7 @@ async def test_good_events_once_and_bad_ones_dead_lettered(tmp_path: Path) -> No
     await run_until_drained(tmp_path, daemon, 603)
 
     ids = read_ids(tmp_path / "shards")
-    assert ids == {i: 1 for i in range(600)}
+    assert ids == dict.fromkeys(range(600), 1)
     assert not inprogress_files(tmp_path / "shards")
     letters = dead_letters(tmp_path / "state")
     assert sorted(d["reason"] for d in letters) == ["malformed", "rejected", "schema"]
@@ -106,7 +111,7 @@ async def test_on_done_move_keeps_finished_files(tmp_path: Path) -> None:
     daemon = Daemon(load_config(cfg), handle_signals=False)
     await run_until_drained(tmp_path, daemon, 10)
     assert [p.name for p in (tmp_path / "spool" / "done").iterdir()] == ["a.jsonl"]
-    assert read_ids(tmp_path / "shards") == {i: 1 for i in range(10)}
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(10), 1)
 
 
 async def test_rotation_by_records(tmp_path: Path) -> None:
@@ -133,7 +138,7 @@ async def test_rotation_by_bytes_never_exceeds_the_cap(tmp_path: Path, compressi
     await run_until_drained(tmp_path, Daemon(load_config(cfg), handle_signals=False), 3000)
     shards = shard_files(tmp_path / "shards")
     sizes = [p.stat().st_size for p in shards]
-    assert read_ids(tmp_path / "shards") == {i: 1 for i in range(3000)}
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(3000), 1)
     assert len(shards) > 2
     assert max(sizes) <= cap
     # Shards are filled, not cut early: all but the last use at least half the cap.
@@ -155,7 +160,7 @@ async def test_rotation_by_age_publishes_while_idle(tmp_path: Path) -> None:
         await anyio.sleep(0.5)
         assert len(shard_files(out)) == 2, "no empty shard is published"
         daemon.request_stop()
-    assert read_ids(out) == {i: 1 for i in range(9)}
+    assert read_ids(out) == dict.fromkeys(range(9), 1)
 
 
 async def test_flush_request_publishes_now(tmp_path: Path) -> None:
@@ -191,7 +196,8 @@ async def test_only_regular_files_are_read(tmp_path: Path) -> None:
         daemon.request_stop()
     assert not list((spool / CLAIM_DIR).iterdir())
     assert read_ids(tmp_path / "shards") == {1: 1}
-    assert (spool / "link.jsonl").is_symlink() and outside.exists()
+    assert (spool / "link.jsonl").is_symlink()
+    assert outside.exists()
     refused = metric(
         daemon.metrics, "tfrecordd_inputs_refused_total", source="spool", reason="not_regular_file"
     )

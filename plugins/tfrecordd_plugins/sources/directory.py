@@ -168,11 +168,11 @@ class DirectorySource(Source):
                 os.rename(path, os.path.join(self.claim_dir, claim))
             except FileNotFoundError:
                 continue
+            crashpoints.reached("after-claim")
             claimed.append(claim)
         if claimed:
             _fsync_dir(self.claim_dir)
             _fsync_dir(self.spool)
-            crashpoints.reached("after-claim")
         return claimed
 
     async def _read_file(self, ctx: SourceContext, claim: str) -> None:

@@ -1,0 +1,197 @@
+"""The daemon as a subprocess: signals, kill -9 and every named crash point, then exactly once."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support import (
+    DaemonProcess,
+    dead_letters,
+    free_port,
+    inprogress_files,
+    movie_event,
+    read_ids,
+    shard_files,
+    spool_file,
+    wait_for,
+    write_config,
+)
+from tfrecordd.crashpoints import POINTS
+from tfrecordd.reader import iter_records
+from tfrecordd_plugins.sources.directory import CLAIM_DIR
+
+
+def drained(root: Path) -> bool:
+    spool = root / "spool"
+    files = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
+    claim = spool / CLAIM_DIR
+    return not files and (not claim.exists() or not any(claim.iterdir()))
+
+
+def fill_spool(
+    root: Path, files: int, per_file: int, bad_every: int = 0, first_file: int = 0
+) -> set[int]:
+    ids: set[int] = set()
+    n = first_file * per_file
+    for f in range(first_file, first_file + files):
+        lines: list[object] = []
+        for _ in range(per_file):
+            lines.append(movie_event(n))
+            ids.add(n)
+            n += 1
+            if bad_every and n % bad_every == 0:
+                lines.append("{broken")
+        spool_file(root / "spool", f"f{f:04d}.jsonl", lines)  # type: ignore[arg-type]
+    return ids
+
+
+def assert_exactly_once(root: Path, expected: set[int]) -> None:
+    ids = read_ids(root / "shards")
+    lost = expected - set(ids)
+    duplicated = {i: c for i, c in ids.items() if c > 1}
+    unexpected = set(ids) - expected
+    assert (len(lost), len(duplicated), len(unexpected)) == (0, 0, 0), (
+        f"lost {sorted(lost)[:10]}, duplicated {list(duplicated.items())[:10]}, "
+        f"unexpected {sorted(unexpected)[:10]}"
+    )
+    assert not inprogress_files(root / "shards")
+    for shard in shard_files(root / "shards"):
+        assert sum(1 for _ in iter_records(shard)) > 0, "no empty shard is ever published"
+
+
+def finish(root: Path, config: Path, timeout: float = 60) -> None:
+    """Run a clean daemon until the spool is drained, then SIGTERM it: exit 0."""
+    d = DaemonProcess(config)
+    try:
+        d.wait_started()
+        wait_for(lambda: drained(root), timeout)
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
+
+
+def test_sigterm_drains_publishes_and_exits_0(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_age": "1h"}, daemon={"drain_timeout": "10s"})
+    expected = fill_spool(tmp_path, 3, 200)
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: not list((tmp_path / "spool").glob("*.jsonl")), 20)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        assert d.stop() == 0, d.output()
+        assert time.monotonic() - t0 < 10
+    finally:
+        d.kill()
+    assert_exactly_once(tmp_path, expected)
+    assert drained(tmp_path)
+    assert "stopped" in d.output()
+
+
+def test_sighup_publishes_open_shard_now(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_age": "1h"})
+    expected = fill_spool(tmp_path, 1, 20)
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: not list((tmp_path / "spool").glob("*.jsonl")), 20)
+        time.sleep(0.5)
+        assert shard_files(tmp_path / "shards") == []
+        d.signal(signal.SIGHUP)
+        wait_for(lambda: len(shard_files(tmp_path / "shards")) == 1, 10)
+        wait_for(lambda: drained(tmp_path), 10)
+        assert d.proc.poll() is None, "SIGHUP does not stop the daemon"
+        assert d.stop() == 0
+    finally:
+        d.kill()
+    assert_exactly_once(tmp_path, expected)
+
+
+def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path, metrics_port=port, output={"max_shard_age": "200ms"})
+    fill_spool(tmp_path, 2, 50, bad_every=25)
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: drained(tmp_path), 20)
+
+        def scrape(path: str) -> tuple[int, str]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+
+        wait_for(lambda: _port_open(port), 10)
+        status, body = scrape("/healthz")
+        assert (status, body) == (200, "ok\n")
+        status, text = scrape("/metrics")
+        assert status == 200
+        assert 'tfrecordd_events_received_total{source="spool"} 104.0' in text
+        assert "tfrecordd_records_written_total 100.0" in text
+        assert 'tfrecordd_events_dead_lettered_total{source="spool"} 4.0' in text
+        assert 'tfrecordd_events_invalid_total{reason="malformed",source="spool"} 4.0' in text
+        assert "tfrecordd_up 1.0" in text
+        assert 'tfrecordd_build_info{version="' in text
+        assert d.stop() == 0
+    finally:
+        d.kill()
+    assert len(dead_letters(tmp_path / "state")) == 4
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_config_error_exits_78(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"compression": "lz4"})
+    d = DaemonProcess(cfg)
+    assert d.wait(30) == 78
+    assert "output.compression" in d.output()
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("nth", [1, 3])
+def test_crash_point_then_restart_is_exactly_once(tmp_path: Path, point: str, nth: int) -> None:
+    cfg = write_config(
+        tmp_path,
+        output={"max_shard_records": 40, "max_shard_age": "200ms"},
+        daemon={"max_batch_events": 16},
+    )
+    expected = fill_spool(tmp_path, 4, 50, bad_every=30)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": f"{point}:{nth}"})
+    rc = d.wait(60)
+    assert rc == 137, f"crash point {point} not reached: exit {rc}\n{d.output()}"
+    finish(tmp_path, cfg)
+    assert_exactly_once(tmp_path, expected)
+    letters = [d["where"].split("-", 1)[1] for d in dead_letters(tmp_path / "state")]
+    assert len(set(letters)) == len(expected) // 30
+
+
+def test_kill_9_at_random_instants_is_exactly_once(tmp_path: Path) -> None:
+    """Producers keep writing while the daemon is SIGKILLed at random instants and restarted."""
+    rng = random.Random(20261122)
+    cfg = write_config(
+        tmp_path,
+        output={"max_shard_records": 50, "max_shard_age": "100ms", "compression": "zstd"},
+        daemon={"max_batch_events": 10},
+    )
+    expected: set[int] = set()
+    kills = 0
+    for round_ in range(15):
+        expected |= fill_spool(tmp_path, 20, 200, first_file=round_ * 20)
+        d = DaemonProcess(cfg)
+        time.sleep(rng.uniform(0.3, 1.5))
+        d.kill()
+        kills += 1
+    assert kills == 15
+    assert shard_files(tmp_path / "shards"), "some kills came after commits"
+    finish(tmp_path, cfg)
+    assert_exactly_once(tmp_path, expected)
