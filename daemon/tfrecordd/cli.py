@@ -13,7 +13,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from tfrecordd import service, tools
+    from tfrecordd import describe, initcmd, service, status, tools
 
     p = argparse.ArgumentParser(
         prog="tfrecordd",
@@ -21,8 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"tfrecordd {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    service.add_commands(sub)
-    tools.add_commands(sub)
+    for module in (service, tools, describe, status, initcmd):
+        module.add_commands(sub)
     return p
 
 

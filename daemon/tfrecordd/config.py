@@ -162,6 +162,14 @@ def _messages(e: ValidationError, prefix: str = "", suffix: str = "") -> list[st
     return msgs
 
 
+def _unknown(kind: str, name: object, registry: Registry) -> str:
+    group = f"tfrecordd.{kind}s"
+    if (error := registry.broken.get(f"{group}:{name}")) is not None:
+        return f"the {kind} plugin {name!r} is installed but failed to load: {error}"
+    known = ", ".join(sorted(registry.sources if kind == "source" else registry.encoders))
+    return f"unknown {kind} type {name!r} (known: {known or 'none installed'})"
+
+
 def parse_config(
     data: dict[str, Any], registry: Registry, path: Path | None = None
 ) -> DaemonConfig:
@@ -182,8 +190,7 @@ def parse_config(
         kind = raw.get("type")
         emodel = registry.encoders.get(kind) if isinstance(kind, str) else None
         if emodel is None:
-            known = ", ".join(sorted(registry.encoders)) or "none installed"
-            errors.append(f"encoders.{name}.type: unknown encoder type {kind!r} (known: {known})")
+            errors.append(f"encoders.{name}.type: {_unknown('encoder', kind, registry)}")
             continue
         try:
             encoders[name] = emodel.model_validate(raw)
@@ -203,10 +210,7 @@ def parse_config(
         where = f" [source {common.name!r}, type {common.type!r}]"
         model = registry.sources.get(common.type)
         if model is None:
-            known = ", ".join(sorted(registry.sources)) or "none installed"
-            errors.append(
-                f"sources[{i}].type: unknown source type {common.type!r} (known: {known})"
-            )
+            errors.append(f"sources[{i}].type: {_unknown('source', common.type, registry)}")
             continue
         if common.name in seen:
             errors.append(f"sources[{i}].name: duplicate source name {common.name!r}")

@@ -14,12 +14,15 @@ state of everything committed and the tokens whose acks must be redone.
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger(__name__)
 
 Token = Any
 """A source's JSON-serializable acknowledgement token (positions covered by one batch)."""
@@ -36,6 +39,11 @@ class RawEvent:
     value: Any = None
     """An already-structured value (a CSV row as a dict, a file's attributes), if the source has
     one; encoders use it instead of parsing ``payload``."""
+    format: str | None = None
+    """How to read the event: ``None`` means ``payload`` is one JSON value; ``"csv"`` means
+    ``value`` is a row of text fields (header name → string) to convert through the schema;
+    ``"file"`` means ``payload`` is a whole file's bytes and ``value`` its attributes
+    (``filename``, ``label``: the parent folder's name, ``path``: relative to the spool)."""
     error: str | None = None
     """Set by the source when the event is already known to be bad (e.g. a line over the size
     limit): it goes straight to the dead letters with this reason."""
@@ -170,14 +178,25 @@ class Registry:
 
     sources: Mapping[str, type[SourceConfig]]
     encoders: Mapping[str, type[EncoderConfig]]
+    broken: Mapping[str, str] = field(default_factory=dict)
+    """``group:name`` of entry points that failed to load, with the error."""
 
     @classmethod
     def from_entry_points(cls) -> Registry:
-        """Every plugin registered under the ``tfrecordd.*`` entry point groups."""
+        """Every plugin registered under the ``tfrecordd.*`` entry point groups. A plugin that
+        fails to import is left out and reported in ``broken`` (a config naming it then fails
+        with that error), so one broken package cannot take the others down."""
         found: dict[str, dict[str, Any]] = {}
+        broken: dict[str, str] = {}
         for group in ("tfrecordd.sources", "tfrecordd.encoders"):
-            found[group] = {ep.name: ep.load() for ep in entry_points(group=group)}
-        return cls(sources=found["tfrecordd.sources"], encoders=found["tfrecordd.encoders"])
+            found[group] = {}
+            for ep in entry_points(group=group):
+                try:
+                    found[group][ep.name] = ep.load()
+                except Exception as e:
+                    broken[f"{group}:{ep.name}"] = f"{type(e).__name__}: {e}"
+                    log.warning("plugin %s (%s) failed to load: %s", ep.name, ep.value, e)
+        return cls(found["tfrecordd.sources"], found["tfrecordd.encoders"], broken)
 
 
 AckCallback = Callable[[Sequence[Token]], Awaitable[None]]

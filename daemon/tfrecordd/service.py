@@ -81,4 +81,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     print("encoders:")
     for name, emodel in sorted(reg.encoders.items()):
         print(f"  {name:<16} {emodel.__module__}.{emodel.__qualname__}")
+    if reg.broken:
+        print("failed to load:")
+        for name, error in sorted(reg.broken.items()):
+            print(f"  {name}: {error}")
     return EXIT_OK

@@ -1,0 +1,10 @@
+"""``tfrecordd status``: a live view of a running daemon, from its metrics endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def add_commands(sub: Any) -> None:
+    """Register this module's subcommands on the CLI's subparsers."""
+    del sub
