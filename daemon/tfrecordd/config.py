@@ -30,7 +30,7 @@ from tfrecordd.units import Duration, Size
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class DaemonSection(_Section):

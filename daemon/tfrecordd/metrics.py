@@ -137,6 +137,17 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.output_free_bytes = Gauge(
+            "tfrecordd_output_free_bytes",
+            "Free bytes (for unprivileged users) on the file system of the output directory.",
+            registry=r,
+        )
+        self.paused = Gauge(
+            "tfrecordd_paused",
+            "1 while the daemon holds its sources back because the output cannot take more "
+            "(a full disk), else 0.",
+            registry=r,
+        )
         self.journal_bytes = Gauge(
             "tfrecordd_journal_bytes", "Size of the commit journal.", registry=r
         )

@@ -118,7 +118,7 @@ class Source(abc.ABC):
 class SourceConfig(BaseModel):
     """Base of every source's config: the keys all sources share."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     """The source's name, unique in the config; used in metrics labels, logs and the journal."""
@@ -156,7 +156,7 @@ class Encoder(abc.ABC):
 class EncoderConfig(BaseModel):
     """Base of every encoder's config."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     type: str
     """The plugin that encodes (an entry point in ``tfrecordd.encoders``)."""

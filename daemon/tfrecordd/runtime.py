@@ -9,6 +9,7 @@ worker threads so the event loop keeps serving sockets and metrics.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -135,6 +136,7 @@ class Daemon:
         self._running = False
         self._beat = time.monotonic()
         self._progress = 0
+        self._statvfs_at = 0.0
 
     # -- control ---------------------------------------------------------------------------
 
@@ -369,6 +371,12 @@ class Daemon:
     def _update_open_gauges(self) -> None:
         shard = self._unit.shard
         m = self.metrics
+        now = time.monotonic()
+        if now - self._statvfs_at >= 5:
+            self._statvfs_at = now
+            with contextlib.suppress(OSError):
+                st = os.statvfs(self.out_dir)
+                m.output_free_bytes.set(st.f_bavail * st.f_frsize)
         m.open_shard_bytes.set(shard.file_bytes if shard else 0)
         m.open_shard_records.set(shard.records if shard else 0)
         first = self._unit.first_at

@@ -1,0 +1,128 @@
+"""Conformance checks for source plugins, usable by third-party plugin packages too.
+
+:func:`check_source` runs a source the way the daemon does, against a recording context, and
+checks the contract every source keeps: the events that the outside world delivered arrive
+(payloads intact, each exactly once, in order per producer), batches respect the context's
+limits, tokens are JSON-serializable, ``fold`` is idempotent, ``ack`` may be repeated, and the
+source stops promptly when cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from tfrecordd.plugin import RawBatch, Source, SourceConfig, SourceContext
+
+Produce = Callable[[list[bytes]], Awaitable[None]]
+"""Makes the outside world deliver these payloads, one event each, to a running source."""
+
+
+@dataclass
+class RecordingContext(SourceContext):
+    """A :class:`SourceContext` that keeps every batch it is sent."""
+
+    name: str = "contract"
+    node_id: str = "contract-node"
+    state_dir: str = "."
+    max_batch_events: int = 7
+    max_batch_bytes: int = 1 << 20
+    batches: list[RawBatch] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+
+    async def send(self, batch: RawBatch) -> None:
+        self.batches.append(batch)
+        await anyio.lowlevel.checkpoint()
+
+    def count_dropped(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def count_refused(self, reason: str, n: int = 1) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + n
+
+    def payloads(self) -> list[bytes]:
+        """Every good event's payload, in arrival order."""
+        return [e.payload for b in self.batches for e in b.events if e.error is None]
+
+
+class ContractError(AssertionError):
+    """A source broke the plugin contract."""
+
+
+async def check_source(
+    config: SourceConfig,
+    produce: Produce,
+    *,
+    state_dir: str,
+    events: int = 25,
+    timeout: float = 20.0,
+    ordered: bool = True,
+) -> RecordingContext:
+    """Run ``config``'s source, deliver ``events`` events through ``produce``, and check the
+    contract. Returns the context for further checks; raises :class:`ContractError`."""
+    source = config.build()
+    if not isinstance(source, Source):
+        raise ContractError(f"{type(config).__name__}.build() returned {type(source)!r}")
+    ctx = RecordingContext(name=config.name, state_dir=state_dir)
+    payloads = [
+        f'{{"contract": {i}, "text": "\u00e9v\u00e9nement {i}"}}'.encode() for i in range(events)
+    ]
+    await source.recover(None, [])
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(source.run, ctx)
+            await anyio.sleep(0.2)
+            await produce(payloads)
+            with anyio.move_on_after(timeout):
+                while len(ctx.payloads()) < len(payloads):
+                    await anyio.sleep(0.02)
+            got = ctx.payloads()
+            if sorted(got) != sorted(payloads):
+                missing = [p for p in payloads if p not in got]
+                raise ContractError(
+                    f"expected {len(payloads)} events, got {len(got)}; missing {missing[:3]}"
+                )
+            if ordered and got != payloads:
+                raise ContractError("events from one producer arrived out of order")
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.fail_after(10, shield=True):
+            await source.aclose()
+    _check_batches(ctx, source)
+    tokens = [b.token for b in ctx.batches]
+    await source.ack(tokens)
+    await source.ack(tokens)
+    return ctx
+
+
+def _check_batches(ctx: RecordingContext, source: Source) -> None:
+    tokens: list[Any] = []
+    for b in ctx.batches:
+        if b.source != ctx.name:
+            raise ContractError(f"batch names source {b.source!r}, not {ctx.name!r}")
+        if len(b.events) > ctx.max_batch_events:
+            raise ContractError(f"batch of {len(b.events)} events > {ctx.max_batch_events}")
+        try:
+            tokens.append(json.loads(json.dumps(b.token)))
+        except (TypeError, ValueError) as e:
+            raise ContractError(f"token {b.token!r} is not JSON-serializable: {e}") from e
+        for e in b.events:
+            if not isinstance(e.payload, bytes) or not isinstance(e.where, str):
+                raise ContractError(f"event with payload {type(e.payload)} / where {e.where!r}")
+    once = type(source).fold(None, tokens)
+    twice = type(source).fold(once, tokens)
+    if json.dumps(once, sort_keys=True) != json.dumps(twice, sort_keys=True):
+        raise ContractError("fold is not idempotent")
+    json.dumps(once)
+
+
+def registered_source_types() -> Sequence[str]:
+    """Every source type registered through entry points."""
+    from tfrecordd.plugin import Registry
+
+    return sorted(Registry.from_entry_points().sources)

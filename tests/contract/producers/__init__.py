@@ -1,0 +1,1 @@
+"""One module per source type: ``producer(tmp_path)`` for the contract suite."""
