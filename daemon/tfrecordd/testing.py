@@ -32,11 +32,15 @@ class RecordingContext(SourceContext):
     max_batch_events: int = 7
     max_batch_bytes: int = 1 << 20
     batches: list[RawBatch] = field(default_factory=list)
+    expected: int = 0
+    arrived: anyio.Event = field(default_factory=anyio.Event)
     dropped: dict[str, int] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)
 
     async def send(self, batch: RawBatch) -> None:
         self.batches.append(batch)
+        if self.expected and len(self.payloads()) >= self.expected:
+            self.arrived.set()
         await anyio.lowlevel.checkpoint()
 
     def count_dropped(self, reason: str, n: int = 1) -> None:
@@ -60,27 +64,27 @@ async def check_source(
     *,
     state_dir: str,
     events: int = 25,
-    timeout: float = 20.0,
+    wait: float = 20.0,
     ordered: bool = True,
 ) -> RecordingContext:
     """Run ``config``'s source, deliver ``events`` events through ``produce``, and check the
-    contract. Returns the context for further checks; raises :class:`ContractError`."""
+    contract, waiting up to ``wait`` seconds for the events. Returns the context for further
+    checks; raises :class:`ContractError`."""
     source = config.build()
     if not isinstance(source, Source):
         raise ContractError(f"{type(config).__name__}.build() returned {type(source)!r}")
-    ctx = RecordingContext(name=config.name, state_dir=state_dir)
     payloads = [
         f'{{"contract": {i}, "text": "\u00e9v\u00e9nement {i}"}}'.encode() for i in range(events)
     ]
+    ctx = RecordingContext(name=config.name, state_dir=state_dir, expected=len(payloads))
     await source.recover(None, [])
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(source.run, ctx)
             await anyio.sleep(0.2)
             await produce(payloads)
-            with anyio.move_on_after(timeout):
-                while len(ctx.payloads()) < len(payloads):
-                    await anyio.sleep(0.02)
+            with anyio.move_on_after(wait):
+                await ctx.arrived.wait()
             got = ctx.payloads()
             if sorted(got) != sorted(payloads):
                 missing = [p for p in payloads if p not in got]
@@ -111,9 +115,9 @@ def _check_batches(ctx: RecordingContext, source: Source) -> None:
             tokens.append(json.loads(json.dumps(b.token)))
         except (TypeError, ValueError) as e:
             raise ContractError(f"token {b.token!r} is not JSON-serializable: {e}") from e
-        for e in b.events:
-            if not isinstance(e.payload, bytes) or not isinstance(e.where, str):
-                raise ContractError(f"event with payload {type(e.payload)} / where {e.where!r}")
+        for ev in b.events:
+            if not isinstance(ev.payload, bytes) or not isinstance(ev.where, str):
+                raise ContractError(f"event with payload {type(ev.payload)} / where {ev.where!r}")
     once = type(source).fold(None, tokens)
     twice = type(source).fold(once, tokens)
     if json.dumps(once, sort_keys=True) != json.dumps(twice, sort_keys=True):
