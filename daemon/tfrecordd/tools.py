@@ -14,6 +14,9 @@ values, bytes as UTF-8 text where valid and ``{"base64": ...}`` otherwise. ``--s
 ``transcode SRC... --to C --out DIR`` rewrites each source in compression ``C`` as
 ``DIR/<source name with the new suffix>``, published atomically; an existing output is never
 overwritten.
+
+``verify`` and ``transcode`` report progress on stderr: a bar when stderr is a terminal, one line
+per finished file otherwise (see :mod:`tfrecordd.progress`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from tfrecordd.errors import (
     TfrecorddError,
 )
 from tfrecordd.framing import DEFAULT_MAX_RECORD_BYTES
+from tfrecordd.progress import Progress
 from tfrecordd.reader import iter_records_with_offsets
 from tfrecordd.writer import open_writer
 
@@ -115,22 +119,32 @@ def _verify(args: argparse.Namespace) -> int:
     out: TextIO = sys.stdout
     files: list[dict[str, Any]] = []
     codes: list[int] = []
-    for path in args.paths:
-        count = 0
-        entry: dict[str, Any] = {"path": path}
-        try:
-            for _ in _records(args, path):
-                count += 1
-        except TfrecorddError as e:
-            entry.update(ok=False, records=count, error=_problem(e))
-            codes.append(e.exit_code)
-            if not args.json:
-                print(f"BAD  {e}", file=out)
-        else:
-            entry.update(ok=True, records=count, error=None)
-            if not args.json:
-                print(f"OK   {path}: {count} records", file=out)
-        files.append(entry)
+    with Progress("verify", len(args.paths)) as progress:
+        for path in args.paths:
+            progress.start(path)
+            count = 0
+            entry: dict[str, Any] = {"path": path}
+            try:
+                for _ in _records(args, path):
+                    count += 1
+                    if count % _BATCH_RECORDS == 0:
+                        progress.advance(_BATCH_RECORDS)
+            except TfrecorddError as e:
+                entry.update(ok=False, records=count, error=_problem(e))
+                codes.append(e.exit_code)
+                progress.clear()
+                if not args.json:
+                    print(f"BAD  {e}", file=out, flush=True)
+                progress.advance(count % _BATCH_RECORDS)
+                progress.done(path, f"BAD after {count} records")
+            else:
+                entry.update(ok=True, records=count, error=None)
+                progress.clear()
+                if not args.json:
+                    print(f"OK   {path}: {count} records", file=out, flush=True)
+                progress.advance(count % _BATCH_RECORDS)
+                progress.done(path, f"{count} records")
+            files.append(entry)
     total = sum(f["records"] for f in files)
     bad = sum(not f["ok"] for f in files)
     if args.json:
@@ -204,7 +218,7 @@ def output_name(source: str, compression: Compression) -> str:
     return name + SUFFIXES[compression]
 
 
-def _transcode_one(args: argparse.Namespace, src: str, dst: str) -> int:
+def _transcode_one(args: argparse.Namespace, src: str, dst: str, progress: Progress) -> int:
     to = Compression(args.to)
     if os.path.lexists(dst):
         raise OutputError(dst, "exists already; refusing to overwrite")
@@ -217,14 +231,18 @@ def _transcode_one(args: argparse.Namespace, src: str, dst: str) -> int:
                 size += len(record)
                 if len(batch) >= _BATCH_RECORDS or size >= _BATCH_BYTES:
                     writer.write_many(batch)
+                    progress.advance(len(batch))
                     batch, size = [], 0
             writer.write_many(batch)
+            progress.advance(len(batch))
             count = writer.records
     except FileExistsError as e:
         raise OutputError(dst, "exists already; refusing to overwrite") from e
     except OSError as e:
         raise OutputError(dst, f"cannot write: {e.strerror or e}") from e
-    print(f"{src} -> {dst}: {count} records", file=sys.stdout)
+    progress.clear()
+    print(f"{src} -> {dst}: {count} records", file=sys.stdout, flush=True)
+    progress.done(src, f"{count} records")
     return EXIT_OK
 
 
@@ -233,13 +251,17 @@ def _transcode(args: argparse.Namespace) -> int:
         raise OutputError(args.out, "output directory does not exist")
     to = Compression(args.to)
     codes: list[int] = []
-    for src in args.sources:
-        dst = os.path.join(args.out, output_name(src, to))
-        try:
-            codes.append(_transcode_one(args, src, dst))
-        except TfrecorddError as e:
-            print(f"tfrecordd: {e}", file=sys.stderr)
-            codes.append(e.exit_code)
+    with Progress("transcode", len(args.sources)) as progress:
+        for src in args.sources:
+            dst = os.path.join(args.out, output_name(src, to))
+            progress.start(src)
+            try:
+                codes.append(_transcode_one(args, src, dst, progress))
+            except TfrecorddError as e:
+                progress.clear()
+                print(f"tfrecordd: {e}", file=sys.stderr)
+                progress.done(src, "failed")
+                codes.append(e.exit_code)
     failed = [c for c in codes if c != EXIT_OK]
     return failed[0] if failed else EXIT_OK
 
