@@ -75,7 +75,15 @@ class OutputSection(_Section):
     """``[output]``: where shards go and when they rotate."""
 
     dir: str
-    """The directory shards are published in."""
+    """Where shards are published: a local directory, or an fsspec URL such as
+    ``s3://bucket/prefix`` or ``gs://bucket/prefix`` (see ``storage_options``)."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """Passed as they are to the fsspec file system of a URL ``dir`` (endpoint, region...).
+    Prefer credentials from the environment; values here are never logged, and
+    ``check-config`` prints them redacted."""
+    staging_dir: Path | None = None
+    """For a URL ``dir``: the local directory where shards are written before upload.
+    Default: ``staging/`` in ``state_dir``."""
     compression: Compression = Compression.GZIP
     """``none``, ``gzip``, ``zlib`` (all read by ``tf.data``) or ``zstd`` (tfrecordd's reader)."""
     level: int | None = None

@@ -28,8 +28,9 @@ from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.journal import Intent, Journal
 from tfrecordd.metrics import Metrics, Stopwatch, serve
 from tfrecordd.notify import SystemdNotifier
+from tfrecordd.output import make_output
 from tfrecordd.plugin import Encoder, RawBatch, RawEvent, Source, SourceContext, Token
-from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer
+from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer, inprogress_name
 
 log = logging.getLogger("tfrecordd")
 
@@ -111,7 +112,8 @@ class Daemon:
         self.notifier = notifier or SystemdNotifier()
         self.handle_signals = handle_signals
         out = config.output
-        self.out_dir = os.path.abspath(out.dir)
+        self.output = make_output(out, fs)
+        self.out_dir = self.output.staging_dir
         self.state_dir = str(config.daemon.state_dir)
         self.fsync = out.fsync
         self.namer = ShardNamer(out.prefix, config.daemon.node_id, out.compression)
@@ -194,7 +196,7 @@ class Daemon:
                     "started: node %s, %d source(s), output %s (%s)",
                     self.config.daemon.node_id,
                     len(self.sources),
-                    self.out_dir,
+                    self.output.location,
                     self.config.output.compression,
                 )
                 task_status.started()
@@ -252,20 +254,26 @@ class Daemon:
                 self.notifier.watchdog()
 
     def _sort_unfinished(self, unfinished: list[Intent]) -> tuple[list[Intent], int, int]:
-        """Discard our in-progress files; split unfinished intents into redo and dropped."""
+        """Split unfinished intents into redo and dropped (finishing the publishing of those
+        that can be finished), then discard our remaining in-progress files."""
+        redo: list[Intent] = []
+        dropped = 0
+        for intent in unfinished:
+            staged = os.path.join(self.out_dir, inprogress_name(intent.shard or ""))
+            if (
+                intent.shard is None
+                or self.output.is_published(intent)
+                or self.output.resume(intent, staged)
+            ):
+                redo.append(intent)
+            else:
+                self.journal.drop(intent.seq)
+                dropped += 1
         discarded = 0
         for entry in os.listdir(self.out_dir):
             if self.namer.owns_inprogress(entry):
                 self.fs.remove(os.path.join(self.out_dir, entry))
                 discarded += 1
-        redo: list[Intent] = []
-        dropped = 0
-        for intent in unfinished:
-            if intent.shard is None or os.path.exists(os.path.join(self.out_dir, intent.shard)):
-                redo.append(intent)
-            else:
-                self.journal.drop(intent.seq)
-                dropped += 1
         return redo, dropped, discarded
 
     async def _recover(self) -> None:
@@ -492,13 +500,5 @@ class Daemon:
             raise DurabilityError(f"journal: {e.strerror or e}") from e
         crashpoints.reached("after-intent")
         if finished is not None:
-            try:
-                self.fs.publish(finished.tmp_path, finished.final_path)
-                crashpoints.reached("after-publish")
-                if self.fsync:
-                    with Stopwatch(self.metrics.fsync_duration):
-                        self.fs.fsync_dir(self.out_dir)
-            except OSError as e:
-                raise DurabilityError(f"publishing {finished.name}: {e.strerror or e}") from e
-            crashpoints.reached("after-dir-fsync")
+            self.output.publish(finished)
         return intent, finished

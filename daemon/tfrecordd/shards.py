@@ -43,7 +43,6 @@ class FinishedShard:
 
     name: str
     tmp_path: str
-    final_path: str
     records: int
     size: int
     raw_bytes: int
@@ -148,7 +147,6 @@ class OpenShard:
         return FinishedShard(
             name=self.name,
             tmp_path=self.tmp_path,
-            final_path=os.path.join(self.directory, self.name),
             records=self.records,
             size=self.file_bytes,
             raw_bytes=self.raw_bytes,
@@ -166,10 +164,3 @@ class OpenShard:
     def _close_quietly(f: BinaryIO) -> None:
         with contextlib.suppress(OSError):
             f.close()
-
-
-def publish(shard: FinishedShard, fs: FileSystem, *, fsync: bool = True) -> None:
-    """Give the shard its final name (never replacing a file) and make that durable."""
-    fs.publish(shard.tmp_path, shard.final_path)
-    if fsync:
-        fs.fsync_dir(os.path.dirname(shard.final_path))

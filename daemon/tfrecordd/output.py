@@ -1,0 +1,93 @@
+"""Where published shards go: a local directory, or any fsspec file system (object stores).
+
+The committer writes each shard as a hidden in-progress file in :attr:`Output.staging_dir`,
+fsyncs it, journals the intent, then calls :meth:`Output.publish`. Only when that returns are
+the sources acknowledged. At start-up, :meth:`Output.is_published` and :meth:`Output.resume`
+decide, for each journalled intent without ``done``, whether its acks are redone, its publishing
+is finished from the staged copy, or it is dropped (its events replay from the sources).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from typing import Any
+
+from tfrecordd import crashpoints
+from tfrecordd.errors import DurabilityError
+from tfrecordd.fsys import FileSystem
+from tfrecordd.journal import Intent
+from tfrecordd.shards import FinishedShard
+
+
+class Output(abc.ABC):
+    """A destination for finished shards."""
+
+    staging_dir: str
+    """Local directory where shards are written while in progress."""
+    location: str
+    """Where shards are published, for logs (a directory or a URL)."""
+
+    @abc.abstractmethod
+    def final_path(self, name: str) -> str:
+        """Where the shard called ``name`` is published."""
+
+    @abc.abstractmethod
+    def publish(self, shard: FinishedShard) -> None:
+        """Make a finished (complete, fsynced, closed) shard visible under its final name,
+        atomically and durably; never replace an existing shard. Blocking."""
+
+    @abc.abstractmethod
+    def is_published(self, intent: Intent) -> bool:
+        """Whether the intent's shard is published (recovery; blocking)."""
+
+    def resume(self, intent: Intent, staged: str) -> bool:
+        """Finish publishing an intent's shard from its staged copy at ``staged`` if the copy
+        is complete; return whether it is now published. Default: cannot resume."""
+        del intent, staged
+        return False
+
+    def redact(self) -> dict[str, Any]:
+        """A description for logs and ``check-config`` without secrets."""
+        return {"location": self.location}
+
+
+class LocalOutput(Output):
+    """A local directory: publish by ``link`` + ``unlink`` in the same directory, then fsync it."""
+
+    def __init__(self, directory: str, fs: FileSystem, *, fsync: bool = True) -> None:
+        self.staging_dir = self.location = os.path.abspath(directory)
+        self.fs = fs
+        self.fsync = fsync
+
+    def final_path(self, name: str) -> str:
+        return os.path.join(self.staging_dir, name)
+
+    def publish(self, shard: FinishedShard) -> None:
+        try:
+            self.fs.publish(shard.tmp_path, self.final_path(shard.name))
+            crashpoints.reached("after-publish")
+            if self.fsync:
+                self.fs.fsync_dir(self.staging_dir)
+        except OSError as e:
+            raise DurabilityError(f"publishing {shard.name}: {e.strerror or e}") from e
+        crashpoints.reached("after-dir-fsync")
+
+    def is_published(self, intent: Intent) -> bool:
+        return intent.shard is not None and os.path.exists(self.final_path(intent.shard))
+
+
+def is_url(location: str) -> bool:
+    """Whether ``location`` names a non-local fsspec file system (``s3://``, ``gs://``...)."""
+    scheme, sep, _ = location.partition("://")
+    return bool(sep) and scheme not in ("file", "local")
+
+
+def make_output(config: Any, fs: FileSystem) -> Output:
+    """The output for an ``[output]`` section: local for paths and ``file://``, else fsspec."""
+    location: str = config.dir
+    if not is_url(location):
+        return LocalOutput(location.removeprefix("file://"), fs, fsync=config.fsync)
+    from tfrecordd.objectstore import FsspecOutput
+
+    return FsspecOutput(config, fs)
