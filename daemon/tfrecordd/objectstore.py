@@ -13,4 +13,6 @@ class FsspecOutput(LocalOutput):
     """Publishing to an fsspec URL (not available in this build)."""
 
     def __init__(self, config: Any, fs: FileSystem) -> None:
-        raise ConfigError([f"output.dir: object storage URLs are not supported yet ({config.dir})"])
+        raise ConfigError(
+            [f"output.dir: object storage URLs are not supported yet ({config.output.dir})"]
+        )

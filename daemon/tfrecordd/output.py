@@ -84,10 +84,11 @@ def is_url(location: str) -> bool:
 
 
 def make_output(config: Any, fs: FileSystem) -> Output:
-    """The output for an ``[output]`` section: local for paths and ``file://``, else fsspec."""
-    location: str = config.dir
+    """The output of a :class:`~tfrecordd.config.DaemonConfig`: a local directory for paths
+    and ``file://`` URLs, an fsspec file system for other URLs."""
+    location: str = config.output.dir
     if not is_url(location):
-        return LocalOutput(location.removeprefix("file://"), fs, fsync=config.fsync)
+        return LocalOutput(location.removeprefix("file://"), fs, fsync=config.output.fsync)
     from tfrecordd.objectstore import FsspecOutput
 
     return FsspecOutput(config, fs)

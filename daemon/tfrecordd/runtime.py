@@ -112,7 +112,7 @@ class Daemon:
         self.notifier = notifier or SystemdNotifier()
         self.handle_signals = handle_signals
         out = config.output
-        self.output = make_output(out, fs)
+        self.output = make_output(config, fs)
         self.out_dir = self.output.staging_dir
         self.state_dir = str(config.daemon.state_dir)
         self.fsync = out.fsync
