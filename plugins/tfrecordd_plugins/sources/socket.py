@@ -1,0 +1,731 @@
+"""Socket sources: TCP and Unix stream sockets of framed events, and UDP datagrams.
+
+Stream sockets (``tcp``, ``unix``) carry frames, one event each: lines ending in ``\\n``
+(``framing = "lines"``) or a 4-byte big-endian length followed by that many bytes
+(``framing = "length-prefixed"``). Frames are numbered per connection from 1. A frame longer
+than ``max_frame_bytes`` is dead-lettered with its first bytes and skipped, and the connection
+goes on; a frame left unfinished when the connection ends or stalls is dead-lettered too (a cut
+line may still be valid JSON, so it is never taken as an event).
+
+With ``ack = true`` the server writes back, on the same connection, the number of the highest
+frame whose event is now in a published, durable shard (or, for a rejected frame, in the
+durable dead letters): ``ACK <n>\\n`` for lines, an 8-byte big-endian ``n`` for length-prefixed
+framing. A rejected frame is also reported at once: ``ERR <n> <reason>\\n``, or ``n`` with the
+top bit set. A client that resends what was not acked gets at-least-once delivery; acks are
+per connection, so frames sent on a connection that closed before its ack are resent.
+
+Reading is done on non-blocking sockets directly, never through a buffering transport: while
+the pipeline is full a connection is not read at all, and the kernel's TCP window pauses its
+client. Each connection holds at most one unfinished frame, so memory is bounded by
+``max_connections`` times ``max_frame_bytes`` (plus one read).
+
+UDP (``udp``) cannot be paused: each datagram is one event, read into a local buffer of at
+most ``buffer_events`` events and ``buffer_bytes`` bytes that a separate task hands to the
+pipeline. What does not fit is dropped and counted (``pipeline_full``), and events still
+buffered at shutdown are counted as dropped (``shutdown``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import stat
+import struct
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import anyio
+import anyio.lowlevel
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from tfrecordd.config import split_host_port
+from tfrecordd.errors import OutputError
+from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
+from tfrecordd.units import Duration, Size
+
+log = logging.getLogger(__name__)
+
+_REJECTED_BIT = 1 << 63
+_MAX_NOTICES = 64
+_ACCEPT_BACKLOG = 128
+
+
+def _octal(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return int(value.removeprefix("0o"), 8)
+        except ValueError:
+            raise ValueError(f"expected an octal mode such as '0660', got {value!r}") from None
+    return value
+
+
+def _check_listen(value: str) -> str:
+    split_host_port(value)
+    return value
+
+
+class _StreamSourceConfig(SourceConfig):
+    """Keys shared by the stream-socket sources (``tcp`` and ``unix``)."""
+
+    framing: Literal["lines", "length-prefixed"] = "lines"
+    """How the byte stream splits into events: ``lines`` (each ends in ``\\n``; blank lines are
+    skipped) or ``length-prefixed`` (a 4-byte big-endian length, then that many bytes)."""
+    max_frame_bytes: Size = Field(default=1 << 20, ge=16, le=(1 << 32) - 1)
+    """A longer frame is dead-lettered (its first ``max_frame_bytes`` bytes kept) and skipped;
+    the connection goes on with the next frame."""
+    max_connections: int = Field(default=64, ge=1)
+    """Connections served at once; further ones are closed as soon as they are accepted and
+    counted in ``tfrecordd_inputs_refused_total{reason="max_connections"}``."""
+    idle_timeout: Duration = Field(default=300.0, gt=0)
+    """A connection that sends nothing between frames for this long is closed (with
+    ``ack = true``, not while acks are still owed to it)."""
+    read_timeout: Duration = Field(default=30.0, gt=0)
+    """A frame must arrive whole within this much reading time of its first byte; otherwise
+    its bytes are dead-lettered and the connection closed (no slowloris). Time the source
+    spends paused by a full pipeline does not count."""
+    ack: bool = False
+    """Write acks back to clients once their events are durable (see the protocol in the
+    module docs); without it the server never writes to a connection."""
+    read_size: Size = Field(default=64 << 10, ge=512, le=16 << 20)
+    """Bytes read from a connection per read call."""
+
+    delivery: ClassVar[str] = "at-least-once with ack = true, at-most-once without"
+
+
+class TcpSourceConfig(_StreamSourceConfig):
+    """``type = "tcp"``: framed events over TCP connections."""
+
+    type: Literal["tcp"] = "tcp"
+    listen: Annotated[str, AfterValidator(_check_listen)] = "127.0.0.1:7070"
+    """``host:port`` to listen on (``[::1]:7070`` for IPv6; port 0 picks a free port). Loopback
+    unless you choose otherwise."""
+
+    def build(self) -> TcpSource:
+        return TcpSource(self)
+
+
+class UnixSourceConfig(_StreamSourceConfig):
+    """``type = "unix"``: framed events over a Unix stream socket."""
+
+    type: Literal["unix"] = "unix"
+    path: Path
+    """The socket file. A stale one (nobody listening) is replaced at start-up; a live one, or
+    a file that is not a socket, stops the start. Removed on shutdown."""
+    mode: Annotated[int, BeforeValidator(_octal)] = Field(default=0o660, ge=0, le=0o777)
+    """Permissions set on the socket file after it is created (``0o660`` or ``"0660"``):
+    connecting needs write permission."""
+
+    def build(self) -> UnixSource:
+        return UnixSource(self)
+
+
+class UdpSourceConfig(SourceConfig):
+    """``type = "udp"``: one datagram, one event."""
+
+    type: Literal["udp"] = "udp"
+    listen: Annotated[str, AfterValidator(_check_listen)] = "127.0.0.1:7071"
+    """``host:port`` to listen on (``[::1]:7071`` for IPv6; port 0 picks a free port). Loopback
+    unless you choose otherwise."""
+    max_frame_bytes: Size = Field(default=65507, ge=16, le=65535)
+    """A longer datagram is dead-lettered with its first ``max_frame_bytes`` bytes."""
+    buffer_events: int = Field(default=10000, ge=1)
+    """The most datagrams held while the pipeline is full; further ones are dropped and counted
+    in ``tfrecordd_events_dropped_total{reason="pipeline_full"}``."""
+    buffer_bytes: Size = Field(default=8 << 20, ge=65536)
+    """The most payload bytes held while the pipeline is full (the same drop rule)."""
+    receive_buffer: Size | None = None
+    """The kernel's receive buffer for the socket (``SO_RCVBUF``); default: the system's."""
+
+    delivery: ClassVar[str] = "at-most-once (drops counted)"
+
+    def build(self) -> UdpSource:
+        return UdpSource(self)
+
+
+# -- framing ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Frame:
+    payload: bytes
+    error: str | None = None
+
+
+class _Deframer:
+    """Splits a byte stream into frames, holding at most one unfinished frame."""
+
+    def __init__(self, framing: str, max_frame: int) -> None:
+        self.lines = framing == "lines"
+        self.max = max_frame
+        self.buf = bytearray()
+        self.head: bytearray | None = None  # first bytes of an oversized frame being skipped
+        self.size = 0  # that frame's length: announced (length-prefixed) or seen so far (lines)
+        self.skip = 0  # length-prefixed: bytes of that frame still to skip
+
+    def partial(self) -> bool:
+        """True while a frame has begun and not ended."""
+        return bool(self.buf) or self.head is not None
+
+    def feed(self, data: bytes) -> list[_Frame]:
+        self.buf += data
+        out: list[_Frame] = []
+        if self.lines:
+            self._lines(out)
+        else:
+            self._prefixed(out)
+        return out
+
+    def _too_long(self, head: bytes | bytearray, size: int) -> _Frame:
+        return _Frame(
+            bytes(head),
+            f"frame of {size} bytes is over max_frame_bytes ({self.max}); first bytes kept",
+        )
+
+    def _lines(self, out: list[_Frame]) -> None:
+        buf, start = self.buf, 0
+        while (nl := buf.find(b"\n", start)) >= 0:
+            if self.head is not None:
+                out.append(self._too_long(self.head, self.size + nl - start))
+                self.head = None
+            elif nl - start > self.max:
+                out.append(self._too_long(buf[start : start + self.max], nl - start))
+            else:
+                out.append(_Frame(bytes(buf[start:nl])))
+            start = nl + 1
+        del buf[:start]
+        if self.head is not None:
+            self.size += len(buf)
+            buf.clear()
+        elif len(buf) > self.max:
+            self.head, self.size = buf[: self.max], len(buf)
+            buf.clear()
+
+    def _prefixed(self, out: list[_Frame]) -> None:
+        buf, pos = self.buf, 0
+        while True:
+            if self.head is not None:
+                n = min(self.skip, len(buf) - pos)
+                self.head += buf[pos : pos + min(n, self.max - len(self.head))]
+                pos += n
+                self.skip -= n
+                if self.skip:
+                    break
+                out.append(self._too_long(self.head, self.size))
+                self.head = None
+                continue
+            if len(buf) - pos < 4:
+                break
+            (size,) = struct.unpack_from(">I", buf, pos)
+            pos += 4
+            if size > self.max:
+                self.head, self.size, self.skip = bytearray(), size, size
+                continue
+            if len(buf) - pos < size:
+                pos -= 4
+                break
+            out.append(_Frame(bytes(buf[pos : pos + size])))
+            pos += size
+        del buf[:pos]
+
+    def end(self, why: str) -> _Frame | None:
+        """The unfinished frame, if any, as a dead letter (the connection ended or stalled)."""
+        if self.head is not None:
+            frame = self._too_long(self.head, self.size)
+            self.head = None
+            self.buf.clear()
+            return frame
+        if not self.buf:
+            return None
+        got = len(self.buf)
+        body = self.buf if self.lines or got <= 4 else self.buf[4:]
+        frame = _Frame(bytes(body[: self.max]), f"unfinished frame ({got} bytes): {why}")
+        self.buf.clear()
+        return frame
+
+
+# -- stream sockets --------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Conn:
+    id: int
+    sock: socket.socket
+    peer: str
+    seq: int = 0
+    """Frames received so far (the number of the last one)."""
+    sent: int = 0
+    """The last frame handed to the pipeline."""
+    acked: int = 0
+    """The last frame known to be durable."""
+    told: int = 0
+    """The last ack written to the client."""
+    notices: deque[tuple[int, str]] = field(default_factory=deque)
+    """Rejected frames not yet reported to the client: number and reason."""
+    reading: bool = True
+    wake: anyio.Event = field(default_factory=anyio.Event)
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    def owed(self) -> bool:
+        return self.acked < self.sent
+
+
+class _StreamSource(Source):
+    """Accepts connections and reads framed events from each; see the module docs."""
+
+    def __init__(self, config: _StreamSourceConfig) -> None:
+        self.config = config
+        self._listener: socket.socket | None = None
+        self._conns: dict[int, _Conn] = {}
+        self._next_id = 0
+
+    def _bind(self) -> socket.socket:
+        raise NotImplementedError
+
+    def _peer(self, sock: socket.socket, addr: Any) -> str:
+        raise NotImplementedError
+
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        return len(self._conns)
+
+    async def recover(self, state: Any, pending: Sequence[Token]) -> None:
+        """Listen now, so that the daemon reports ready only once clients can connect. Tokens
+        of an earlier run name connections that are gone: their clients resend."""
+        del state, pending
+        if self._listener is None:
+            self._listener = self._bind()
+
+    async def ack(self, tokens: Sequence[Token]) -> None:
+        if not self.config.ack:
+            return
+        for t in tokens:
+            if not isinstance(t, dict):
+                continue
+            conn = self._conns.get(t.get("c", -1))
+            if conn is not None and int(t["n"]) > conn.acked:
+                conn.acked = int(t["n"])
+                conn.poke()
+
+    async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    async def run(self, ctx: SourceContext) -> None:
+        if self._listener is None:
+            self._listener = self._bind()
+        listener = self._listener
+        async with anyio.create_task_group() as tg:
+            while True:
+                await anyio.wait_readable(listener)
+                try:
+                    sock, addr = listener.accept()
+                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                    continue
+                except OSError as e:
+                    # Out of descriptors, say: the backlog keeps the client until we retry.
+                    log.warning("%s: accept failed: %s", ctx.name, e)
+                    ctx.count_refused("accept_failed")
+                    await anyio.sleep(0.1)
+                    continue
+                if len(self._conns) >= self.config.max_connections:
+                    ctx.count_refused("max_connections")
+                    sock.close()
+                    continue
+                sock.setblocking(False)
+                self._next_id += 1
+                conn = _Conn(self._next_id, sock, self._peer(sock, addr))
+                self._conns[conn.id] = conn
+                tg.start_soon(self._serve, ctx, conn)
+
+    async def _serve(self, ctx: SourceContext, conn: _Conn) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._write_loop, conn, tg.cancel_scope)
+                clean = await self._read_loop(ctx, conn)
+                conn.reading = False
+                conn.poke()
+                if not clean or not self.config.ack:
+                    tg.cancel_scope.cancel()
+        except OSError as e:
+            log.debug("%s: connection %s ended: %s", ctx.name, conn.peer, e)
+        finally:
+            del self._conns[conn.id]
+            conn.sock.close()
+
+    async def _write_loop(self, conn: _Conn, scope: anyio.CancelScope) -> None:
+        """Writes notices and acks; after a clean end of input, until every frame is acked."""
+        if not self.config.ack:
+            return
+        lines = self.config.framing == "lines"
+        while True:
+            out = bytearray()
+            while conn.notices:
+                n, reason = conn.notices.popleft()
+                out += f"ERR {n} {reason}\n".encode() if lines else _u64(n | _REJECTED_BIT)
+            if conn.acked > conn.told:
+                conn.told = conn.acked
+                out += f"ACK {conn.told}\n".encode() if lines else _u64(conn.told)
+            if out:
+                try:
+                    with anyio.fail_after(self.config.read_timeout):
+                        await _send_all(conn.sock, bytes(out))
+                except (OSError, TimeoutError):
+                    scope.cancel()
+                    return
+                continue
+            if not conn.reading and not conn.owed():
+                scope.cancel()
+                return
+            await conn.wake.wait()
+            conn.wake = anyio.Event()
+
+    async def _read_loop(self, ctx: SourceContext, conn: _Conn) -> bool:
+        """Reads frames until the client ends (True) or fails or times out (False)."""
+        cfg = self.config
+        deframer = _Deframer(cfg.framing, cfg.max_frame_bytes)
+        partial_waited = 0.0
+        while True:
+            mid = deframer.partial()
+            timeout = cfg.read_timeout - partial_waited if mid else cfg.idle_timeout
+            data: bytes | None = None
+            t0 = time.monotonic()
+            try:
+                with anyio.move_on_after(max(timeout, 0.0)):
+                    data = await _recv(conn.sock, cfg.read_size)
+            except OSError as e:
+                log.info("%s: connection %s failed: %s", ctx.name, conn.peer, e)
+                await self._emit(ctx, conn, [], deframer.end(f"connection failed: {e}"))
+                return False
+            if data is None:
+                if mid:
+                    why = f"not finished within read_timeout ({cfg.read_timeout:g}s)"
+                    log.info("%s: connection %s: frame %s; closing", ctx.name, conn.peer, why)
+                    await self._emit(ctx, conn, [], deframer.end(why))
+                    return False
+                if cfg.ack and conn.owed():
+                    continue
+                log.info("%s: connection %s idle; closing", ctx.name, conn.peer)
+                return False
+            if not data:
+                await self._emit(ctx, conn, [], deframer.end("connection closed"))
+                return True
+            if mid:
+                partial_waited += time.monotonic() - t0
+            frames = deframer.feed(data)
+            if frames or not deframer.partial():
+                partial_waited = 0.0
+            await self._emit(ctx, conn, frames, None)
+
+    async def _emit(
+        self, ctx: SourceContext, conn: _Conn, frames: list[_Frame], last: _Frame | None
+    ) -> None:
+        """Numbers the frames and sends them in batches within the context's limits."""
+        if last is not None:
+            frames.append(last)
+        if not frames:
+            return
+        events: list[RawEvent] = []
+        size = 0
+        skip_blank = self.config.framing == "lines"
+        for i, frame in enumerate(frames):
+            conn.seq += 1
+            where = f"{conn.peer}#{conn.id}:{conn.seq}"
+            if frame.error is not None:
+                events.append(RawEvent(frame.payload, where, error=frame.error))
+                if self.config.ack and len(conn.notices) < _MAX_NOTICES:
+                    conn.notices.append((conn.seq, frame.error.split(";")[0]))
+                    conn.poke()
+            elif not (skip_blank and not frame.payload.strip()):
+                events.append(RawEvent(frame.payload, where))
+                size += len(frame.payload)
+            full = len(events) >= ctx.max_batch_events or size >= ctx.max_batch_bytes
+            if full or i == len(frames) - 1:
+                await ctx.send(RawBatch(ctx.name, events, {"c": conn.id, "n": conn.seq}))
+                conn.sent = conn.seq
+                events, size = [], 0
+
+
+def _u64(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+async def _recv(sock: socket.socket, size: int) -> bytes:
+    while True:
+        try:
+            data = sock.recv(size)
+        except (BlockingIOError, InterruptedError):
+            await anyio.wait_readable(sock)
+            continue
+        # A client that always has data ready must not starve the other tasks.
+        await anyio.lowlevel.checkpoint()
+        return data
+
+
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view) :]
+        except (BlockingIOError, InterruptedError):
+            await anyio.wait_writable(sock)
+
+
+def _inet_socket(listen: str, kind: socket.SocketKind) -> socket.socket:
+    host, port = split_host_port(listen)
+    try:
+        family, _, proto, _, addr = socket.getaddrinfo(
+            host, port, type=kind, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as e:
+        raise OutputError(listen, f"cannot resolve: {e.strerror}") from e
+    sock = socket.socket(family, kind, proto)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        if kind == socket.SOCK_STREAM:
+            sock.listen(_ACCEPT_BACKLOG)
+        sock.setblocking(False)
+    except OSError as e:
+        sock.close()
+        raise OutputError(listen, f"cannot listen: {e.strerror or e}") from e
+    return sock
+
+
+def _inet_peer(addr: Any) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class TcpSource(_StreamSource):
+    """Reads framed events from TCP connections."""
+
+    config: TcpSourceConfig
+
+    def __init__(self, config: TcpSourceConfig) -> None:
+        super().__init__(config)
+        self.address: tuple[str, int] | None = None
+        """The bound ``(host, port)`` once listening (the real port when ``listen`` says 0)."""
+
+    def _bind(self) -> socket.socket:
+        sock = _inet_socket(self.config.listen, socket.SOCK_STREAM)
+        host, port = sock.getsockname()[:2]
+        self.address = (host, port)
+        log.info("%s: listening on %s (tcp)", self.config.name, _inet_peer(self.address))
+        return sock
+
+    def _peer(self, sock: socket.socket, addr: Any) -> str:
+        return _inet_peer(addr)
+
+
+class UnixSource(_StreamSource):
+    """Reads framed events from connections to a Unix socket."""
+
+    config: UnixSourceConfig
+
+    def __init__(self, config: UnixSourceConfig) -> None:
+        super().__init__(config)
+        self._inode: tuple[int, int] | None = None
+
+    def _bind(self) -> socket.socket:
+        path = str(self.config.path)
+        _clear_stale(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            os.chmod(path, self.config.mode)
+            st = os.stat(path)
+            self._inode = (st.st_dev, st.st_ino)
+            sock.listen(_ACCEPT_BACKLOG)
+            sock.setblocking(False)
+        except OSError as e:
+            sock.close()
+            raise OutputError(path, f"cannot listen: {e.strerror or e}") from e
+        log.info("%s: listening on %s (unix, mode %o)", self.config.name, path, self.config.mode)
+        return sock
+
+    def _peer(self, sock: socket.socket, addr: Any) -> str:
+        if hasattr(socket, "SO_PEERCRED"):
+            with contextlib.suppress(OSError):
+                cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                pid, uid, _ = struct.unpack("3i", cred)
+                return f"unix:pid={pid},uid={uid}"
+        return "unix"
+
+    async def aclose(self) -> None:
+        had = self._listener is not None
+        await super().aclose()
+        if had and self._inode is not None:
+            path = str(self.config.path)
+            try:
+                st = os.lstat(path)
+                # Only remove the socket we created, not one a successor bound in its place.
+                if (st.st_dev, st.st_ino) == self._inode:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+            self._inode = None
+
+
+def _clear_stale(path: str) -> None:
+    """Removes a socket file nobody listens on; refuses a live socket or any other file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OutputError(path, "exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        log.info("%s: removing a stale socket (nobody listens on it)", path)
+        os.unlink(path)
+        return
+    except FileNotFoundError:
+        return
+    except BlockingIOError:
+        pass  # the listener's backlog is full: it is alive
+    except OSError as e:
+        raise OutputError(path, f"cannot check the existing socket: {e.strerror or e}") from e
+    finally:
+        probe.close()
+    raise OutputError(path, "another process is listening on this socket; refusing to start")
+
+
+# -- datagrams -------------------------------------------------------------------------------
+
+
+class UdpSource(Source):
+    """Reads datagrams into a bounded buffer and hands them on; see the module docs."""
+
+    def __init__(self, config: UdpSourceConfig) -> None:
+        self.config = config
+        self._sock: socket.socket | None = None
+        self.address: tuple[str, int] | None = None
+        """The bound ``(host, port)`` once listening (the real port when ``listen`` says 0)."""
+        self._pending: deque[RawEvent] = deque()
+        self._pending_bytes = 0
+        self._ready = anyio.Event()
+        self._count = 0
+
+    def _bind(self) -> socket.socket:
+        sock = _inet_socket(self.config.listen, socket.SOCK_DGRAM)
+        if self.config.receive_buffer:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.receive_buffer)
+        host, port = sock.getsockname()[:2]
+        self.address = (host, port)
+        log.info("%s: listening on %s (udp)", self.config.name, _inet_peer(self.address))
+        return sock
+
+    async def recover(self, state: Any, pending: Sequence[Token]) -> None:
+        """Listen now, so that the daemon reports ready only once datagrams are received."""
+        del state, pending
+        if self._sock is None:
+            self._sock = self._bind()
+
+    async def ack(self, tokens: Sequence[Token]) -> None:
+        """Nothing to do: datagrams cannot be acknowledged."""
+        del tokens
+
+    async def aclose(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    async def run(self, ctx: SourceContext) -> None:
+        if self._sock is None:
+            self._sock = self._bind()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._forward, ctx)
+                await self._receive(ctx, self._sock)
+        finally:
+            if self._pending:
+                ctx.count_dropped("shutdown", len(self._pending))
+                self._pending.clear()
+                self._pending_bytes = 0
+
+    async def _receive(self, ctx: SourceContext, sock: socket.socket) -> None:
+        cfg = self.config
+        limit = cfg.max_frame_bytes
+        while True:
+            await anyio.wait_readable(sock)
+            dropped = 0
+            for _ in range(1024):  # then let the forwarder run
+                try:
+                    data, addr = sock.recvfrom(limit + 1)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as e:  # an ICMP error reported on the socket, say
+                    log.debug("%s: recvfrom: %s", ctx.name, e)
+                    continue
+                self._count += 1
+                if (
+                    len(self._pending) >= cfg.buffer_events
+                    or self._pending_bytes + len(data) > cfg.buffer_bytes
+                ):
+                    dropped += 1
+                    continue
+                where = f"{_inet_peer(addr)}#{self._count}"
+                if len(data) > limit:
+                    ev = RawEvent(
+                        data[:limit],
+                        where,
+                        error=f"datagram over max_frame_bytes ({limit}); first bytes kept",
+                    )
+                else:
+                    ev = RawEvent(data, where)
+                self._pending.append(ev)
+                self._pending_bytes += len(ev.payload)
+            if dropped:
+                ctx.count_dropped("pipeline_full", dropped)
+            if self._pending:
+                self._ready.set()
+            await anyio.lowlevel.checkpoint()
+
+    async def _forward(self, ctx: SourceContext) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready = anyio.Event()
+            while self._pending:
+                events: list[RawEvent] = []
+                size = 0
+                while (
+                    self._pending
+                    and len(events) < ctx.max_batch_events
+                    and size < ctx.max_batch_bytes
+                ):
+                    ev = self._pending.popleft()
+                    events.append(ev)
+                    size += len(ev.payload)
+                # The events leave the buffer's count only once the pipeline took them.
+                try:
+                    await ctx.send(RawBatch(ctx.name, events, None))
+                except BaseException:
+                    self._pending.extendleft(reversed(events))
+                    raise
+                self._pending_bytes -= size
+
+
+__all__ = [
+    "TcpSource",
+    "TcpSourceConfig",
+    "UdpSource",
+    "UdpSourceConfig",
+    "UnixSource",
+    "UnixSourceConfig",
+]
