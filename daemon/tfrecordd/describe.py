@@ -1,10 +1,114 @@
-"""``tfrecordd schema``: the reader's side of an encoder's schema (tf.io feature descriptions)."""
+"""``tfrecordd schema``: the reader's side of an encoder's schema (``tf.io`` feature descriptions).
+
+``tfrecordd schema --config FILE [--encoder NAME] [--format python|json]`` prints what reads the
+records that encoder writes. ``--format python`` (the default) prints a script to paste into a
+reader::
+
+    import tensorflow as tf
+
+    # encoder 'movies' (type 'example'): tf.io.parse_example(serialized, features)
+    features = {
+        'age': tf.io.FixedLenFeature(shape=[], dtype=tf.int64),
+        'movie': tf.io.VarLenFeature(dtype=tf.string),
+    }
+
+and for a sequence encoder two dicts, ``context_features`` and ``sequence_features``, for
+``tf.io.parse_sequence_example``. ``--format json`` prints the same as data: for an Example
+encoder ``{name: {"kind", "dtype"[, "shape"][, "default_value"]}}``, for a sequence encoder
+``{"context_features": {...}, "sequence_features": {...}}`` (see
+:func:`tfrecordd.schema.feature_description`).
+
+An encoder config describes its output through a ``feature_description()`` method returning that
+data; one without the method (or whose records it cannot know, like ``passthrough``) is an error.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from typing import Any
+
+from tfrecordd.config import load_config
+from tfrecordd.errors import EXIT_OK, TfrecorddError
+from tfrecordd.plugin import EncoderConfig
+from tfrecordd.schema import render_feature_description
+
+__all__ = ["add_commands", "describe_encoder", "render_python"]
+
+
+def describe_encoder(name: str, config: EncoderConfig) -> dict[str, Any]:
+    """The feature description of the encoder configured as ``[encoders.NAME]``."""
+    describe = getattr(config, "feature_description", None)
+    if describe is None:
+        raise TfrecorddError(
+            f"encoder {name!r} (type {config.type!r}) cannot describe its records: "
+            "its plugin has no feature_description()"
+        )
+    try:
+        description: dict[str, Any] = describe()
+    except TfrecorddError as e:
+        raise TfrecorddError(f"encoder {name!r} (type {config.type!r}): {e}") from None
+    return description
+
+
+def _is_sequence(description: dict[str, Any]) -> bool:
+    return set(description) == {"context_features", "sequence_features"} and all(
+        "kind" not in v for v in description.values()
+    )
+
+
+def render_python(name: str, config: EncoderConfig, description: dict[str, Any]) -> str:
+    """A reader's script: ``import tensorflow as tf`` and the feature dict(s) to pass to
+    ``tf.io.parse_example`` (``features``) or ``tf.io.parse_sequence_example``
+    (``context_features``, ``sequence_features``)."""
+    where = f"encoder {name!r} (type {config.type!r})"
+    if _is_sequence(description):
+        call = "tf.io.parse_sequence_example(serialized, context_features, sequence_features)"
+        body = render_feature_description(description)
+    else:
+        call = "tf.io.parse_example(serialized, features)"
+        body = f"features = {render_feature_description(description)}\n"
+    return f"import tensorflow as tf\n\n# {where}: {call}\n{body}"
+
+
+def _schema(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    names = sorted(config.encoders)
+    name = args.encoder
+    if name is None:
+        if len(names) != 1:
+            raise TfrecorddError(
+                f"{args.config}: {len(names)} encoders, choose one with --encoder: "
+                + ", ".join(names)
+            )
+        name = names[0]
+    if name not in config.encoders:
+        raise TfrecorddError(
+            f"{args.config}: no [encoders.{name}] table (encoders: {', '.join(names) or 'none'})"
+        )
+    encoder = config.encoders[name]
+    description = describe_encoder(name, encoder)
+    if args.format == "json":
+        json.dump(description, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_python(name, encoder, description))
+    return EXIT_OK
 
 
 def add_commands(sub: Any) -> None:
-    """Register this module's subcommands on the CLI's subparsers."""
-    del sub
+    """Register ``schema`` on the CLI's subparsers."""
+    help = "print the tf.io feature description that reads an encoder's records"
+    p: argparse.ArgumentParser = sub.add_parser("schema", help=help, description=help)
+    p.add_argument("--config", "-c", required=True, help="the TOML config file")
+    p.add_argument(
+        "--encoder", metavar="NAME", help="the [encoders.NAME] table (default: the only one)"
+    )
+    p.add_argument(
+        "--format",
+        choices=["python", "json"],
+        default="python",
+        help="Python source for a reader, or JSON data (default: %(default)s)",
+    )
+    p.set_defaults(func=_schema)

@@ -16,6 +16,21 @@ Value rules, the same for every feature:
   strings (written as UTF-8), and ``bytes`` objects from callers that are not JSON.
 - ``true`` / ``false`` are refused for ``int64`` and ``float``: a boolean where a number is
   declared is far more often a producer's bug than a wish for 1 and 0.
+
+CSV rows (:meth:`ExampleSchema.encode_csv`) are text: a feature's ``path`` is a header name, and
+each field is converted by the feature's type:
+
+- An empty field, or a column the row lacks, is a missing value (default, required, or left out).
+- ``int64`` takes an optional sign and ASCII digits (``"42"``, ``"-7"``); ``"4.5"``, ``"3.0"``,
+  ``"1e3"`` and anything outside the int64 range are refused. With ``time_unit``, a number of
+  seconds (``"1.5"``) or an RFC 3339 timestamp.
+- ``float`` takes decimal and exponent notation, ``nan`` and ``inf`` (any case); a value that does
+  not fit a float32 is refused, never rounded to infinity.
+- ``bytes`` takes the text as it is, written as UTF-8.
+- Surrounding spaces are ignored for numbers, kept for bytes.
+- A field is one value, unless the feature declares a ``separator``: then it is split on it, and
+  each piece is one value (an empty piece is refused for numbers, an empty string for bytes).
+  ``shape`` then checks the number of values; ``length`` counts them.
 """
 
 from __future__ import annotations
@@ -30,7 +45,15 @@ from typing import Any, Literal
 import pydantic
 
 from tfrecordd.errors import ConfigError, EncodeError
-from tfrecordd.wire import ExampleWriter, FeatureType, SequenceExampleWriter, describe
+from tfrecordd.wire import (
+    INT64_MAX,
+    INT64_MIN,
+    ExampleWriter,
+    FeatureType,
+    SequenceExampleWriter,
+    clipped,
+    describe,
+)
 
 __all__ = [
     "ExampleSchema",
@@ -48,6 +71,11 @@ _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
     r"(?:[Zz]|([+-])(\d{2}):(\d{2}))"
+)
+_INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
+_DECIMAL_TEXT = re.compile(r"\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*")
+_FLOAT_WORDS = frozenset(
+    sign + word for sign in ("", "+", "-") for word in ("nan", "inf", "infinity")
 )
 _SEGMENT = re.compile(r"([^.\[\]]*)((?:\[-?\d+\])*)")
 _INDEX = re.compile(r"\[(-?\d+)\]")
@@ -102,6 +130,10 @@ class FeatureSpec(pydantic.BaseModel, extra="forbid", frozen=True):
     length: bool = False
     """For ``int64`` only: write the number of elements of the list at ``path`` instead of the list
     itself (a sequence length, a count of items). A missing list is a missing value."""
+    separator: str | None = None
+    """CSV rows only: split the field on this string into a list of values (``";"`` makes
+    ``"1;2;3"`` three values). Default: the field is a single value. JSON events carry lists as
+    lists and ignore it."""
 
     @pydantic.model_validator(mode="before")
     @classmethod
@@ -120,6 +152,8 @@ class FeatureSpec(pydantic.BaseModel, extra="forbid", frozen=True):
                     raise ValueError(f"{option} applies to int64 features only")
         if self.length and (self.shape is not None or self.time_unit is not None):
             raise ValueError("length cannot be combined with shape or time_unit")
+        if self.separator == "":
+            raise ValueError("separator must not be empty")
         if self.shape is not None and any(d < 1 for d in self.shape):
             raise ValueError(f"shape dimensions must be >= 1, got {self.shape}")
         if self.default is not None:
@@ -359,6 +393,103 @@ def _compile_feature(name: str, spec: FeatureSpec) -> _Plan:
     return name, key, _getter(path, text), convert, default, spec.required, plain
 
 
+def _csv_int64(text: str) -> int:
+    if _INT_TEXT.fullmatch(text) is None:
+        raise EncodeError(f"expected int64, got text {clipped(text)}")
+    try:
+        value = int(text)
+    except ValueError:  # more digits than int() parses: far outside the range anyway
+        value = INT64_MAX + 1
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise EncodeError(f"int64 out of range: {clipped(text.strip())}")
+    return value
+
+
+def _csv_float(text: str) -> float:
+    if _DECIMAL_TEXT.fullmatch(text) is None:
+        if text.strip().lower() not in _FLOAT_WORDS:
+            raise EncodeError(f"expected float, got text {clipped(text)}")
+        return float(text)
+    value = float(text)
+    if math.isinf(value):
+        raise EncodeError(f"float out of float32 range: {clipped(text.strip())}")
+    return value
+
+
+def _csv_bytes(text: str) -> str:
+    return text
+
+
+def _csv_timestamp(unit: TimeUnit) -> Callable[[str], int]:
+    per_second = _PER_SECOND[unit]
+
+    def convert(text: str) -> int:
+        t = text.strip()
+        try:
+            if _INT_TEXT.fullmatch(t) is not None:
+                return int(t) * per_second
+            if _DECIMAL_TEXT.fullmatch(t) is not None:
+                scaled = Decimal(t) * per_second
+                return int(scaled.to_integral_value(rounding=ROUND_FLOOR))
+        except (ValueError, ArithmeticError):
+            raise EncodeError(f"timestamp out of range: {clipped(t)}") from None
+        return _parse_rfc3339(t, per_second)
+
+    return convert
+
+
+def _csv_converter(spec: FeatureSpec) -> Callable[[Any], list[Any]]:
+    """A function from a CSV field's non-empty text to the writer's list of values."""
+    element: Callable[[str], Any]
+    if spec.time_unit is not None:
+        element = _csv_timestamp(spec.time_unit)
+    else:
+        element = {
+            FeatureType.INT64: _csv_int64,
+            FeatureType.FLOAT: _csv_float,
+            FeatureType.BYTES: _csv_bytes,
+        }[spec.type]
+    sep = spec.separator
+    shape = spec.shape
+    count = math.prod(shape) if shape is not None else None
+    length = spec.length
+
+    def convert(text: Any) -> list[Any]:
+        if text.__class__ is not str:
+            raise EncodeError(f"expected text, got {describe(text)}")
+        if sep is None:
+            if length:
+                return [1]
+            values = [element(text)]
+        else:
+            pieces = text.split(sep)
+            if length:
+                return [len(pieces)]
+            values = []
+            try:
+                for piece in pieces:
+                    values.append(element(piece))
+            except EncodeError as e:
+                raise EncodeError(f"value {len(values)}: {e.reason}") from None
+        if count is not None and len(values) != count:
+            raise EncodeError(
+                f"shape mismatch: shape {shape} needs {count} values, got {len(values)}"
+            )
+        return values
+
+    return convert
+
+
+_CsvPlan = tuple[str, str, Callable[[Any], list[Any]], Any, bool]
+"""(name, header name, converter, default values or None, required)."""
+
+
+def _compile_csv_feature(name: str, spec: FeatureSpec) -> _CsvPlan:
+    default = _default_converter(spec)(spec.default) if spec.default is not None else None
+    header = spec.path if spec.path is not None else name
+    return name, header, _csv_converter(spec), default, spec.required
+
+
 def _specs(
     features: Mapping[str, FeatureSpec | str | Mapping[str, Any]], where: str
 ) -> dict[str, FeatureSpec]:
@@ -392,6 +523,9 @@ class ExampleSchema:
         """The features as declared, in declaration order."""
         self._writer = ExampleWriter([(name, spec.type) for name, spec in self.features.items()])
         self._plan = tuple(_compile_feature(name, spec) for name, spec in self.features.items())
+        self._csv_plan = tuple(
+            _compile_csv_feature(name, spec) for name, spec in self.features.items()
+        )
 
     def encode(self, event: Any) -> bytes:
         """Serialize the ``Example`` for one decoded JSON object.
@@ -414,6 +548,30 @@ class ExampleSchema:
                     values.append(default)
                 else:
                     values.append(convert(raw))
+        except EncodeError as e:
+            raise EncodeError(e.reason, name) from None
+        return self._writer.encode(values)
+
+    def encode_csv(self, row: Mapping[str, Any]) -> bytes:
+        """Serialize the ``Example`` for one CSV row: header name → field text.
+
+        Each feature's ``path`` is a header name (default: the feature's name); the text is
+        converted as the module's CSV rules say. Raises :class:`~tfrecordd.errors.EncodeError`
+        naming the feature at fault.
+        """
+        if not isinstance(row, Mapping):
+            raise _not_an_object(row)
+        values: list[list[Any] | None] = []
+        name = None
+        try:
+            for name, header, convert, default, required in self._csv_plan:  # noqa: B007
+                text = row.get(header)
+                if text is None or text == "":
+                    if required:
+                        raise EncodeError(f"missing required feature (column {header!r})")
+                    values.append(default)
+                else:
+                    values.append(convert(text))
         except EncodeError as e:
             raise EncodeError(e.reason, name) from None
         return self._writer.encode(values)

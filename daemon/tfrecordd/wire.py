@@ -24,7 +24,15 @@ from typing import Any
 
 from tfrecordd.errors import EncodeError
 
-__all__ = ["ExampleWriter", "FeatureType", "SequenceExampleWriter", "describe"]
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "ExampleWriter",
+    "FeatureType",
+    "SequenceExampleWriter",
+    "clipped",
+    "describe",
+]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -63,14 +71,15 @@ _FLOAT_PACKERS: tuple[Callable[..., bytes], ...] = tuple(
 )
 
 
-def _clipped(value: Any) -> str:
+def clipped(value: Any) -> str:
+    """The repr of ``value``, cut to 40 characters: error reasons stay short whatever the input."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
 def describe(value: Any) -> str:
     """An offending value as an error reason shows it: its type and a clipped repr."""
-    return f"{type(value).__name__} {_clipped(value)}"
+    return f"{type(value).__name__} {clipped(value)}"
 
 
 def _int64_error(values: Sequence[Any]) -> EncodeError:
@@ -78,7 +87,7 @@ def _int64_error(values: Sequence[Any]) -> EncodeError:
         if isinstance(v, bool) or not isinstance(v, int):
             return EncodeError(f"expected int64, got {describe(v)}")
         if not INT64_MIN <= v <= INT64_MAX:
-            return EncodeError(f"int64 out of range: {_clipped(v)}")
+            return EncodeError(f"int64 out of range: {clipped(v)}")
     return EncodeError("expected a list of int64")
 
 
@@ -89,7 +98,7 @@ def _float_error(values: Sequence[Any]) -> EncodeError:
         try:
             struct.pack("<f", v)
         except (OverflowError, struct.error):
-            return EncodeError(f"float out of float32 range: {_clipped(v)}")
+            return EncodeError(f"float out of float32 range: {clipped(v)}")
     return EncodeError("expected a list of float")
 
 

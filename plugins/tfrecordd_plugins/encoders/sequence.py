@@ -1,0 +1,79 @@
+"""``type = "sequence"``: JSON events to ``tf.train.SequenceExample`` through a declared schema."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import orjson
+import pydantic
+
+from tfrecordd.errors import ConfigError, EncodeError
+from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
+from tfrecordd.schema import FeatureSpec, SequenceSchema, feature_description
+
+
+class SequenceEncoderConfig(EncoderConfig):
+    """A SequenceExample per JSON event: per-sequence ``context`` features and per-step
+    ``feature_lists``, with the steps either parallel arrays or an array of ``steps`` objects."""
+
+    type: Literal["sequence"] = "sequence"
+    context: dict[str, FeatureSpec] = pydantic.Field(default_factory=dict)
+    """Per-sequence features, declared like an Example's; a sequence length is an ``int64``
+    feature with ``length = true`` whose ``path`` is the steps array."""
+    feature_lists: dict[str, FeatureSpec] = pydantic.Field(min_length=1)
+    """Per-step features: the spec describes one step's value. Without ``steps``, ``path`` names
+    an array with one value per step (all such arrays must have the same length); with ``steps``,
+    ``path`` is relative to each step object. A step lacking a value gets ``default``, is refused
+    if ``required``, and is otherwise written as an empty value list, so steps stay aligned."""
+    steps: str | None = None
+    """Path to an array of step objects (``"tokens"`` for ``{"tokens": [{"text": ..., "tag":
+    ...}, ...]}``). Default: the feature lists are parallel arrays."""
+
+    @pydantic.model_validator(mode="after")
+    def _compiles(self) -> SequenceEncoderConfig:
+        try:
+            self.compiled()
+        except ConfigError as e:
+            raise ValueError("; ".join(e.errors)) from None
+        return self
+
+    def compiled(self) -> SequenceSchema:
+        """The compiled schema this config describes."""
+        return SequenceSchema(self.context, self.feature_lists, self.steps)
+
+    def build(self) -> SequenceEncoder:
+        return SequenceEncoder(self)
+
+    def feature_description(self) -> dict[str, Any]:
+        """``{"context_features": ..., "sequence_features": ...}``: the two feature arguments of
+        ``tf.io.parse_sequence_example`` that read what this encoder writes."""
+        return feature_description(self.compiled())
+
+
+class SequenceEncoder(Encoder):
+    """Parses each event as JSON (unless the source already structured it) and encodes it."""
+
+    def __init__(self, config: SequenceEncoderConfig) -> None:
+        self.schema = config.compiled()
+
+    def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
+        result = EncodeResult()
+        records, failures = result.records, result.failures
+        encode, loads = self.schema.encode, orjson.loads
+        for i, ev in enumerate(events):
+            if ev.format is not None:
+                failures.append(
+                    (i, "format", f"cannot encode {ev.format!r} events as a SequenceExample")
+                )
+                continue
+            try:
+                value = ev.value if ev.value is not None else loads(ev.payload)
+            except orjson.JSONDecodeError as e:
+                failures.append((i, "malformed", f"not valid JSON: {e}"))
+                continue
+            try:
+                records.append(encode(value))
+            except EncodeError as e:
+                failures.append((i, "schema", str(e)))
+        return result
