@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support import free_port
+from tests.support import MOVIES_FEATURES, free_port
 
 
 class RedisServer:
@@ -80,3 +82,52 @@ def running_redis(data_dir: Path) -> Iterator[RedisServer]:
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A fresh redis-server for one test."""
     yield from running_redis(tmp_path / "redis")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))
+    return str(value)
+
+
+def write_redis_config(
+    root: Path,
+    url: str,
+    *,
+    source: Mapping[str, Any] | None = None,
+    output: Mapping[str, Any] | None = None,
+    daemon: Mapping[str, Any] | None = None,
+    features: Mapping[str, str] | None = None,
+) -> Path:
+    """A config under ``root`` for one redis-stream source named ``events`` on stream
+    ``events``, group ``tfrecordd``, encoded by ``movies``; returns its path."""
+    sections: dict[str, Mapping[str, Any]] = {
+        "daemon": {"node_id": "test", "state_dir": root / "state", "drain_timeout": "20s"}
+        | dict(daemon or {}),
+        "metrics": {"enabled": False},
+        "output": {"dir": root / "shards", "compression": "gzip", "max_shard_age": "1m"}
+        | dict(output or {}),
+        "[sources]": {
+            "name": "events",
+            "type": "redis-stream",
+            "url": url,
+            "stream": "events",
+            "group": "tfrecordd",
+            "field": "data",
+            "encoder": "movies",
+            "block": "100ms",
+        }
+        | dict(source or {}),
+        "encoders.movies": {"type": "example"},
+        "encoders.movies.features": dict(features or MOVIES_FEATURES),
+    }
+    lines: list[str] = []
+    for name, table in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{json.dumps(k)} = {_toml(v)}" for k, v in table.items()]
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "tfrecordd.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path

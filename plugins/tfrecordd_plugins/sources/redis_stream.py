@@ -135,6 +135,7 @@ class RedisStreamSource(Source):
     def __init__(self, config: RedisStreamSourceConfig) -> None:
         self.config = config
         self._client: Redis | None = None
+        self._closed = False
         self._field = config.field.encode()
         self._inflight: set[str] = set()
         """IDs sent to the pipeline and not yet XACKed: never sent twice by this process."""
@@ -159,6 +160,7 @@ class RedisStreamSource(Source):
         return await self._redis().execute_command(*args)  # type: ignore[no-untyped-call]
 
     async def aclose(self) -> None:
+        self._closed = True
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
@@ -193,9 +195,15 @@ class RedisStreamSource(Source):
 
     async def ack(self, tokens: Sequence[Token]) -> None:
         ids = [i for token in tokens for i in token]
-        if ids:
+        if not ids:
+            return
+        try:
             await self._xack(ids)
-            self._inflight.difference_update(ids)
+        finally:
+            if self._closed:
+                # Acks may still come after close (a late redo): that client is not kept.
+                await self.aclose()
+        self._inflight.difference_update(ids)
 
     async def _xack(self, ids: list[str]) -> None:
         """XACK every ID, retrying with backoff until Redis has taken them all."""
