@@ -1,12 +1,20 @@
-"""Spool-directory source: files of JSON lines, claimed, read in batches, removed once published.
+"""Spool-directory source: files claimed, read in batches, removed once their records are published.
 
 Producers write a file under a temporary or hidden name and publish it by renaming it to a name
 that matches ``pattern``. The source claims each new file by renaming it into
-``<path>/.tfrecordd-claimed/`` (a unique, time-ordered claim name), reads it in batches, and
-deletes it (or moves it into ``done_dir``) only when every record from it is in a published
-shard. Each batch's token is the claim name and the byte offset after its last line, so a file
-half-written into shards resumes exactly where the last published shard stopped, after any
-crash: delivery is exactly once.
+``<path>/.tfrecordd-claimed/`` (a unique, time-ordered claim name that encodes the file's path
+relative to the spool), reads it in batches, and deletes it (or moves it into ``done_dir``) only
+when every record from it is in a published shard. Each batch's token is the claim name and the
+offset (in the decompressed stream) after its last record, so a file half-written into shards
+resumes exactly where the last published shard stopped, after any crash: delivery is exactly
+once.
+
+Formats: ``jsonl`` (one JSON value per line), ``csv`` (a header row, then one event per record;
+quoted fields may span lines) and ``whole-file`` (one file is one event, e.g. an image, with its
+file name and the name of its parent folder as a label). Files ending in ``.gz`` or ``.zst`` are
+decompressed as they are read, up to ``max_decompressed_bytes``. An input that cannot be read to
+its end (a damaged or oversized compressed stream) is dead-lettered with the reason, and the file
+is moved into ``<path>/.tfrecordd-rejected/`` rather than deleted.
 
 Only regular files are read: a symlink, FIFO, device or directory matching the pattern is
 refused (counted, logged once, left in place), and files are opened with ``O_NOFOLLOW``.
@@ -14,39 +22,55 @@ refused (counted, logged once, left in place), and files are opened with ``O_NOF
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import logging
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import quote, unquote
 
 import aiofiles
 import anyio
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tfrecordd import crashpoints
+from tfrecordd.compression import Compression, open_decompressed
+from tfrecordd.errors import CompressionError
 from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
 from tfrecordd.units import Duration, Size
 
 log = logging.getLogger(__name__)
 
 CLAIM_DIR = ".tfrecordd-claimed"
+REJECT_DIR = ".tfrecordd-rejected"
 _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", "~")
+_SUFFIX_COMPRESSION = {".gz": Compression.GZIP, ".zst": Compression.ZSTD, ".zstd": Compression.ZSTD}
 
 
 class DirectorySourceConfig(SourceConfig):
-    """``type = "directory"``: a spool directory of JSON-lines files."""
+    """``type = "directory"``: a spool directory of JSON-lines, CSV or whole files."""
 
     type: Literal["directory"] = "directory"
     path: Path
     """The spool directory to watch."""
     pattern: str = "*.jsonl"
     """Glob (``fnmatch``) that published files match; dotfiles and temporary names never do."""
-    format: Literal["jsonl"] = "jsonl"
-    """How a file splits into events: ``jsonl`` is one JSON value per line."""
+    format: Literal["jsonl", "csv", "whole-file"] = "jsonl"
+    """How a file splits into events: ``jsonl`` one JSON value per line; ``csv`` a header row,
+    then one event per record (header name → text field); ``whole-file`` one event per file."""
+    compression: Literal["auto", "none", "gzip", "zstd"] = "auto"
+    """Compression of the input files; ``auto``: by suffix (``.gz``, ``.zst``/``.zstd``)."""
+    max_decompressed_bytes: Size = Field(default=4 << 30, ge=1)
+    """A compressed input that decompresses to more than this is rejected (dead-lettered and
+    moved into ``.tfrecordd-rejected/``): the guard against decompression bombs."""
+    recursive: bool = False
+    """Also look in sub-folders (hidden ones, ``done_dir`` and symlinked folders excepted). With
+    ``whole-file``, an event's label is the name of its parent folder (``cats/1.jpg`` → cats)."""
     on_done: Literal["delete", "move"] = "delete"
     """What happens to a file once all its records are published: deleted, or moved."""
     done_dir: Path | None = None
@@ -54,18 +78,40 @@ class DirectorySourceConfig(SourceConfig):
     poll_interval: Duration = Field(default=1.0, gt=0)
     """How often to look for new files when idle."""
     max_line_bytes: Size = Field(default=1 << 20, ge=16)
-    """A longer line is dead-lettered (its first ``max_line_bytes`` bytes kept), never split."""
+    """A longer line (or CSV record) is dead-lettered with its first ``max_line_bytes`` bytes,
+    never split."""
+    max_file_bytes: Size = Field(default=64 << 20, ge=1)
+    """``whole-file``: a larger file is dead-lettered (its path kept) and moved into
+    ``.tfrecordd-rejected/``."""
+    csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
+    """``csv``: the field delimiter."""
     read_size: Size = Field(default=1 << 20, ge=4096)
     """Bytes read from a file per read call."""
 
     delivery: ClassVar[str] = "exactly-once"
+
+    @field_validator("pattern")
+    @classmethod
+    def _no_separator(cls, v: str) -> str:
+        if "/" in v:
+            raise ValueError("pattern matches file names, not paths: use recursive = true")
+        return v
 
     def build(self) -> DirectorySource:
         return DirectorySource(self)
 
 
 def _nofollow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def _original(claim: str) -> str:
+    """The spool-relative path a claim name encodes."""
+    return unquote(claim.split("-", 1)[1])
+
+
+class _Rejected(Exception):
+    """The rest of the input cannot be read; the file is moved aside."""
 
 
 class DirectorySource(Source):
@@ -75,7 +121,9 @@ class DirectorySource(Source):
         self.config = config
         self.spool = str(config.path)
         self.claim_dir = os.path.join(self.spool, CLAIM_DIR)
+        self.reject_dir = os.path.join(self.spool, REJECT_DIR)
         self.done_dir = str(config.done_dir or os.path.join(self.spool, "done"))
+        self._spool_name = Path(self.spool).resolve().name
         self.committed: dict[str, int] = {}
         self._sent_eof: set[str] = set()
         self._refused: set[str] = set()
@@ -95,7 +143,7 @@ class DirectorySource(Source):
         await anyio.to_thread.run_sync(self._prepare_dirs)
         for t in pending:
             if t["eof"]:
-                await anyio.to_thread.run_sync(self._finish_file, t["f"])
+                await anyio.to_thread.run_sync(self._finish_file, t["f"], bool(t.get("bad")))
         self.committed = self.fold(state, pending)
 
     def _prepare_dirs(self) -> None:
@@ -104,29 +152,31 @@ class DirectorySource(Source):
             os.makedirs(self.done_dir, exist_ok=True)
 
     async def ack(self, tokens: Sequence[Token]) -> None:
-        finished = [t["f"] for t in tokens if t["eof"]]
-        for claim in finished:
-            await anyio.to_thread.run_sync(self._finish_file, claim)
-            self._sent_eof.discard(claim)
         for t in tokens:
-            if not t["eof"]:
+            if t["eof"]:
+                await anyio.to_thread.run_sync(self._finish_file, t["f"], bool(t.get("bad")))
+                self._sent_eof.discard(t["f"])
+                self.committed.pop(t["f"], None)
+            else:
                 self.committed[t["f"]] = max(self.committed.get(t["f"], 0), int(t["o"]))
-        for claim in finished:
-            self.committed.pop(claim, None)
 
-    def _finish_file(self, claim: str) -> None:
+    def _finish_file(self, claim: str, rejected: bool) -> None:
         src = os.path.join(self.claim_dir, claim)
         if not os.path.lexists(src):
             return
-        if self.config.on_done == "delete":
+        if rejected:
+            os.makedirs(self.reject_dir, exist_ok=True)
+            os.rename(src, os.path.join(self.reject_dir, claim))
+            _fsync_dir(self.reject_dir)
+        elif self.config.on_done == "delete":
             os.unlink(src)
         else:
-            original = claim.split("-", 1)[1]
-            dst = os.path.join(self.done_dir, original)
+            dst = os.path.join(self.done_dir, _original(claim))
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
             if os.path.lexists(dst):
-                dst = os.path.join(self.done_dir, f"{original}.{claim.split('-', 1)[0]}")
+                dst = f"{dst}.{claim.split('-', 1)[0]}"
             os.rename(src, dst)
-            _fsync_dir(self.done_dir)
+            _fsync_dir(os.path.dirname(dst))
         _fsync_dir(self.claim_dir)
         crashpoints.reached("after-spool-ack")
 
@@ -143,109 +193,317 @@ class DirectorySource(Source):
     def _pending_claims(self) -> list[str]:
         return sorted(c for c in os.listdir(self.claim_dir) if c not in self._sent_eof)
 
+    def _candidates(self, ctx: SourceContext) -> list[str]:
+        """Spool-relative paths of regular files that match, oldest first."""
+        found: list[tuple[float, str]] = []
+        folders = [""]
+        done = os.path.realpath(self.done_dir)
+        while folders:
+            rel_dir = folders.pop()
+            try:
+                entries = list(os.scandir(os.path.join(self.spool, rel_dir)))
+            except OSError as e:
+                log.warning("%s: cannot list %s: %s", ctx.name, rel_dir or self.spool, e)
+                continue
+            for entry in entries:
+                rel = os.path.join(rel_dir, entry.name)
+                if entry.name.startswith("."):
+                    continue
+                if self.config.recursive and entry.is_dir(follow_symlinks=False):
+                    if os.path.realpath(entry.path) != done:
+                        folders.append(rel)
+                    continue
+                if entry.name.endswith(_TEMP_SUFFIXES) or not fnmatch.fnmatchcase(
+                    entry.name, self.config.pattern
+                ):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    if rel not in self._refused:
+                        self._refused.add(rel)
+                        ctx.count_refused("not_regular_file")
+                        log.warning("%s: %s is not a regular file; refused", ctx.name, entry.path)
+                    continue
+                found.append((st.st_mtime, rel))
+        return [rel for _, rel in sorted(found)]
+
     def _claim_new(self, ctx: SourceContext) -> list[str]:
         claimed = []
-        for name in sorted(os.listdir(self.spool)):
-            if (
-                name.startswith(".")
-                or name.endswith(_TEMP_SUFFIXES)
-                or not fnmatch.fnmatchcase(name, self.config.pattern)
-            ):
-                continue
-            path = os.path.join(self.spool, name)
+        for rel in self._candidates(ctx):
+            claim = f"{time.time_ns():020d}-{quote(rel, safe='')}"
             try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                if name not in self._refused:
-                    self._refused.add(name)
-                    ctx.count_refused("not_regular_file")
-                    log.warning("%s: %s is not a regular file; refused", ctx.name, path)
-                continue
-            claim = f"{time.time_ns():020d}-{name}"
-            try:
-                os.rename(path, os.path.join(self.claim_dir, claim))
+                os.rename(os.path.join(self.spool, rel), os.path.join(self.claim_dir, claim))
             except FileNotFoundError:
                 continue
             crashpoints.reached("after-claim")
             claimed.append(claim)
         if claimed:
             _fsync_dir(self.claim_dir)
-            _fsync_dir(self.spool)
+            for folder in {os.path.dirname(_original(c)) for c in claimed}:
+                _fsync_dir(os.path.join(self.spool, folder))
         return claimed
+
+    def _compression(self, name: str) -> Compression:
+        if self.config.compression != "auto":
+            return Compression(self.config.compression)
+        return _SUFFIX_COMPRESSION.get(os.path.splitext(name)[1], Compression.NONE)
 
     async def _read_file(self, ctx: SourceContext, claim: str) -> None:
         path = os.path.join(self.claim_dir, claim)
-        offset = self.committed.get(claim, 0)
+        start = self.committed.get(claim, 0)
+        rel = _original(claim)
+        reader = _Reader(path, self._compression(rel), self.config)
         try:
-            f = await aiofiles.open(path, "rb", opener=_nofollow)
+            await reader.open()
         except FileNotFoundError:
             return
         except OSError as e:
             ctx.count_refused("unreadable")
             log.warning("%s: cannot open %s: %s", ctx.name, path, e)
             return
+        except _Rejected:
+            ctx.count_refused("not_regular_file")
+            return
         try:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                ctx.count_refused("not_regular_file")
-                return
-            await f.seek(offset)
-            offset = await self._read_lines(ctx, claim, f, offset)
+            if self.config.format == "whole-file":
+                await self._read_whole(ctx, claim, rel, reader)
+            else:
+                await self._read_records(ctx, claim, rel, reader, start)
         finally:
-            await f.close()
+            await reader.close()
         self._sent_eof.add(claim)
 
-    async def _read_lines(self, ctx: SourceContext, claim: str, f: Any, offset: int) -> int:
-        """Send the file's lines from ``offset`` in batches whose tokens sit on line ends."""
-        max_line = self.config.max_line_bytes
+    async def _read_whole(self, ctx: SourceContext, claim: str, rel: str, reader: _Reader) -> None:
+        limit = self.config.max_file_bytes
+        data = b""
+        try:
+            async for chunk in reader.chunks(0):
+                data += chunk
+                if len(data) > limit:
+                    raise _Rejected(f"file larger than max_file_bytes ({limit})")
+        except _Rejected as e:
+            await self._reject(ctx, claim, rel, str(e), len(data))
+            return
+        parts = Path(rel).parts
+        label = parts[-2] if len(parts) > 1 else self._spool_name
+        value = {"filename": parts[-1], "label": label, "path": rel}
+        event = RawEvent(data, rel, value=value, format="file")
+        await ctx.send(RawBatch(ctx.name, [event], _token(claim, len(data), True)))
+
+    async def _reject(
+        self, ctx: SourceContext, claim: str, rel: str, reason: str, offset: int
+    ) -> None:
+        log.warning("%s: %s rejected: %s", ctx.name, rel, reason)
+        event = RawEvent(b"", f"{rel}:{offset}", error=f"input rejected: {reason}")
+        await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, True, bad=True)))
+
+    async def _read_records(
+        self, ctx: SourceContext, claim: str, rel: str, reader: _Reader, offset: int
+    ) -> None:
+        """Send the file's records from ``offset`` in batches whose tokens sit on record ends."""
+        cfg = self.config
+        is_csv = cfg.format == "csv"
+        header = await self._csv_header(claim, rel) if is_csv and offset > 0 else None
+        max_line = cfg.max_line_bytes
         events: list[RawEvent] = []
         batch_bytes = 0
-        buf = b""  # unread bytes, starting at file position `offset`
-        head: bytes | None = None  # first bytes of an overlong line still being skipped
+        buf = b""  # unread bytes, starting at stream position `offset`
+        head: bytes | None = None  # first bytes of an overlong record still being skipped
         head_at = 0
-        while True:
-            chunk = await f.read(self.config.read_size)
-            buf += chunk
-            # At the end of the file, what is left is the last line even without its newline.
-            lines_end = buf.rfind(b"\n") + 1 if chunk else len(buf)
-            pos = 0
-            while pos < lines_end:
-                nl = buf.find(b"\n", pos, lines_end)
-                end = nl if nl >= 0 else lines_end
-                line, at = buf[pos:end], offset + pos
-                pos = end + 1 if nl >= 0 else lines_end
-                if head is not None:
-                    events.append(_too_long(claim, head_at, head, max_line))
-                    head = None
-                elif len(line) > max_line:
-                    events.append(_too_long(claim, at, line[:max_line], max_line))
-                elif line.strip():
-                    events.append(RawEvent(line, f"{claim}:{at}"))
-                    batch_bytes += len(line)
-                if len(events) >= ctx.max_batch_events or batch_bytes >= ctx.max_batch_bytes:
-                    await ctx.send(RawBatch(ctx.name, events, _token(claim, offset + pos, False)))
-                    events, batch_bytes = [], 0
-            buf, offset = buf[lines_end:], offset + lines_end
-            if not chunk:
-                if head is not None:
-                    events.append(_too_long(claim, head_at, head, max_line))
-                break
-            if len(buf) > max_line:
-                if head is None:
-                    head, head_at = buf[:max_line], offset
-                offset, buf = offset + len(buf), b""
+        quotes = 0  # quote characters in the skipped part of an overlong CSV record
+        try:
+            async with aclosing(reader.chunks(offset)) as chunks:
+                while True:
+                    chunk = await anext(chunks, b"")
+                    buf += chunk
+                    records, consumed = _split(buf, not chunk, quotes if is_csv else None)
+                    quotes = 0
+                    for start, stop, nxt in records:
+                        record, at = buf[start:stop], offset + start
+                        if head is not None:
+                            events.append(_too_long(rel, head_at, head, max_line))
+                            head = None
+                        elif len(record) > max_line:
+                            events.append(_too_long(rel, at, record[:max_line], max_line))
+                        elif not record.strip():
+                            pass
+                        elif is_csv and header is None:
+                            header = _csv_row(record, cfg.csv_delimiter)
+                        else:
+                            events.append(_event(record, rel, at, header, cfg.csv_delimiter))
+                            batch_bytes += len(record)
+                        if len(events) >= ctx.max_batch_events or (
+                            batch_bytes >= ctx.max_batch_bytes
+                        ):
+                            tok = _token(claim, offset + nxt, False)
+                            await ctx.send(RawBatch(ctx.name, events, tok))
+                            events, batch_bytes = [], 0
+                    buf, offset = buf[consumed:], offset + consumed
+                    if not chunk:
+                        if head is not None:
+                            events.append(_too_long(rel, head_at, head, max_line))
+                        break
+                    if len(buf) > max_line:
+                        if head is None:
+                            head, head_at = buf[:max_line], offset
+                        quotes = buf.count(b'"') if is_csv else 0
+                        offset, buf = offset + len(buf), b""
+        except _Rejected as e:
+            if events:
+                await ctx.send(RawBatch(ctx.name, events, _token(claim, offset, False)))
+            await self._reject(ctx, claim, rel, str(e), offset)
+            return
         await ctx.send(RawBatch(ctx.name, events, _token(claim, offset, True)))
-        return offset
+
+    async def _csv_header(self, claim: str, rel: str) -> list[str] | None:
+        """The header row of a CSV file being resumed past its start."""
+        reader = _Reader(os.path.join(self.claim_dir, claim), self._compression(rel), self.config)
+        await reader.open()
+        try:
+            buf = b""
+            async with aclosing(reader.chunks(0)) as chunks:
+                async for chunk in chunks:
+                    buf += chunk
+                    records, _ = _split(buf, False, 0)
+                    for start, stop, _next in records:
+                        if buf[start:stop].strip():
+                            return _csv_row(buf[start:stop], self.config.csv_delimiter)
+            records, _ = _split(buf, True, 0)
+            for start, stop, _next in records:
+                if buf[start:stop].strip():
+                    return _csv_row(buf[start:stop], self.config.csv_delimiter)
+            return None
+        finally:
+            await reader.close()
 
 
-def _token(claim: str, offset: int, eof: bool) -> Token:
-    return {"f": claim, "o": offset, "eof": eof}
+class _Reader:
+    """Decompressed bytes of one claimed file, read without blocking the event loop."""
+
+    def __init__(self, path: str, compression: Compression, config: DirectorySourceConfig):
+        self.path = path
+        self.compression = compression
+        self.config = config
+        self._plain: Any = None
+        self._raw: Any = None
+        self._stream: Any = None
+
+    async def open(self) -> None:
+        if self.compression is Compression.NONE:
+            self._plain = await aiofiles.open(self.path, "rb", opener=_nofollow)
+            fd = self._plain.fileno()
+        else:
+            self._raw = await anyio.to_thread.run_sync(_open_raw, self.path)
+            fd = self._raw.fileno()
+            self._stream = open_decompressed(
+                self._raw,
+                self.compression,
+                path=self.path,
+                max_bytes=self.config.max_decompressed_bytes,
+            )
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            await self.close()
+            raise _Rejected("not a regular file")
+
+    async def chunks(self, offset: int) -> AsyncGenerator[bytes, None]:
+        """The bytes from ``offset`` (in the decompressed stream) to the end."""
+        size = self.config.read_size
+        if self._plain is not None:
+            await self._plain.seek(offset)
+            while chunk := await self._plain.read(size):
+                yield chunk
+            return
+        read = self._stream.read
+        try:
+            while offset > 0:
+                skipped = await anyio.to_thread.run_sync(read, min(size, offset))
+                if not skipped:
+                    return
+                offset -= len(skipped)
+            while chunk := await anyio.to_thread.run_sync(read, size):
+                yield chunk
+        except CompressionError as e:
+            raise _Rejected(e.detail) from e
+
+    async def close(self) -> None:
+        if self._plain is not None:
+            await self._plain.close()
+            self._plain = None
+        if self._raw is not None:
+            await anyio.to_thread.run_sync(self._raw.close)
+            self._raw = self._stream = None
 
 
-def _too_long(claim: str, at: int, head: bytes, limit: int) -> RawEvent:
+def _open_raw(path: str) -> Any:
+    return open(path, "rb", buffering=0, opener=_nofollow)
+
+
+def _split(
+    buf: bytes, final: bool, csv_quotes: int | None
+) -> tuple[list[tuple[int, int, int]], int]:
+    """Complete records in ``buf`` as ``(start, stop, next start)``, and the bytes they use.
+
+    A record ends at a newline; for CSV (``csv_quotes`` not None: the quote characters already
+    seen in the first record), only at a newline outside quotes, i.e. after an even number of
+    quote characters in the record. At the end of the input (``final``), what is left is the
+    last record.
+    """
+    out: list[tuple[int, int, int]] = []
+    pos = scan = 0
+    quotes = csv_quotes or 0
+    n = len(buf)
+    while pos < n:
+        nl = buf.find(b"\n", scan)
+        if nl < 0:
+            if final:
+                out.append((pos, n, n))
+                pos = n
+            break
+        if csv_quotes is not None:
+            quotes += buf.count(b'"', scan, nl)
+            if quotes % 2:
+                scan = nl + 1
+                continue
+            quotes = 0
+        out.append((pos, nl, nl + 1))
+        pos = scan = nl + 1
+    return out, pos
+
+
+def _csv_row(record: bytes, delimiter: str) -> list[str]:
+    text = record.decode("utf-8", errors="replace").rstrip("\r")
+    return next(csv.reader([text], delimiter=delimiter, strict=False), [])
+
+
+def _event(record: bytes, rel: str, at: int, header: list[str] | None, delimiter: str) -> RawEvent:
+    where = f"{rel}:{at}"
+    if header is None:
+        return RawEvent(record, where)
+    try:
+        text = record.decode("utf-8").rstrip("\r")
+        row = next(csv.reader([text], delimiter=delimiter, strict=True))
+    except (UnicodeDecodeError, csv.Error) as e:
+        return RawEvent(record, where, error=f"not a valid CSV record: {e}")
+    if len(row) != len(header):
+        return RawEvent(
+            record, where, error=f"CSV record has {len(row)} fields, the header {len(header)}"
+        )
+    return RawEvent(record, where, value=dict(zip(header, row, strict=True)), format="csv")
+
+
+def _token(claim: str, offset: int, eof: bool, *, bad: bool = False) -> Token:
+    token: dict[str, Any] = {"f": claim, "o": offset, "eof": eof}
+    if bad:
+        token["bad"] = True
+    return token
+
+
+def _too_long(rel: str, at: int, head: bytes, limit: int) -> RawEvent:
     return RawEvent(
-        head, f"{claim}:{at}", error=f"line longer than max_line_bytes ({limit}); first bytes kept"
+        head, f"{rel}:{at}", error=f"record longer than max_line_bytes ({limit}); first bytes kept"
     )
 
 

@@ -1,0 +1,167 @@
+"""Spool-directory formats: CSV, whole files with folder labels, gzip/zstd inputs, rejects."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import zstandard
+
+from tests.support import spool_file
+from tfrecordd.testing import RecordingContext
+from tfrecordd_plugins.sources.directory import (
+    CLAIM_DIR,
+    REJECT_DIR,
+    DirectorySource,
+    DirectorySourceConfig,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def make(spool: Path, **options: Any) -> DirectorySource:
+    config = DirectorySourceConfig(
+        name="spool", type="directory", path=spool, encoder="e", poll_interval=0.05, **options
+    )
+    return config.build()
+
+
+async def run_until_files_done(
+    source: DirectorySource, files: int, ctx: RecordingContext | None = None
+) -> RecordingContext:
+    """Run the source until it sent the end of ``files`` files; ack everything; stop."""
+    ctx = ctx or RecordingContext(name="spool", max_batch_events=50)
+    await source.recover(None, [])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.run, ctx)
+        with anyio.fail_after(20):
+            while sum(1 for b in ctx.batches if b.token["eof"]) < files:
+                await anyio.sleep(0.02)
+        tg.cancel_scope.cancel()
+    await source.ack([b.token for b in ctx.batches])
+    return ctx
+
+
+def good(ctx: RecordingContext) -> list[Any]:
+    return [e for b in ctx.batches for e in b.events if e.error is None]
+
+
+def bad(ctx: RecordingContext) -> list[Any]:
+    return [e for b in ctx.batches for e in b.events if e.error is not None]
+
+
+async def test_csv_rows_with_quotes_spanning_lines(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    text = 'user,age,comment\nann,31,"likes ""quotes"", and\nnewlines"\n\nbob,40,plain\nbad,row\n'
+    (spool / "a.csv").write_text(text)
+    ctx = await run_until_files_done(make(spool, pattern="*.csv", format="csv"), 1)
+    rows = [e.value for e in good(ctx)]
+    assert rows == [
+        {"user": "ann", "age": "31", "comment": 'likes "quotes", and\nnewlines'},
+        {"user": "bob", "age": "40", "comment": "plain"},
+    ]
+    assert all(e.format == "csv" for e in good(ctx))
+    [wrong] = bad(ctx)
+    assert wrong.payload == b"bad,row"
+    assert "2 fields, the header 3" in wrong.error
+    assert not list(spool.iterdir()) or [p.name for p in spool.iterdir()] == [CLAIM_DIR]
+
+
+async def test_csv_resumes_past_the_header(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "a.csv").write_text("k,v\n" + "".join(f"{i},x{i}\n" for i in range(100)))
+    first = make(spool, pattern="*.csv", format="csv")
+    ctx = RecordingContext(name="spool", max_batch_events=30)
+    await first.recover(None, [])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first.run, ctx)
+        with anyio.fail_after(10):
+            while len(ctx.batches) < 2:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    committed = ctx.batches[1].token
+    assert not committed["eof"]
+    # A new daemon resumes from the committed offset of the second batch.
+    second = make(spool, pattern="*.csv", format="csv")
+    ctx2 = RecordingContext(name="spool", max_batch_events=30)
+    await second.recover(DirectorySource.fold(None, [ctx.batches[0].token, committed]), [])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(second.run, ctx2)
+        with anyio.fail_after(10):
+            while not any(b.token["eof"] for b in ctx2.batches):
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    seen = [e.value["k"] for e in good(ctx)[:60]] + [e.value["k"] for e in good(ctx2)]
+    assert seen == [str(i) for i in range(100)]
+
+
+async def test_whole_files_with_folder_labels(tmp_path: Path) -> None:
+    spool = tmp_path / "images"
+    for label, n in (("cats", 2), ("dogs", 3)):
+        (spool / label).mkdir(parents=True)
+        for i in range(n):
+            (spool / label / f"{i}.jpg").write_bytes(f"{label}-{i}".encode() * 100)
+    (spool / "dogs" / "big.jpg").write_bytes(b"x" * 5000)
+    (spool / "cats" / ".hidden.jpg").write_bytes(b"no")
+    source = make(spool, pattern="*.jpg", format="whole-file", recursive=True, max_file_bytes=4096)
+    ctx = await run_until_files_done(source, 6)
+    got = sorted((e.value["label"], e.value["filename"], e.payload) for e in good(ctx))
+    assert got == sorted(
+        (label, f"{i}.jpg", f"{label}-{i}".encode() * 100)
+        for label, n in (("cats", 2), ("dogs", 3))
+        for i in range(n)
+    )
+    assert all(e.format == "file" for e in good(ctx))
+    [rejected] = bad(ctx)
+    assert "max_file_bytes" in rejected.error
+    assert [p.name.split("-", 1)[1] for p in (spool / REJECT_DIR).iterdir()] == ["dogs%2Fbig.jpg"]
+    assert (spool / "cats" / ".hidden.jpg").exists()
+    assert [p.name for p in (spool / "cats").iterdir()] == [".hidden.jpg"]
+
+
+async def test_gzip_and_zstd_inputs(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    lines = [f'{{"id": {i}}}'.encode() for i in range(300)]
+    body = b"\n".join(lines) + b"\n"
+    # Two gzip members, as a producer appending compressed chunks would write.
+    (spool / "a.jsonl.gz").write_bytes(gzip.compress(body[:1000]) + gzip.compress(body[1000:]))
+    (spool / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(body))
+    ctx = await run_until_files_done(make(spool, pattern="*.jsonl.*"), 2)
+    assert sorted(e.payload for e in good(ctx)) == sorted(lines * 2)
+    assert not bad(ctx)
+
+
+async def test_decompression_bomb_and_damage_are_rejected(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    bomb = zstandard.ZstdCompressor().compress(b"\n" * (8 << 20))
+    (spool / "bomb.jsonl.zst").write_bytes(bomb)
+    good_part = b"".join(f'{{"id": {i}}}\n'.encode() for i in range(50))
+    cut = gzip.compress(good_part + b'{"id": 999}\n' * 1000)
+    (spool / "cut.jsonl.gz").write_bytes(cut[: len(cut) // 2])
+    source = make(spool, pattern="*.jsonl.*", max_decompressed_bytes=1 << 20)
+    ctx = await run_until_files_done(source, 2)
+    reasons = sorted(e.error for e in bad(ctx))
+    assert len(reasons) == 2
+    assert all(r.startswith("input rejected:") for r in reasons)
+    assert sorted(p.name.split("-", 1)[1] for p in (spool / REJECT_DIR).iterdir()) == [
+        "bomb.jsonl.zst",
+        "cut.jsonl.gz",
+    ]
+    assert not os.listdir(spool / CLAIM_DIR)
+
+
+async def test_on_done_move_keeps_relative_paths(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    (spool / "day1").mkdir(parents=True)
+    spool_file(spool / "day1", "a.jsonl", ['{"id": 1}'])
+    source = make(spool, recursive=True, on_done="move")
+    await run_until_files_done(source, 1)
+    assert (spool / "done" / "day1" / "a.jsonl").read_text() == '{"id": 1}\n'
