@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -588,3 +589,192 @@ def test_sequence_feature_description() -> None:
     assert source.startswith("context_features = {\n")
     assert "\nsequence_features = {\n" in source
     compile(source, "<description>", "exec")
+
+
+# --- CSV rows -----------------------------------------------------------------------------------
+
+
+def encode_csv(features: dict[str, Any], row: dict[str, Any]) -> dict[str, list[Any]]:
+    return proto.parse_example(ExampleSchema(features).encode_csv(row))
+
+
+def csv_refusal(features: dict[str, Any], row: dict[str, Any]) -> EncodeError:
+    with pytest.raises(EncodeError) as info:
+        ExampleSchema(features).encode_csv(row)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("42", 42),
+        ("-7", -7),
+        ("+3", 3),
+        (" 12 ", 12),
+        ("0", 0),
+        (str(2**63 - 1), 2**63 - 1),
+        (str(-(2**63)), -(2**63)),
+    ],
+)
+def test_csv_int64_from_integer_text(text: str, value: int) -> None:
+    assert encode_csv({"n": "int64"}, {"n": text}) == {"n": [value]}
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("4.5", "expected int64, got text '4.5'"),
+        ("3.0", "expected int64, got text '3.0'"),
+        ("1e3", "expected int64, got text '1e3'"),
+        ("abc", "expected int64, got text 'abc'"),
+        ("1_000", "expected int64, got text '1_000'"),
+        ("\u0664\u0662", "expected int64, got text '\u0664\u0662'"),
+        (" ", "expected int64, got text ' '"),
+        (str(2**63), f"int64 out of range: '{2**63}'"),
+        (str(-(2**63) - 1), f"int64 out of range: '{-(2**63) - 1}'"),
+        ("9" * 5000, "int64 out of range: '" + "9" * 36),
+    ],
+)
+def test_csv_int64_refusals_name_the_feature(text: str, reason: str) -> None:
+    error = csv_refusal({"n": "int64"}, {"n": text})
+    assert error.feature == "n"
+    assert error.reason.startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1.5", 1.5),
+        ("-.5", -0.5),
+        ("1e3", 1000.0),
+        ("7", 7.0),
+        (" 2.5 ", 2.5),
+        ("inf", math.inf),
+        ("-Infinity", -math.inf),
+        ("3.4028234e38", 3.4028234e38),
+    ],
+)
+def test_csv_float_from_text(text: str, value: float) -> None:
+    assert encode_csv({"x": "float"}, {"x": text})["x"] == [pytest.approx(value)]
+
+
+def test_csv_float_nan() -> None:
+    (value,) = encode_csv({"x": "float"}, {"x": "NaN"})["x"]
+    assert math.isnan(value)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("abc", "expected float, got text 'abc'"),
+        ("1.5.2", "expected float, got text '1.5.2'"),
+        ("0x10", "expected float, got text '0x10'"),
+        ("1e400", "float out of float32 range: '1e400'"),
+        ("1e39", "float out of float32 range: 1e+39"),
+    ],
+)
+def test_csv_float_refusals_name_the_feature(text: str, reason: str) -> None:
+    error = csv_refusal({"x": "float"}, {"x": text})
+    assert (error.feature, error.reason) == ("x", reason)
+
+
+def test_csv_bytes_are_the_text_as_utf8() -> None:
+    row = {"name": " na\u00efve, \U0001f600 "}
+    assert encode_csv({"name": "bytes"}, row) == {"name": [" na\u00efve, \U0001f600 ".encode()]}
+
+
+def test_csv_empty_field_or_missing_column_is_a_missing_value() -> None:
+    features = {
+        "a": "int64",
+        "b": {"type": "float", "default": 0.5},
+        "c": {"type": "bytes", "default": "none"},
+    }
+    assert encode_csv(features, {"a": "", "b": ""}) == {"b": [0.5], "c": [b"none"]}
+    assert encode_csv(features, {"a": None}) == {"b": [0.5], "c": [b"none"]}
+    error = csv_refusal({"id": {"type": "int64", "required": True}}, {"id": ""})
+    assert (error.feature, error.reason) == ("id", "missing required feature (column 'id')")
+
+
+def test_csv_path_is_the_header_name() -> None:
+    features = {"age": {"type": "int64", "path": "Age (years)"}, "city": "bytes"}
+    assert encode_csv(features, {"Age (years)": "31", "city": "Oslo", "age": "99"}) == {
+        "age": [31],
+        "city": [b"Oslo"],
+    }
+
+
+def test_csv_separator_makes_a_list() -> None:
+    features = {
+        "ids": {"type": "int64", "separator": ";"},
+        "tags": {"type": "bytes", "separator": "|"},
+        "xy": {"type": "float", "separator": ",", "shape": [2]},
+        "n_tags": {"type": "int64", "path": "tags", "separator": "|", "length": True},
+        "one": "bytes",
+    }
+    row = {"ids": "1; 2;3", "tags": "a||b", "xy": "0.5,-1", "one": "a;b"}
+    assert encode_csv(features, row) == {
+        "ids": [1, 2, 3],
+        "tags": [b"a", b"", b"b"],
+        "xy": [0.5, -1.0],
+        "n_tags": [3],
+        "one": [b"a;b"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "text", "reason"),
+    [
+        ({"type": "int64", "separator": ";"}, "1;;3", "value 1: expected int64, got text ''"),
+        ({"type": "int64", "separator": ";"}, "1;x", "value 1: expected int64, got text 'x'"),
+        ({"type": "float", "separator": ",", "shape": [3]}, "1,2", "shape mismatch: shape [3]"),
+        ({"type": "float", "shape": [2]}, "1,2", "expected float, got text '1,2'"),
+    ],
+)
+def test_csv_list_refusals(spec: dict[str, Any], text: str, reason: str) -> None:
+    error = csv_refusal({"v": spec}, {"v": text})
+    assert error.feature == "v"
+    assert error.reason.startswith(reason)
+
+
+def test_csv_timestamps() -> None:
+    features = {"t": {"type": "int64", "time_unit": "ms"}}
+    assert encode_csv(features, {"t": "1700000000"}) == {"t": [1_700_000_000_000]}
+    assert encode_csv(features, {"t": "0.7"}) == {"t": [700]}
+    assert encode_csv(features, {"t": "1970-01-01T00:00:01.5Z"}) == {"t": [1500]}
+    assert csv_refusal(features, {"t": "yesterday"}).reason.startswith("not an RFC 3339")
+
+
+def test_csv_field_that_is_not_text_is_refused() -> None:
+    error = csv_refusal({"n": "int64"}, {"n": 42})
+    assert (error.feature, error.reason) == ("n", "expected text, got int 42")
+    with pytest.raises(EncodeError, match="not an object"):
+        ExampleSchema({"n": "int64"}).encode_csv(["42"])  # type: ignore[arg-type]
+
+
+def test_csv_and_json_of_the_same_data_encode_the_same_bytes() -> None:
+    schema = ExampleSchema(
+        {
+            "id": "int64",
+            "score": "float",
+            "name": "bytes",
+            "xs": {"type": "int64", "separator": " "},
+        }
+    )
+    as_json = schema.encode({"id": 7, "score": 0.25, "name": "x", "xs": [1, 2]})
+    assert schema.encode_csv({"id": "7", "score": "0.25", "name": "x", "xs": "1 2"}) == as_json
+
+
+def test_separator_must_not_be_empty() -> None:
+    with pytest.raises(pydantic.ValidationError, match="separator must not be empty"):
+        parse_feature({"type": "bytes", "separator": ""})
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_csv_int64_round_trips(n: int) -> None:
+    assert encode_csv({"n": "int64"}, {"n": str(n)}) == {"n": [n]}
+
+
+@given(st.floats(width=32))
+def test_csv_float32_round_trips(x: float) -> None:
+    (value,) = encode_csv({"x": "float"}, {"x": repr(x)})["x"]
+    assert value == x or (math.isnan(x) and math.isnan(value))
