@@ -81,11 +81,8 @@ def _events(first: int, n: int, bad_every: int) -> list[Any]:
 def test_once_json_rates_pending_and_publish(daemon: Daemon) -> None:
     spool = daemon.root / "spool"
     result: list[subprocess.CompletedProcess[str]] = []
-    t = threading.Thread(
-        target=lambda: result.append(
-            _status("--url", daemon.url, "--once", "--json", "--interval", "3s")
-        )
-    )
+    argv = ("--url", daemon.url, "--once", "--json", "--interval", "3s")
+    t = threading.Thread(target=lambda: result.append(_status(*argv)))
     t.start()
     time.sleep(0.5)
     spool_file(spool, "a.jsonl", _events(0, 500, bad_every=100))
