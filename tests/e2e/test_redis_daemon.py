@@ -1,0 +1,238 @@
+"""The daemon as a subprocess on a real Redis stream: crash points, kill -9, several daemons."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from redis import Redis
+
+from tests.redis_server import RedisServer, running_redis, write_redis_config
+from tests.support import (
+    DaemonProcess,
+    dead_letters,
+    inprogress_files,
+    movie_event,
+    read_ids,
+    shard_files,
+    wait_for,
+)
+from tfrecordd.reader import iter_examples
+
+STREAM, GROUP = "events", "tfrecordd"
+CRASH_POINTS = [
+    "mid-write",
+    "after-fsync",
+    "after-intent",
+    "after-publish",
+    "after-dir-fsync",
+    "after-ack",
+    "after-done",
+]
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    yield from running_redis(tmp_path / "redis")
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[Redis]:
+    client = Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def xadd(r: Redis, payloads: list[bytes], chunk: int = 5000) -> list[str]:
+    """One entry per payload, added through pipelines of ``chunk`` entries; returns the IDs."""
+    ids: list[str] = []
+    for start in range(0, len(payloads), chunk):
+        pipe = r.pipeline(transaction=False)
+        for p in payloads[start : start + chunk]:
+            pipe.xadd(STREAM, {"data": p})
+        ids += [i.decode() for i in pipe.execute()]
+    return ids
+
+
+def fill(r: Redis, first: int, n: int, bad_every: int = 0) -> tuple[set[int], set[str]]:
+    """Add movie events ``first .. first+n-1`` (and a broken one every ``bad_every``); returns
+    the good ids and the IDs of the broken entries."""
+    payloads: list[bytes] = []
+    bad_at: list[int] = []
+    for i in range(first, first + n):
+        payloads.append(orjson.dumps(movie_event(i)))
+        if bad_every and (i + 1) % bad_every == 0:
+            bad_at.append(len(payloads))
+            payloads.append(b"{broken")
+    ids = xadd(r, payloads)
+    return set(range(first, first + n)), {ids[k] for k in bad_at}
+
+
+def group_info(r: Redis) -> dict[str, Any]:
+    groups = r.xinfo_groups(STREAM)
+    return dict(groups[0]) if groups else {}
+
+
+def drained(r: Redis) -> bool:
+    """Every entry was delivered to some consumer and acked."""
+    info = group_info(r)
+    return bool(info) and info["pending"] == 0 and info["lag"] == 0
+
+
+def assert_exactly_once(out: Path, expected: set[int]) -> None:
+    ids = read_ids(out)
+    lost = expected - set(ids)
+    duplicated = {i: c for i, c in ids.items() if c > 1}
+    unexpected = set(ids) - expected
+    assert (len(lost), len(duplicated), len(unexpected)) == (0, 0, 0), (
+        f"lost {sorted(lost)[:10]}, duplicated {list(duplicated.items())[:10]}, "
+        f"unexpected {sorted(unexpected)[:10]}"
+    )
+    assert not inprogress_files(out)
+
+
+def finish(config: Path, r: Redis, timeout: float = 60) -> None:
+    """Run a clean daemon until the stream is drained, then SIGTERM it: exit 0."""
+    d = DaemonProcess(config)
+    try:
+        d.wait_started()
+        wait_for(lambda: drained(r), timeout)
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+@pytest.mark.parametrize("nth", [1, 3])
+def test_crash_point_then_restart_is_exactly_once(
+    tmp_path: Path, redis_server: RedisServer, r: Redis, point: str, nth: int
+) -> None:
+    cfg = write_redis_config(
+        tmp_path,
+        redis_server.url,
+        output={"max_shard_records": 40, "max_shard_age": "200ms"},
+        daemon={"max_batch_events": 16},
+    )
+    expected, bad = fill(r, 0, 200, bad_every=30)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": f"{point}:{nth}"})
+    rc = d.wait(60)
+    assert rc == 137, f"crash point {point} not reached: exit {rc}\n{d.output()}"
+    assert group_info(r)["pending"] > 0 or point in ("after-ack", "after-done")
+    finish(cfg, r)
+    assert_exactly_once(tmp_path / "shards", expected)
+    assert r.xpending_range(STREAM, GROUP, "-", "+", 10) == []
+    letters = {d["where"] for d in dead_letters(tmp_path / "state")}
+    assert letters == {f"{STREAM}:{i}" for i in bad}
+
+
+def test_kill_9_at_random_instants_is_exactly_once(
+    tmp_path: Path, redis_server: RedisServer, r: Redis
+) -> None:
+    """Entries keep arriving while the daemon is SIGKILLed at random instants and restarted."""
+    rng = random.Random(20261123)
+    cfg = write_redis_config(
+        tmp_path,
+        redis_server.url,
+        output={"max_shard_records": 50, "max_shard_age": "100ms", "compression": "zstd"},
+        daemon={"max_batch_events": 10},
+    )
+    expected: set[int] = set()
+    mid_stream = 0
+    for round_ in range(10):
+        expected |= fill(r, round_ * 3000, 3000)[0]
+        d = DaemonProcess(cfg)
+        time.sleep(rng.uniform(0.4, 1.5))
+        d.kill()
+        mid_stream += not drained(r)
+    assert shard_files(tmp_path / "shards"), "some kills came after commits"
+    assert mid_stream >= 5, "most kills came while entries were pending or unread"
+    finish(cfg, r)
+    assert_exactly_once(tmp_path / "shards", expected)
+    assert r.xpending_range(STREAM, GROUP, "-", "+", 10) == []
+
+
+def node_config(root: Path, url: str, node: str, **source: Any) -> Path:
+    return write_redis_config(
+        root / node,
+        url,
+        daemon={"node_id": node, "state_dir": root / node / "state"},
+        output={"dir": root / "shards", "max_shard_age": "200ms"},
+        source=source,
+        features={"id": "int64"},
+    )
+
+
+def test_two_daemons_in_one_group_split_a_stream_exactly_once(
+    tmp_path: Path, redis_server: RedisServer, r: Redis
+) -> None:
+    total = 100_000
+    daemons = [DaemonProcess(node_config(tmp_path, redis_server.url, n)) for n in ("a", "b")]
+    try:
+        for d in daemons:
+            d.wait_started()
+        t0 = time.monotonic()
+        xadd(r, [b'{"id": %d}' % i for i in range(total)], chunk=10_000)
+        wait_for(lambda: drained(r), 60, interval=0.2)
+        assert time.monotonic() - t0 < 60
+        for d in daemons:
+            assert d.stop() == 0, d.output()
+    finally:
+        for d in daemons:
+            d.kill()
+    per_node: Counter[str] = Counter()
+    ids: Counter[int] = Counter()
+    for shard in shard_files(tmp_path / "shards"):
+        node = "a" if "-a-" in shard.name else "b"
+        for ex in iter_examples(shard):
+            ids[int(ex["id"][0])] += 1
+            per_node[node] += 1
+    assert len(ids) == total
+    assert set(ids.values()) == {1}
+    assert per_node.total() == total
+    assert min(per_node["a"], per_node["b"]) > 0, per_node
+
+
+def test_entries_of_a_killed_daemon_are_claimed_by_another(
+    tmp_path: Path, redis_server: RedisServer, r: Redis
+) -> None:
+    dead_cfg = node_config(tmp_path, redis_server.url, "a")
+    dead_cfg.write_text(dead_cfg.read_text().replace('"200ms"', '"1h"'))
+    expected = set(range(300))
+    xadd(r, [b'{"id": %d}' % i for i in expected])
+    a = DaemonProcess(dead_cfg)
+    try:
+        a.wait_started()
+        wait_for(lambda: group_info(r).get("pending") == 300, 20)
+        assert shard_files(tmp_path / "shards") == []
+    finally:
+        a.kill()
+    heir = DaemonProcess(
+        node_config(tmp_path, redis_server.url, "b", claim_idle="1s", claim_interval="200ms")
+    )
+    try:
+        heir.wait_started()
+        wait_for(lambda: drained(r), 30)
+        assert heir.stop() == 0, heir.output()
+    finally:
+        heir.kill()
+    assert "claimed 300 idle entries" in heir.output()
+    # The dead daemon comes back: its entries are no longer its own, and nothing repeats.
+    back = DaemonProcess(dead_cfg)
+    try:
+        back.wait_started()
+        time.sleep(1.0)
+        back.signal(signal.SIGTERM)
+        assert back.wait(30) == 0, back.output()
+    finally:
+        back.kill()
+    assert_exactly_once(tmp_path / "shards", expected)
+    assert all("-b-" in p.name for p in shard_files(tmp_path / "shards"))
