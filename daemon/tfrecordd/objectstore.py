@@ -1,18 +1,440 @@
-"""Shards published to object storage through fsspec."""
+"""Shards published to object storage (``s3://``, ``gs://``, any fsspec URL).
+
+A shard is written and fsynced in a local staging directory exactly as for a local output,
+and its intent journalled; :meth:`FsspecOutput.publish` then uploads the staged file to
+``<dir>/<shard name>`` and returns only once the object is complete, visible and verified.
+The runtime acks the sources after that, so ack-after-publish holds as it does on disk.
+
+* **Atomic.** The object is written with ``open(key, "xb", autocommit=False)``: nothing is
+  visible until ``commit()`` (on S3, ``CompleteMultipartUpload``); on any failure the upload is
+  ``discard()``-ed. No step renames an object: on an object store that is a copy and a delete.
+* **Never overwrites.** The key is checked before the upload, and where the store supports a
+  create-only write (S3's ``If-None-Match: *``, which s3fs sends for mode ``"x"``) the commit
+  itself refuses an existing object. An existing object that holds exactly the staged bytes is
+  taken as this shard already published (a commit whose answer was lost on the way back).
+* **Verified.** After the commit the object's size is compared with the shard's; with
+  ``verify = "sha256"`` (the default) the object is also read back and its SHA-256 compared
+  with the digest journalled in the intent. ETags are not used: a multipart or KMS-encrypted
+  object's ETag is not the MD5 of its bytes.
+* **Retried.** Transient errors (connection failures, timeouts, 5xx, throttling) are retried
+  with capped exponential backoff for up to ``retry_for`` seconds; a permanent error (access
+  denied, no such bucket, a foreign object under the shard's name) or a budget spent raises
+  :class:`UploadError`. Nothing is acked, the daemon exits non-zero, and the journalled intent
+  lets the next start finish the upload from the staged copy (:meth:`FsspecOutput.resume`).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import errno
+import hashlib
+import importlib
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
-from tfrecordd.errors import ConfigError
+from tfrecordd import crashpoints
+from tfrecordd.errors import ConfigError, DurabilityError
 from tfrecordd.fsys import FileSystem
-from tfrecordd.output import LocalOutput
+from tfrecordd.journal import Intent
+from tfrecordd.output import Output
+from tfrecordd.shards import FinishedShard
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Verify = Literal["sha256", "size"]
+
+DEFAULT_RETRY_FOR = 300.0
+"""Seconds of transient failures one upload rides out before :class:`UploadError`."""
+DEFAULT_VERIFY: Verify = "sha256"
+REDACTED = "***"
+SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth", "sas")
+"""A storage option whose name contains one of these (any case) is a secret."""
+
+_CHUNK = 8 << 20
+_BACKOFF_FIRST = 0.5
+_BACKOFF_MAX = 15.0
+_PERMANENT_ERRNOS = frozenset(
+    {
+        errno.EINVAL,
+        errno.EPERM,
+        errno.EACCES,
+        errno.EROFS,
+        errno.ENOSYS,
+        errno.ENAMETOOLONG,
+        errno.EMSGSIZE,
+        getattr(errno, "EREMCHG", errno.ENOENT),
+    }
+)
+_CLIENT_LIBRARIES = frozenset(
+    {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "gcsfs", "s3fs"}
+)
 
 
-class FsspecOutput(LocalOutput):
-    """Publishing to an fsspec URL (not available in this build)."""
+class UploadError(DurabilityError):
+    """A shard could not be published to the object store: a permanent error, or transient ones
+    for longer than the retry budget. Nothing is acked and the daemon stops; the staged copy and
+    the journalled intent let the next start finish the upload."""
 
-    def __init__(self, config: Any, fs: FileSystem) -> None:
-        raise ConfigError(
-            [f"output.dir: object storage URLs are not supported yet ({config.output.dir})"]
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """``permanent``, ``exhausted`` (transient errors past the budget) or ``exists``."""
+
+
+class _StagedCopyDamaged(Exception):
+    """The staged file's bytes do not match the digest in its intent."""
+
+
+def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the value of every secret-looking key (see :data:`SECRET_WORDS`)
+    replaced by ``"***"``, nested mappings and lists included."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return redact_options(value)
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    return {
+        str(k): REDACTED if any(w in str(k).lower() for w in SECRET_WORDS) else clean(v)
+        for k, v in options.items()
+    }
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password in its user-info part (``scheme://user:***@host/…``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying may help: connection failures, timeouts, 5xx, 408 and 429, and errors
+    from the storage client libraries that do not say otherwise. Access denied, missing bucket,
+    an existing object and invalid requests are permanent; so is any other exception (a bug
+    does not go away by waiting)."""
+    status = getattr(error, "status", None) or getattr(error, "code", None)
+    if isinstance(status, int) and 400 <= status < 600:
+        return status >= 500 or status in (408, 429)
+    if isinstance(
+        error,
+        PermissionError
+        | FileNotFoundError
+        | FileExistsError
+        | IsADirectoryError
+        | NotADirectoryError,
+    ):
+        return False
+    if isinstance(error, TimeoutError | ConnectionError):
+        return True
+    if isinstance(error, OSError):
+        return error.errno not in _PERMANENT_ERRNOS
+    name = type(error).__name__
+    if "Credential" in name or "ParamValidation" in name:
+        return False
+    return type(error).__module__.split(".")[0] in _CLIENT_LIBRARIES
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+class FsspecOutput(Output):
+    """Shards staged locally, then uploaded to an fsspec URL. Blocking: call from a thread.
+
+    ``verify`` and ``retry_for`` default to ``[output] verify`` and ``[output] retry_for``
+    when the configuration has them, else to :data:`DEFAULT_VERIFY` and
+    :data:`DEFAULT_RETRY_FOR`. ``metrics``, if given, counts retries and errors.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        fs: FileSystem,
+        metrics: Any = None,
+        *,
+        verify: Verify | None = None,
+        retry_for: float | None = None,
+    ) -> None:
+        out = config.output
+        self.location = redact_url(str(out.dir).rstrip("/"))
+        self.storage_options: dict[str, Any] = dict(out.storage_options)
+        staging = out.staging_dir or Path(config.daemon.state_dir) / "staging"
+        self.staging_dir = os.path.abspath(staging)
+        self.fs = fs
+        self.metrics = metrics
+        self.verify: Verify = verify or getattr(out, "verify", None) or DEFAULT_VERIFY
+        self.retry_for = float(
+            retry_for if retry_for is not None else getattr(out, "retry_for", DEFAULT_RETRY_FOR)
         )
+        # fsspec ships no type information; imported by name so its lack of stubs is no error.
+        fsspec: Any = importlib.import_module("fsspec")
+        scheme = str(out.dir).partition("://")[0]
+        try:
+            self.store, root = fsspec.core.url_to_fs(str(out.dir), **self.storage_options)
+        except ImportError as e:
+            extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(scheme)
+            hint = f": pip install 'tfrecordd[{extra}]'" if extra else ""
+            raise ConfigError(
+                [f"output.dir: {scheme}:// needs a package that is not installed{hint} ({e})"]
+            ) from e
+        except (ValueError, TypeError) as e:
+            # The message names option keys at most, never their values.
+            raise ConfigError([f"output.dir / output.storage_options: {e}"]) from e
+        self.root: str = str(root).rstrip("/")
+
+    # -- Output ----------------------------------------------------------------------------
+
+    def final_path(self, name: str) -> str:
+        return str(self.store.unstrip_protocol(self._key(name)))
+
+    def publish(self, shard: FinishedShard) -> None:
+        """Upload the staged shard, verify the object, then remove the staged copy.
+
+        Backpressure: the committer calls this synchronously, so while an upload (or its
+        retries) runs, no new shard is started, the streams fill and the sources pause. The
+        staging directory therefore holds at most the shard being uploaded."""
+        try:
+            self._publish_file(shard.tmp_path, shard.name, shard.size, shard.sha256)
+        except _StagedCopyDamaged as e:
+            self._count_error("staged")
+            raise UploadError(f"publishing {shard.name}: {e}", kind="permanent") from e
+
+    def is_published(self, intent: Intent) -> bool:
+        """Whether an object with the intent's shard name and size exists."""
+        if intent.shard is None:
+            return False
+        key = self._key(intent.shard)
+        info = self._retrying(f"checking {intent.shard}", lambda: self._stat(key))
+        return info is not None and info[0] == intent.size
+
+    def resume(self, intent: Intent, staged: str) -> bool:
+        """Upload a staged shard left by an earlier run, if the staged copy holds exactly the
+        journalled bytes (size and SHA-256); otherwise it is not resumable (``False``)."""
+        if intent.shard is None or intent.sha256 is None:
+            return False
+        try:
+            size = os.stat(staged).st_size
+        except FileNotFoundError:
+            return False
+        if size != intent.size:
+            log.warning(
+                "staged copy of %s holds %d bytes, not %d: dropped", intent.shard, size, intent.size
+            )
+            return False
+        self._abort_stale_uploads(self._key(intent.shard))
+        try:
+            self._publish_file(staged, intent.shard, intent.size, intent.sha256)
+        except _StagedCopyDamaged as e:
+            log.warning("staged copy of %s is damaged (%s): dropped", intent.shard, e)
+            return False
+        log.info("resumed upload of %s", intent.shard)
+        return True
+
+    def publish_sidecar(self, name: str, data: bytes) -> None:
+        """Write a small object in one request (whole or not at all), replacing an earlier
+        copy; retried like an upload, then its size checked."""
+        key = self._key(name)
+
+        def attempt() -> None:
+            self.store.pipe_file(key, data)
+            info = self._stat(key)
+            if info is None or info[0] != len(data):
+                raise OSError(errno.EIO, f"{self.store.unstrip_protocol(key)} did not read back")
+
+        self._retrying(f"publishing {name}", attempt)
+
+    def sidecar_exists(self, name: str) -> bool:
+        key = self._key(name)
+        return self._retrying(f"checking {name}", lambda: self._stat(key)) is not None
+
+    def redact(self) -> dict[str, Any]:
+        """Location, staging directory, verification, retry budget and the storage options
+        with every secret-looking value replaced by ``"***"``."""
+        return {
+            "location": self.location,
+            "staging_dir": self.staging_dir,
+            "verify": self.verify,
+            "retry_for": self.retry_for,
+            "storage_options": redact_options(self.storage_options),
+        }
+
+    # -- upload ----------------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def _publish_file(self, path: str, name: str, size: int, sha256: str) -> None:
+        key = self._key(name)
+        self._retrying(f"publishing {name}", lambda: self._upload_once(path, key, size, sha256))
+        try:
+            self.fs.remove(path)
+        except OSError as e:
+            # Recovery discards leftover in-progress files; the shard itself is safe remotely.
+            log.warning("%s published but its staged copy stays: %s", name, e.strerror or e)
+
+    def _upload_once(self, path: str, key: str, size: int, sha256: str) -> None:
+        """One attempt: refuse a foreign object, upload, commit, verify."""
+        if self._existing_is_ours(key, size, sha256):
+            return
+        f = self._open_for_create(key)
+        try:
+            digest = hashlib.sha256()
+            sent = 0
+            with open(path, "rb") as src:
+                # One block per write: S3 then uploads one part per write.
+                chunk = int(getattr(f, "blocksize", 0) or _CHUNK)
+                while data := src.read(chunk):
+                    digest.update(data)
+                    f.write(data)
+                    sent += len(data)
+                    crashpoints.reached("mid-upload")
+            if sent != size or digest.hexdigest() != sha256:
+                raise _StagedCopyDamaged(f"{sent} bytes with SHA-256 {digest.hexdigest()[:16]}…")
+            f.close()
+            f.commit()
+        except FileExistsError:
+            self._discard(f)
+            if self._existing_is_ours(key, size, sha256):
+                return
+            raise
+        except BaseException:
+            self._discard(f)
+            raise
+        crashpoints.reached("after-publish")
+        self._verify(key, size, sha256)
+
+    def _open_for_create(self, key: str) -> Any:
+        try:
+            return self.store.open(key, "xb", autocommit=False)
+        except ValueError:
+            # A file system without create-only writes: the existence check above must do.
+            return self.store.open(key, "wb", autocommit=False)
+
+    @staticmethod
+    def _discard(f: Any) -> None:
+        with contextlib.suppress(Exception):
+            f.discard()
+
+    def _existing_is_ours(self, key: str, size: int, sha256: str) -> bool:
+        """Whether ``key`` already holds exactly these bytes; raise if it holds others."""
+        info = self._stat(key)
+        if info is None:
+            return False
+        if info[0] == size and self._read_digest(key) == sha256:
+            log.info("%s already holds this shard: taken as published", key)
+            return True
+        raise UploadError(
+            f"{self.store.unstrip_protocol(key)} exists and is another object: "
+            "refusing to overwrite it",
+            kind="exists",
+        )
+
+    def _verify(self, key: str, size: int, sha256: str) -> None:
+        info = self._stat(key)
+        problem = None
+        if info is None:
+            problem = "is missing after its upload was committed"
+        elif info[0] != size:
+            problem = f"holds {info[0]} bytes after upload, not {size}"
+        elif self.verify == "sha256" and self._read_digest(key) != sha256:
+            problem = "does not read back with the staged copy's SHA-256"
+        if problem is None:
+            return
+        self._count_error("verify")
+        # The object is ours (a unique name, just created): remove it so the retry can upload.
+        with contextlib.suppress(FileNotFoundError):
+            self.store.rm_file(key)
+        raise OSError(errno.EIO, f"{self.store.unstrip_protocol(key)} {problem}")
+
+    def _stat(self, key: str) -> tuple[int, str | None] | None:
+        """``(size, etag)`` of ``key`` straight from the store (no listing cache), or None."""
+        self.store.invalidate_cache(key)
+        try:
+            info = self.store.info(key)
+        except FileNotFoundError:
+            return None
+        if info.get("type") == "directory":
+            return None
+        return int(info["size"]), info.get("ETag")
+
+    def _read_digest(self, key: str) -> str:
+        digest = hashlib.sha256()
+        f: BinaryIO
+        with self.store.open(key, "rb", block_size=_CHUNK, cache_type="none") as f:
+            while data := f.read(_CHUNK):
+                digest.update(data)
+        return digest.hexdigest()
+
+    def _abort_stale_uploads(self, key: str) -> None:
+        """Abort incomplete S3 multipart uploads of ``key`` left by a crashed run (they are
+        invisible but billed). Best effort: the bucket lifecycle rule is the safety net."""
+        call = getattr(self.store, "call_s3", None)
+        if call is None:
+            return
+        try:
+            bucket, obj, _ = self.store.split_path(key)
+            listing = call("list_multipart_uploads", Bucket=bucket, Prefix=obj)
+            for upload in listing.get("Uploads", []):
+                if upload.get("Key") == obj:
+                    self.store.abort_mpu(bucket, obj, upload["UploadId"])
+                    log.info("aborted an incomplete upload of %s", key)
+        except Exception as e:
+            log.warning("could not list incomplete uploads of %s: %s", key, _describe(e))
+
+    # -- retries ---------------------------------------------------------------------------
+
+    def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
+        """Run ``attempt`` until it succeeds, retrying transient errors with capped exponential
+        backoff (full jitter) for up to :attr:`retry_for` seconds."""
+        deadline = time.monotonic() + self.retry_for
+        failures = 0
+        while True:
+            try:
+                return attempt()
+            except UploadError as e:
+                self._count_error(e.kind)
+                raise
+            except _StagedCopyDamaged:
+                raise
+            except Exception as e:
+                if not is_transient(e):
+                    self._count_error("permanent")
+                    raise UploadError(f"{what}: {_describe(e)}", kind="permanent") from e
+                self._count_error("transient")
+                failures += 1
+                delay = random.uniform(0.5, 1.0) * min(
+                    _BACKOFF_MAX, _BACKOFF_FIRST * 2 ** (failures - 1)
+                )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise UploadError(
+                        f"{what}: still failing after {self.retry_for:.0f}s and {failures} "
+                        f"attempt(s): {_describe(e)}",
+                        kind="exhausted",
+                    ) from e
+                log.warning(
+                    "%s: %s; retry %d in %.1fs", what, _describe(e), failures, min(delay, left)
+                )
+                self._count_retry()
+                time.sleep(min(delay, left))
+
+    def _count_error(self, kind: str) -> None:
+        counter = getattr(self.metrics, "upload_errors", None)
+        if counter is not None:
+            counter.labels(kind).inc()
+
+    def _count_retry(self) -> None:
+        counter = getattr(self.metrics, "upload_retries", None)
+        if counter is not None:
+            counter.inc()
