@@ -48,7 +48,7 @@ _FOUR_CHANNELS = frozenset({"RGBA", "RGBa", "RGBX", "CMYK", "PA"})
 
 def _pillow_formats() -> frozenset[str]:
     Image.init()
-    return frozenset(f.lower() for f in Image.registered_extensions().values())
+    return frozenset(f.lower() for f in Image.OPEN)
 
 
 def channels_of(image: Image.Image) -> int:
@@ -109,8 +109,9 @@ class ImageEncoderConfig(EncoderConfig):
     """What to do with an image whose folder is not in ``labels``: send it to the dead letters,
     or write it without ``image/class/label`` (readers then see the description's default, -1)."""
     formats: list[str] = pydantic.Field(default=list(DEFAULT_FORMATS), min_length=1)
-    """The image formats accepted, by Pillow's format names in lower case (``jpeg``, ``png``,
-    ``gif``, ``bmp``, ``webp``, ``tiff``...). A file in any other format is a dead letter."""
+    """The image formats accepted, by the names of Pillow's readers in lower case (``jpeg``,
+    ``png``, ``gif``, ``bmp``, ``webp``, ``tiff``...). A file in any other format is a dead
+    letter; only these readers ever see a file."""
     max_pixels: int = pydantic.Field(default=PILLOW_MAX_IMAGE_PIXELS, ge=1)
     """Refuse images of more pixels (width times height) than this, as read from the header.
     Pillow's own bomb check applies too: it refuses outright an image of over twice
@@ -164,9 +165,6 @@ class ImageEncoder(Encoder):
         self.config = config
         self._labels = dict(config.labels)
         self._pillow_formats = [f.upper() for f in config.formats]
-        if "jpeg" in config.formats:
-            # Pillow opens JPEGs that carry extra pictures (most camera files) as MPO.
-            self._pillow_formats.append("MPO")
         features = [
             (ENCODED, FeatureType.BYTES),
             (FORMAT, FeatureType.BYTES),
@@ -222,6 +220,7 @@ class ImageEncoder(Encoder):
         allowed = ", ".join(self.config.formats)
         try:
             with Image.open(io.BytesIO(data), formats=self._pillow_formats) as im:
+                # Pillow's JPEG reader calls a JPEG with extra pictures (camera files) MPO.
                 fmt = "jpeg" if im.format == "MPO" else (im.format or "").lower()
                 width, height = im.size
                 channels = channels_of(im)

@@ -50,7 +50,7 @@ class PassthroughEncoder(Encoder):
 
     def __init__(self, config: PassthroughEncoderConfig) -> None:
         self._cls = proto.Example if config.message == "example" else proto.SequenceExample
-        self._name = "Example" if config.message == "example" else "SequenceExample"
+        self._what = "an Example" if config.message == "example" else "a SequenceExample"
         self._strict = config.unknown_fields == "reject"
 
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
@@ -63,7 +63,7 @@ class PassthroughEncoder(Encoder):
             try:
                 msg.ParseFromString(data)
             except DecodeError as e:
-                failures.append((i, "malformed", f"not a serialized {self._name}: {e}"))
+                failures.append((i, "malformed", f"not {self._what}: {e}"))
                 continue
             if strict:
                 size = msg.ByteSize()
@@ -73,7 +73,7 @@ class PassthroughEncoder(Encoder):
                         (
                             i,
                             "malformed",
-                            f"not a {self._name}: it parses, but holds fields a {self._name} "
+                            f"not {self._what}: it parses, but holds fields that message "
                             "does not have (another message type, or damaged bytes)",
                         )
                     )
