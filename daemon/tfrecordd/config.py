@@ -97,6 +97,9 @@ class OutputSection(_Section):
     """A shard holding data is published at most this long after its first record arrived."""
     prefix: str = Field(default="part", pattern=r"^[A-Za-z0-9_.-]+$")
     """The first part of each shard's name."""
+    manifests: bool = True
+    """Publish a manifest beside each shard (``<name>.manifest.json``: record count and
+    offsets, CRC32C and SHA-256, schema hash, time range, source positions)."""
     fsync: bool = True
     """fsync shards, the journal and directories. Turning this off gives up every durability
     promise across power loss (kill -9 stays safe); for tests and throwaway data only."""

@@ -17,7 +17,7 @@ from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.journal import Intent
-from tfrecordd.shards import FinishedShard
+from tfrecordd.shards import FinishedShard, inprogress_name
 
 
 class Output(abc.ABC):
@@ -40,6 +40,15 @@ class Output(abc.ABC):
     @abc.abstractmethod
     def is_published(self, intent: Intent) -> bool:
         """Whether the intent's shard is published (recovery; blocking)."""
+
+    @abc.abstractmethod
+    def publish_sidecar(self, name: str, data: bytes) -> None:
+        """Publish a small file (a shard's manifest) atomically and durably, replacing any
+        earlier copy (it is rewritten whole after a crash). Blocking."""
+
+    @abc.abstractmethod
+    def sidecar_exists(self, name: str) -> bool:
+        """Whether the small file ``name`` is published (recovery; blocking)."""
 
     def resume(self, intent: Intent, staged: str) -> bool:
         """Finish publishing an intent's shard from its staged copy at ``staged`` if the copy
@@ -75,6 +84,26 @@ class LocalOutput(Output):
 
     def is_published(self, intent: Intent) -> bool:
         return intent.shard is not None and os.path.exists(self.final_path(intent.shard))
+
+    def publish_sidecar(self, name: str, data: bytes) -> None:
+        tmp = os.path.join(self.staging_dir, inprogress_name(name))
+        self.fs.remove(tmp)
+        try:
+            f = self.fs.create_exclusive(tmp)
+            try:
+                self.fs.write(f, data)
+                if self.fsync:
+                    self.fs.fsync(f)
+            finally:
+                self.fs.close(f)
+            self.fs.replace(tmp, self.final_path(name))
+            if self.fsync:
+                self.fs.fsync_dir(self.staging_dir)
+        except OSError as e:
+            raise DurabilityError(f"publishing {name}: {e.strerror or e}") from e
+
+    def sidecar_exists(self, name: str) -> bool:
+        return os.path.exists(self.final_path(name))
 
 
 def is_url(location: str) -> bool:

@@ -20,7 +20,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from tfrecordd import crashpoints
+from tfrecordd import crashpoints, manifest
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError
@@ -28,7 +28,7 @@ from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.journal import Intent, Journal
 from tfrecordd.metrics import Metrics, Stopwatch, serve
 from tfrecordd.notify import SystemdNotifier
-from tfrecordd.output import make_output
+from tfrecordd.output import LocalOutput, make_output
 from tfrecordd.plugin import Encoder, RawBatch, RawEvent, Source, SourceContext, Token
 from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer, inprogress_name
 
@@ -120,6 +120,9 @@ class Daemon:
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
         built: dict[str, Encoder] = {n: e.build() for n, e in config.encoders.items()}
         self.encoder_of: dict[str, Encoder] = {s.name: built[s.encoder] for s in config.sources}
+        self._schemas = {
+            s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources
+        }
         self.journal = Journal(
             self.state_dir,
             fs,
@@ -260,11 +263,10 @@ class Daemon:
         dropped = 0
         for intent in unfinished:
             staged = os.path.join(self.out_dir, inprogress_name(intent.shard or ""))
-            if (
-                intent.shard is None
-                or self.output.is_published(intent)
-                or self.output.resume(intent, staged)
-            ):
+            if intent.shard is None:
+                redo.append(intent)
+            elif self.output.is_published(intent) or self.output.resume(intent, staged):
+                self._ensure_manifest(intent)
                 redo.append(intent)
             else:
                 self.journal.drop(intent.seq)
@@ -275,6 +277,31 @@ class Daemon:
                 self.fs.remove(os.path.join(self.out_dir, entry))
                 discarded += 1
         return redo, dropped, discarded
+
+    def _ensure_manifest(self, intent: Intent) -> None:
+        """Rebuild the manifest of a shard published just before a crash, if it is missing."""
+        assert intent.shard is not None
+        name = manifest.manifest_name(intent.shard)
+        if not self.config.output.manifests or self.output.sidecar_exists(name):
+            return
+        if not isinstance(self.output, LocalOutput):
+            log.warning("%s: manifest missing after a crash; not rebuilt remotely", intent.shard)
+            return
+        measured = manifest.scan(self.output.final_path(intent.shard))
+        data = manifest.build(
+            shard=intent.shard,
+            compression=self.config.output.compression,
+            records=measured["records"],
+            size=measured["size"],
+            sha256=measured["sha256"],
+            crc=measured["crc32c"],
+            offsets=measured["record_offsets"],
+            first_time=None,
+            last_time=None,
+            schemas=self._schemas,
+            positions=intent.positions,
+        )
+        self.output.publish_sidecar(name, data)
 
     async def _recover(self) -> None:
         rec = await anyio.to_thread.run_sync(self.journal.recover)
@@ -501,4 +528,21 @@ class Daemon:
         crashpoints.reached("after-intent")
         if finished is not None:
             self.output.publish(finished)
+            if self.config.output.manifests:
+                self.output.publish_sidecar(
+                    manifest.manifest_name(finished.name),
+                    manifest.build(
+                        shard=finished.name,
+                        compression=self.config.output.compression,
+                        records=finished.records,
+                        size=finished.size,
+                        sha256=finished.sha256,
+                        crc=finished.crc32c,
+                        offsets=finished.offsets.tolist(),
+                        first_time=finished.first_time,
+                        last_time=finished.last_time,
+                        schemas=self._schemas,
+                        positions=unit.tokens,
+                    ),
+                )
         return intent, finished

@@ -20,8 +20,12 @@ import datetime as dt
 import hashlib
 import os
 import secrets
+import time
+from array import array
 from dataclasses import dataclass
 from typing import BinaryIO
+
+import crc32c
 
 from tfrecordd.compression import SUFFIXES, Compression, Compressor
 from tfrecordd.errors import DurabilityError
@@ -47,6 +51,11 @@ class FinishedShard:
     size: int
     raw_bytes: int
     sha256: str
+    crc32c: int
+    offsets: array[int]
+    """Offset of each record in the uncompressed record stream (the file itself for none)."""
+    first_time: float
+    last_time: float
 
 
 class ShardNamer:
@@ -93,6 +102,9 @@ class OpenShard:
         self.fs = fs
         self.tmp_path = os.path.join(directory, inprogress_name(name))
         self._digest = hashlib.sha256()
+        self._crc = 0
+        self.offsets: array[int] = array("Q")
+        self.first_time = self.last_time = 0.0
         self.file_bytes = 0
         self._file: BinaryIO | None = fs.create_exclusive(self.tmp_path)
         self._writer = RecordWriter(self._sink, compression, level=level)
@@ -101,6 +113,7 @@ class OpenShard:
         assert self._file is not None
         self.fs.write(self._file, data)
         self._digest.update(data)
+        self._crc = crc32c.crc32c(data, self._crc)
         self.file_bytes += len(data)
 
     @property
@@ -125,6 +138,14 @@ class OpenShard:
         return self.file_bytes + bound(self.compression, incoming) <= self.max_bytes
 
     def write(self, records: list[bytes]) -> None:
+        at = self._writer.raw_bytes
+        offsets = self.offsets
+        for r in records:
+            offsets.append(at)
+            at += len(r) + OVERHEAD
+        self.last_time = time.time()
+        if not self.first_time:
+            self.first_time = self.last_time
         self._writer.write_many(records)
 
     def finish(self, *, fsync: bool = True) -> FinishedShard:
@@ -151,6 +172,10 @@ class OpenShard:
             size=self.file_bytes,
             raw_bytes=self.raw_bytes,
             sha256=self._digest.hexdigest(),
+            crc32c=self._crc,
+            offsets=self.offsets,
+            first_time=self.first_time,
+            last_time=self.last_time,
         )
 
     def discard(self) -> None:

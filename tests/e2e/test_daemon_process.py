@@ -22,6 +22,7 @@ from tests.support import (
     wait_for,
     write_config,
 )
+from tfrecordd import manifest
 from tfrecordd.crashpoints import POINTS
 from tfrecordd.reader import iter_records
 from tfrecordd_plugins.sources.directory import CLAIM_DIR
@@ -63,6 +64,9 @@ def assert_exactly_once(root: Path, expected: set[int]) -> None:
     assert not inprogress_files(root / "shards")
     for shard in shard_files(root / "shards"):
         assert sum(1 for _ in iter_records(shard)) > 0, "no empty shard is ever published"
+        assert manifest.check(str(shard)) == [], f"{shard.name} and its manifest disagree"
+    manifests = sorted((root / "shards").glob("*" + manifest.SUFFIX))
+    assert len(manifests) == len(shard_files(root / "shards"))
 
 
 def finish(root: Path, config: Path, timeout: float = 60) -> None:
@@ -171,7 +175,7 @@ def test_crash_point_then_restart_is_exactly_once(tmp_path: Path, point: str, nt
     assert rc == 137, f"crash point {point} not reached: exit {rc}\n{d.output()}"
     finish(tmp_path, cfg)
     assert_exactly_once(tmp_path, expected)
-    letters = [d["where"].split("-", 1)[1] for d in dead_letters(tmp_path / "state")]
+    letters = [d["where"] for d in dead_letters(tmp_path / "state")]
     assert len(set(letters)) == len(expected) // 30
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from tests.support import (
     spool_file,
     write_config,
 )
+from tfrecordd import manifest
 from tfrecordd.config import load_config
 from tfrecordd.metrics import Metrics
 from tfrecordd.runtime import Daemon
@@ -218,3 +221,34 @@ async def test_ignores_hidden_and_temporary_names(tmp_path: Path) -> None:
         daemon.request_stop()
     assert read_ids(tmp_path / "shards") == {4: 1}
     assert {p.name for p in spool.iterdir()} >= {".hidden.jsonl", "partial.jsonl.tmp", "other.txt"}
+
+
+async def test_manifests_describe_their_shards(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_records": 100, "compression": "none"})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(250)])
+    t0 = time.time()
+    await run_until_drained(tmp_path, Daemon(load_config(cfg), handle_signals=False), 250)
+    shards = shard_files(tmp_path / "shards")
+    assert len(shards) == 3
+    for shard in shards:
+        assert manifest.check(str(shard)) == []
+        doc = json.loads((tmp_path / "shards" / manifest.manifest_name(shard.name)).read_text())
+        assert doc["records"] == len(doc["record_offsets"]) == len(read_ids_file(shard))
+        assert doc["schemas"]["spool"] and doc["compression"] == "none"
+        assert t0 <= doc["time_range"][0] <= doc["time_range"][1] <= time.time()
+        [token] = doc["positions"]["spool"][-1:]
+        assert token["f"].endswith("a.jsonl")
+        # Random access: the offsets point at records (for "none", straight into the file).
+        data = shard.read_bytes()
+        for offset in doc["record_offsets"][:5]:
+            (length,) = struct.unpack_from("<Q", data, offset)
+            assert ex_id(data[offset + 12 : offset + 12 + length]) in range(250)
+    manifests = list((tmp_path / "shards").glob("*.manifest.json"))
+    assert len(manifests) == 3
+    assert not set(manifests) & set((tmp_path / "shards").glob("*.tfrecord*"))
+
+
+def ex_id(record: bytes) -> int:
+    from tfrecordd.proto import parse_example
+
+    return int(parse_example(record)["id"][0])

@@ -1,0 +1,105 @@
+"""Shard manifests: a small JSON sidecar published after each shard.
+
+``part-….tfrecord.gz`` gets ``part-….manifest.json`` (never matched by a ``*.tfrecord*`` glob)
+with the record count, each record's offset in the uncompressed record stream (for random
+access), the file's size, CRC32C and SHA-256, the compression, a hash of each source's encoder
+schema, the time range in which the records were written, and the source positions the shard
+covers. ``tfrecordd verify`` checks a shard against its manifest when one sits beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import crc32c
+import orjson
+
+from tfrecordd.compression import SUFFIXES
+from tfrecordd.framing import OVERHEAD
+from tfrecordd.reader import iter_records
+
+VERSION = 1
+SUFFIX = ".manifest.json"
+
+
+def manifest_name(shard_name: str) -> str:
+    """The manifest's file name for a shard's file name."""
+    for suffix in sorted(SUFFIXES.values(), key=len, reverse=True):
+        if shard_name.endswith(suffix):
+            return shard_name[: -len(suffix)] + SUFFIX
+    return shard_name + SUFFIX
+
+
+def build(
+    *,
+    shard: str,
+    compression: str,
+    records: int,
+    size: int,
+    sha256: str,
+    crc: int,
+    offsets: list[int],
+    first_time: float | None,
+    last_time: float | None,
+    schemas: Mapping[str, str],
+    positions: Mapping[str, Any],
+) -> bytes:
+    """The manifest document, as JSON bytes."""
+    doc = {
+        "version": VERSION,
+        "shard": shard,
+        "compression": compression,
+        "records": records,
+        "size": size,
+        "sha256": sha256,
+        "crc32c": crc,
+        "record_offsets": offsets,
+        "time_range": [first_time, last_time],
+        "schemas": dict(schemas),
+        "positions": dict(positions),
+    }
+    return orjson.dumps(doc)
+
+
+def scan(path: str) -> dict[str, Any]:
+    """Size, digests, record count and offsets measured from a shard file."""
+    digest = hashlib.sha256()
+    crc = 0
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+            crc = crc32c.crc32c(chunk, crc)
+            size += len(chunk)
+    offsets = []
+    at = 0
+    for record in iter_records(path):
+        offsets.append(at)
+        at += len(record) + OVERHEAD
+    return {
+        "size": size,
+        "sha256": digest.hexdigest(),
+        "crc32c": crc,
+        "records": len(offsets),
+        "record_offsets": offsets,
+    }
+
+
+def check(shard_path: str, manifest_path: str | None = None) -> list[str]:
+    """Differences between a shard and its manifest (empty when they agree)."""
+    manifest_path = manifest_path or os.path.join(
+        os.path.dirname(shard_path), manifest_name(os.path.basename(shard_path))
+    )
+    with open(manifest_path, "rb") as f:
+        doc = orjson.loads(f.read())
+    measured = scan(shard_path)
+    return [
+        f"{key}: manifest says {doc.get(key)!r}, the shard has {value!r}"
+        if key != "record_offsets"
+        else "record_offsets: the manifest's offsets differ from the shard's records"
+        for key, value in measured.items()
+        if doc.get(key) != value
+    ]
