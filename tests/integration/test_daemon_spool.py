@@ -234,7 +234,8 @@ async def test_manifests_describe_their_shards(tmp_path: Path) -> None:
         assert manifest.check(str(shard)) == []
         doc = json.loads((tmp_path / "shards" / manifest.manifest_name(shard.name)).read_text())
         assert doc["records"] == len(doc["record_offsets"]) == len(read_ids_file(shard))
-        assert doc["schemas"]["spool"] and doc["compression"] == "none"
+        assert doc["schemas"]["spool"]
+        assert doc["compression"] == "none"
         assert t0 <= doc["time_range"][0] <= doc["time_range"][1] <= time.time()
         [token] = doc["positions"]["spool"][-1:]
         assert token["f"].endswith("a.jsonl")
