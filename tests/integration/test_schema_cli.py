@@ -1,0 +1,148 @@
+"""``tfrecordd schema``: the reader's feature description of each configured encoder."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tfrecordd.cli import main
+from tfrecordd.config import load_config
+from tfrecordd.errors import EXIT_CONFIG
+
+DOCS = Path(__file__).parents[2] / "docs" / "encoders.md"
+
+CONFIG = """\
+[daemon]
+state_dir = "{root}/state"
+[metrics]
+enabled = false
+[output]
+dir = "{root}/out"
+[[sources]]
+name = "spool"
+type = "directory"
+path = "{root}/spool"
+encoder = "movies"
+
+[encoders.movies]
+type = "example"
+[encoders.movies.features]
+id = {{ type = "int64", required = true, shape = [] }}
+user = "bytes"
+ratings = {{ type = "float", shape = [2], default = [0, 0] }}
+tags = {{ type = "bytes", separator = "|" }}
+
+[encoders.pets]
+type = "image"
+labels = {{ cat = 0, dog = 1 }}
+unknown_label = "omit"
+
+[encoders.ready]
+type = "passthrough"
+
+{tagging}
+"""
+
+
+def docs_block(marker: str) -> str:
+    match = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", DOCS.read_text(), re.S)
+    assert match is not None, marker
+    return match.group(1)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "tfrecordd.toml"
+    tagging = docs_block("sequence-labelling-config")
+    path.write_text(CONFIG.format(root=tmp_path, tagging=tagging))
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["schema", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_python_output_for_an_example_encoder(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "--config", str(config), "--encoder", "movies")
+    assert (code, err) == (0, "")
+    assert out == (
+        "import tensorflow as tf\n"
+        "\n"
+        "# encoder 'movies' (type 'example'): tf.io.parse_example(serialized, features)\n"
+        "features = {\n"
+        "    'id': tf.io.FixedLenFeature(shape=[], dtype=tf.int64),\n"
+        "    'user': tf.io.VarLenFeature(dtype=tf.string),\n"
+        "    'ratings': tf.io.FixedLenFeature(shape=[2], dtype=tf.float32, default_value=[0, 0]),\n"
+        "    'tags': tf.io.VarLenFeature(dtype=tf.string),\n"
+        "}\n"
+    )
+
+
+def test_json_output_is_the_encoders_description(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    encoders = load_config(config).encoders
+    for name in ("movies", "pets", "tagging"):
+        code, out, _ = run(capsys, "-c", str(config), "--encoder", name, "--format", "json")
+        assert code == 0
+        assert json.loads(out) == encoders[name].feature_description()  # type: ignore[attr-defined]
+    _, out, _ = run(capsys, "-c", str(config), "--encoder", "pets", "--format", "json")
+    assert json.loads(out)["image/class/label"] == {
+        "kind": "FixedLenFeature",
+        "shape": [],
+        "dtype": "int64",
+        "default_value": -1,
+    }
+
+
+def test_documented_sequence_reader_is_what_the_command_prints(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "-c", str(config), "--encoder", "tagging")
+    assert code == 0
+    documented = re.search(r"prints its reader:\n\n```python\n(.*?)```", DOCS.read_text(), re.S)
+    assert documented is not None
+    assert out == documented.group(1)
+    assert "context_features = {\n" in out
+    compile(out, "<schema>", "exec")
+
+
+def test_passthrough_cannot_be_described(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "-c", str(config), "--encoder", "ready")
+    assert (code, out) == (1, "")
+    assert "encoder 'ready' (type 'passthrough')" in err
+    assert "writes the records it is given unchanged" in err
+
+
+def test_encoder_must_be_named_and_exist(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "-c", str(config))
+    assert code == 1
+    assert "4 encoders, choose one with --encoder: movies, pets, ready, tagging" in err
+    code, _, err = run(capsys, "-c", str(config), "--encoder", "nope")
+    assert code == 1
+    assert "no [encoders.nope] table (encoders: movies, pets, ready, tagging)" in err
+
+
+def test_only_encoder_is_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "one.toml"
+    text = CONFIG.format(root=tmp_path, tagging="")
+    path.write_text(text[: text.index("[encoders.pets]")])
+    code, out, _ = run(capsys, "-c", str(path), "--format", "json")
+    assert code == 0
+    assert set(json.loads(out)) == {"id", "user", "ratings", "tags"}
+
+
+def test_invalid_config_exits_78(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.toml"
+    text = CONFIG.format(root=tmp_path, tagging="").replace('user = "bytes"', 'user = "text"')
+    path.write_text(text)
+    code, out, err = run(capsys, "-c", str(path), "--encoder", "movies")
+    assert (code, out) == (EXIT_CONFIG, "")
+    assert "encoders.movies.features.user" in err
