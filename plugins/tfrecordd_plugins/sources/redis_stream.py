@@ -330,6 +330,8 @@ class RedisStreamSource(Source):
             if event is not None:
                 batch.append(event)
                 size += len(event.payload)
+            else:
+                ctx.count_refused("entry_deleted")
             if len(batch) >= ctx.max_batch_events or size >= ctx.max_batch_bytes:
                 await ctx.send(RawBatch(ctx.name, batch, ids))
                 batch, ids, size = [], [], 0
