@@ -157,7 +157,7 @@ def test_images_decode_to_the_size_and_channels_written(
     tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tf = pytest.importorskip("tensorflow")
-    files = []
+    files: list[tuple[bytes, str, str]] = []
     for mode, fmt, label, save in [
         ("L", "PNG", "cat", {}),
         ("RGB", "PNG", "dog", {}),
