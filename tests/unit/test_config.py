@@ -1,0 +1,114 @@
+"""Config validation: the documented examples load, and every error is reported at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tfrecordd.cli import main
+from tfrecordd.config import load_config
+from tfrecordd.errors import ConfigError
+from tfrecordd.units import format_duration, format_size, parse_duration, parse_size
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30s", 30), ("10m", 600), ("500ms", 0.5), ("2h", 7200), ("1d", 86400), (5, 5), ("1.5s", 1.5)],
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("64MiB", 64 << 20), ("1GB", 10**9), ("512KiB", 512 << 10), (4096, 4096), ("100B", 100)],
+)
+def test_sizes(text: object, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["abc", "-1s", True, "10 parsecs", None])
+def test_bad_durations(bad: object) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(bad)
+
+
+def test_format_round_trips() -> None:
+    for s in (0.5, 30, 600, 86400, 1.25):
+        assert parse_duration(format_duration(s)) == s
+    for n in (1, 4096, 64 << 20, 3 << 30):
+        assert parse_size(format_size(n)) == n
+
+
+@pytest.mark.parametrize("name", ["tfrecordd.toml", "docker.toml", "demo.toml"])
+def test_shipped_configs_are_valid(name: str) -> None:
+    config = load_config(ROOT / "config" / name)
+    assert config.sources[0].type == "directory"
+    assert config.encoders[config.sources[0].encoder].type == "example"
+
+
+def test_the_issue_example_loads_as_written() -> None:
+    config = load_config(ROOT / "config" / "tfrecordd.toml")
+    assert config.daemon.node_id == "ingest-01"
+    assert config.daemon.drain_timeout == 30
+    assert config.output.max_shard_bytes == 256 << 20
+    assert config.output.max_shard_age == 600
+    assert config.output.compression == "gzip"
+    assert config.metrics.listen == "127.0.0.1:9464"
+
+
+def test_every_error_at_once_with_locations(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        """
+[daemon]
+drain_timeout = "soon"
+colour = "blue"
+[output]
+dir = "/tmp/x"
+max_shard_bytes = "12XB"
+[[sources]]
+name = "inbox"
+type = "directory"
+path = "/tmp/in"
+poll_interval = -1
+encoder = "nope"
+[[sources]]
+name = "inbox"
+type = "kafka"
+encoder = "m"
+[encoders.m]
+type = "example"
+features = { a = "int32" }
+"""
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    errors = info.value.errors
+    expected = [
+        "daemon.drain_timeout:",
+        "daemon.colour: unknown key",
+        "output.max_shard_bytes:",
+        "sources[0].encoder: no [encoders.nope] table [source 'inbox', type 'directory']",
+        "sources[0].poll_interval: a duration cannot be negative (got -1)",
+        "sources[1].type: unknown source type 'kafka'",
+        "encoders.m.features.a.type:",
+    ]
+    for prefix in expected:
+        assert any(e.startswith(prefix) for e in errors), (prefix, errors)
+
+
+def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(ROOT / "config" / "tfrecordd.toml")]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[output]\n")
+    assert main(["check-config", str(bad)]) == 78
+    err = capsys.readouterr().err
+    assert "output.dir: Field required" in err
+    assert "sources: Field required" in err
+    bad.write_text("not toml [")
+    assert main(["check-config", str(bad)]) == 78
