@@ -185,21 +185,63 @@ async def test_own_pending_entries_are_read_first_and_written_once(
     cfg = write_redis_config(tmp_path, redis_server.url)
     async with Redis.from_url(redis_server.url) as r:
         await r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
-        await xadd(r, [movie_event(i) for i in range(30)])
+        ids = await xadd(r, [movie_event(i) for i in range(30)])
         # A previous life of consumer "test" (the node id) read 20 entries and died.
         await r.xreadgroup(GROUP, "test", {STREAM: ">"}, count=20)
+        # Two of them are deleted from the stream meanwhile: nothing to write, still to ack.
+        await r.xdel(STREAM, ids[0], ids[1])
         await xadd(r, [movie_event(i) for i in range(30, 40)])
         assert await pending(r) == 20
         daemon = Daemon(load_config(cfg), handle_signals=False)
 
         async def done() -> bool:
             received = metric(daemon.metrics, "tfrecordd_events_received_total", source="events")
-            return received >= 40
+            return received >= 38
 
         await run_until(daemon, done)
         assert await pending(r) == 0
         assert await r.xpending_range(STREAM, GROUP, "-", "+", 10) == []
-    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(40), 1)
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(2, 40), 1)
+    refused = "tfrecordd_inputs_refused_total"
+    assert metric(daemon.metrics, refused, source="events", reason="entry_deleted") == 2
+
+
+async def test_recover_acks_committed_entries_once_redis_is_back(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """The daemon marks a redone commit done when ``recover`` returns: it must wait for Redis."""
+    async with Redis.from_url(redis_server.url) as r:
+        await r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+        ids = await xadd(r, [movie_event(i) for i in range(5)])
+        await r.xreadgroup(GROUP, "test", {STREAM: ">"})
+    await anyio.to_thread.run_sync(lambda: redis_server.stop(save=True))
+    config = RedisStreamSourceConfig(
+        name="events", url=redis_server.url, stream=STREAM, encoder="movies", timeout=1
+    )
+    source = config.build()
+    returned = anyio.Event()
+
+    async def recover() -> None:
+        await source.recover(None, [ids[:3], ids[3:4]])
+        returned.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(recover)
+            await anyio.sleep(1.0)
+            assert not returned.is_set(), "recover returned while Redis was down"
+            await anyio.to_thread.run_sync(redis_server.start)
+            with anyio.fail_after(10):
+                await returned.wait()
+    finally:
+        await source.aclose()
+    async with Redis.from_url(redis_server.url) as r:
+        left = await r.xpending_range(STREAM, GROUP, "-", "+", 10)
+    assert [_text(e["message_id"]) for e in left] == ids[4:]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def test_entries_of_a_dead_consumer_are_claimed_after_claim_idle(

@@ -393,7 +393,8 @@ def _text(b: bytes | str) -> str:
 
 def _entry(raw: Any) -> Entry:
     entry_id, fields = raw
-    return _text(entry_id), fields if isinstance(fields, dict) else None
+    # XADD needs at least one field: no fields (redis-py parses nil as {}) means deleted.
+    return _text(entry_id), fields if isinstance(fields, dict) and fields else None
 
 
 def _entries(reply: Any) -> list[Entry]:
