@@ -29,7 +29,16 @@ from tfrecordd.journal import Intent, Journal
 from tfrecordd.metrics import Metrics, Stopwatch, serve
 from tfrecordd.notify import SystemdNotifier
 from tfrecordd.output import LocalOutput, make_output
-from tfrecordd.plugin import Encoder, RawBatch, RawEvent, Source, SourceContext, Token
+from tfrecordd.plugin import (
+    Encoder,
+    EncoderConfig,
+    EncodeResult,
+    RawBatch,
+    RawEvent,
+    Source,
+    SourceContext,
+    Token,
+)
 from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer, inprogress_name
 
 log = logging.getLogger("tfrecordd")
@@ -44,6 +53,45 @@ class EncodedBatch:
     token: Token
     events: int
     failures: list[tuple[RawEvent, str, str]]
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One batch's place in the encode stage's output order."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: EncodedBatch | None = None
+
+
+def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEvent]]:
+    good: list[RawEvent] = []
+    rejected: list[RawEvent] = []
+    for ev in events:
+        (good if ev.error is None else rejected).append(ev)
+    return good, rejected
+
+
+def _encoded(
+    batch: RawBatch, good: list[RawEvent], rejected: list[RawEvent], result: EncodeResult | None
+) -> EncodedBatch:
+    failures = [(ev, "rejected", ev.error or "") for ev in rejected]
+    records: list[bytes] = []
+    if result is not None:
+        records = result.records
+        failures.extend((good[i], reason, detail) for i, reason, detail in result.failures)
+    return EncodedBatch(batch.source, records, batch.token, len(batch.events), failures)
+
+
+_worker_encoders: dict[str, Encoder] = {}
+
+
+def _encode_in_worker(config: EncoderConfig, events: list[RawEvent]) -> EncodeResult:
+    """Runs in an encode worker process: build the encoder once, then encode a batch."""
+    key = f"{type(config).__module__}.{type(config).__qualname__}:{config.model_dump_json()}"
+    encoder = _worker_encoders.get(key)
+    if encoder is None:
+        encoder = _worker_encoders[key] = config.build()
+    return encoder.encode_batch(events)
 
 
 @dataclass(slots=True)
@@ -120,6 +168,7 @@ class Daemon:
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
         built: dict[str, Encoder] = {n: e.build() for n, e in config.encoders.items()}
         self.encoder_of: dict[str, Encoder] = {s.name: built[s.encoder] for s in config.sources}
+        self._encoder_name = {s.name: s.encoder for s in config.sources}
         self._schemas = {
             s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources
         }
@@ -351,27 +400,49 @@ class Daemon:
         send: MemoryObjectSendStream[EncodedBatch],
     ) -> None:
         depth = self.metrics.stream_depth.labels("encode")
+        workers = self.config.daemon.encode_workers
         async with recv, send:
-            async for batch in recv:
-                depth.set(recv.statistics().current_buffer_used)
-                encoded = await anyio.to_thread.run_sync(self._encode, batch)
-                await send.send(encoded)
+            if workers == 1:
+                async for batch in recv:
+                    depth.set(recv.statistics().current_buffer_used)
+                    await send.send(await anyio.to_thread.run_sync(self._encode, batch))
+                return
+            # Several batches encode at once in worker processes; a slot per batch, queued in
+            # arrival order, keeps their order on the way out (offsets commit in order).
+            limiter = anyio.CapacityLimiter(workers)
+            order_send, order_recv = anyio.create_memory_object_stream[_Slot](workers)
+
+            async def encode(batch: RawBatch, slot: _Slot) -> None:
+                good, rejected = _split_rejected(batch.events)
+                result = None
+                if good:
+                    config = self.config.encoders[self._encoder_name[batch.source]]
+                    result = await anyio.to_process.run_sync(
+                        _encode_in_worker, config, good, limiter=limiter
+                    )
+                slot.result = _encoded(batch, good, rejected, result)
+                slot.done.set()
+
+            async def forward() -> None:
+                async with order_recv:
+                    async for slot in order_recv:
+                        await slot.done.wait()
+                        assert slot.result is not None
+                        await send.send(slot.result)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(forward)
+                async with order_send:
+                    async for batch in recv:
+                        depth.set(recv.statistics().current_buffer_used)
+                        slot = _Slot()
+                        await order_send.send(slot)
+                        tg.start_soon(encode, batch, slot)
 
     def _encode(self, batch: RawBatch) -> EncodedBatch:
-        encoder = self.encoder_of[batch.source]
-        good: list[RawEvent] = []
-        failures: list[tuple[RawEvent, str, str]] = []
-        for ev in batch.events:
-            if ev.error is not None:
-                failures.append((ev, "rejected", ev.error))
-            else:
-                good.append(ev)
-        result = encoder.encode_batch(good) if good else None
-        records: list[bytes] = []
-        if result is not None:
-            records = result.records
-            failures.extend((good[i], reason, detail) for i, reason, detail in result.failures)
-        return EncodedBatch(batch.source, records, batch.token, len(batch.events), failures)
+        good, rejected = _split_rejected(batch.events)
+        result = self.encoder_of[batch.source].encode_batch(good) if good else None
+        return _encoded(batch, good, rejected, result)
 
     async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         depth = self.metrics.stream_depth.labels("write")

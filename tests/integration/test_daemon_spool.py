@@ -253,3 +253,20 @@ def ex_id(record: bytes) -> int:
     from tfrecordd.proto import parse_example
 
     return int(parse_example(record)["id"][0])
+
+
+async def test_encode_workers_keep_order_and_exactly_once(tmp_path: Path) -> None:
+    cfg = write_config(
+        tmp_path,
+        daemon={"encode_workers": 2, "max_batch_events": 25},
+        output={"compression": "none", "max_shard_records": 400},
+    )
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(2000)])
+    spool_file(
+        tmp_path / "spool", "b.jsonl", ["{bad", *[movie_event(i) for i in range(2000, 2100)]]
+    )
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    await run_until_drained(tmp_path, daemon, 2101, timeout=60)
+    ids = [i for shard in shard_files(tmp_path / "shards") for i in read_ids_file(shard)]
+    assert ids == list(range(2100)), "batches reach the shards in the order they were read"
+    assert [d["reason"] for d in dead_letters(tmp_path / "state")] == ["malformed"]
