@@ -301,3 +301,12 @@ def test_long_lists_and_multibyte_lengths(n: int) -> None:
         "f": values,
         "t": [t.encode() for t in texts],
     }
+
+
+def test_clipped_keeps_reasons_short_whatever_the_value() -> None:
+    from tfrecordd.wire import clipped
+
+    assert clipped("abc") == "'abc'"
+    long = clipped("x" * 10_000)
+    assert len(long) == 40
+    assert long.endswith("...")

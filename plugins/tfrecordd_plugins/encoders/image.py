@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import pydantic
 from PIL import Image, UnidentifiedImageError
@@ -95,14 +95,11 @@ def _truncated(fmt: str, data: bytes) -> str | None:
 
 
 class ImageEncoderConfig(EncoderConfig):
-    """An Example per image file (events from a source that reads whole files, ``format =
-    "file"``), with the image features of TensorFlow's image models."""
+    """An Example per image file (whole-file events, as the directory source's
+    ``format = "whole-file"`` makes), with the features TensorFlow's image models read."""
 
     type: Literal["image"] = "image"
-    labels: dict[
-        Annotated[str, pydantic.Field(min_length=1)],
-        Annotated[int, pydantic.Field(ge=INT64_MIN, le=INT64_MAX)],
-    ] = pydantic.Field(default_factory=dict)
+    labels: dict[str, int] = pydantic.Field(default_factory=dict)
     """Parent folder name → class number, written as ``image/class/label``
     (``labels = { cat = 0, dog = 1 }``). Empty (the default): no ``image/class/label`` at all."""
     unknown_label: Literal["dead-letter", "omit"] = "dead-letter"
@@ -120,6 +117,16 @@ class ImageEncoderConfig(EncoderConfig):
     """Refuse a file whose end marker or declared size shows it was cut short (PNG ``IEND``,
     JPEG end-of-image, GIF trailer, BMP and WebP sizes): found without decoding pixels. Turn
     off for JPEGs that carry data appended after the image."""
+
+    @pydantic.field_validator("labels")
+    @classmethod
+    def _label_numbers(cls, labels: dict[str, int]) -> dict[str, int]:
+        for folder, number in labels.items():
+            if not folder:
+                raise ValueError("a folder name must not be empty")
+            if not INT64_MIN <= number <= INT64_MAX:
+                raise ValueError(f"label of {folder!r} is outside int64: {number}")
+        return labels
 
     @pydantic.field_validator("formats")
     @classmethod

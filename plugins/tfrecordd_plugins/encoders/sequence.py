@@ -27,8 +27,9 @@ class SequenceEncoderConfig(EncoderConfig):
     ``path`` is relative to each step object. A step lacking a value gets ``default``, is refused
     if ``required``, and is otherwise written as an empty value list, so steps stay aligned."""
     steps: str | None = None
-    """Path to an array of step objects (``"tokens"`` for ``{"tokens": [{"text": ..., "tag":
-    ...}, ...]}``). Default: the feature lists are parallel arrays."""
+    """Path to an array of step objects, such as ``tokens`` for events holding
+    ``"tokens": [{"text": "Ada", "tag": 1}, ...]``. Default: the feature lists are parallel
+    arrays."""
 
     @pydantic.model_validator(mode="after")
     def _compiles(self) -> SequenceEncoderConfig:
