@@ -1,0 +1,92 @@
+"""The daemon's shards, read back by real TensorFlow; systemd's notify protocol spoken for real."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import (
+    DaemonProcess,
+    movie_event,
+    shard_files,
+    spool_file,
+    wait_for,
+    write_config,
+)
+from tfrecordd.compression import TF_COMPRESSION_TYPE, Compression
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("compression", ["none", "gzip", "zlib"])
+def test_tensorflow_reads_every_event_the_daemon_wrote(tmp_path: Path, compression: str) -> None:
+    tf = pytest.importorskip("tensorflow")
+    cfg = write_config(tmp_path, output={"compression": compression, "max_shard_records": 70})
+    events = [movie_event(i) for i in range(300)]
+    spool_file(tmp_path / "spool", "a.jsonl", [*events[:150], "{bad json", *events[150:]])
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: not list((tmp_path / "spool").glob("*.jsonl")), 30)
+        time.sleep(0.3)
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
+    files = [str(p) for p in shard_files(tmp_path / "shards")]
+    assert len(files) == 5
+    spec = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "user": tf.io.FixedLenFeature([], tf.string),
+        "age": tf.io.FixedLenFeature([], tf.int64),
+        "movie": tf.io.VarLenFeature(tf.string),
+        "movie_ratings": tf.io.VarLenFeature(tf.float32),
+        "suggestion": tf.io.FixedLenFeature([], tf.string),
+        "suggestion_purchased": tf.io.FixedLenFeature([], tf.float32),
+        "purchase_price": tf.io.FixedLenFeature([], tf.float32),
+    }
+    kind = TF_COMPRESSION_TYPE[Compression(compression)]
+    ds = tf.data.TFRecordDataset(files, compression_type=kind).map(
+        lambda r: tf.io.parse_single_example(r, spec)
+    )
+    got = {}
+    for ex in ds:
+        got[int(ex["id"])] = ex
+    assert sorted(got) == list(range(300))
+    for i in (0, 149, 150, 299):
+        ex, want = got[i], events[i]
+        assert ex["user"].numpy().decode() == want["user"]
+        assert int(ex["age"]) == want["age"]
+        assert [m.decode() for m in ex["movie"].values.numpy()] == want["movie"]
+        assert ex["movie_ratings"].values.numpy().tolist() == want["movie_ratings"]
+        assert float(ex["purchase_price"]) == pytest.approx(want["purchase_price"])
+
+
+def test_systemd_notifications(tmp_path: Path) -> None:
+    sock_path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(sock_path)
+        sock.settimeout(0.2)
+        cfg = write_config(tmp_path)
+        env = {"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"}
+        d = DaemonProcess(cfg, env=env)
+        messages: list[str] = []
+
+        def receive_until(needle: str) -> bool:
+            try:
+                messages.append(sock.recv(4096).decode())
+            except TimeoutError:
+                pass
+            return any(needle in m for m in messages)
+
+        try:
+            wait_for(lambda: receive_until("READY=1"), 30)
+            wait_for(lambda: receive_until("WATCHDOG=1"), 10)
+            d.signal(15)
+            wait_for(lambda: receive_until("STOPPING=1"), 10)
+            assert d.wait(30) == 0
+        finally:
+            d.kill()
+    ready = next(m for m in messages if "READY=1" in m)
+    assert "STATUS=" in ready
