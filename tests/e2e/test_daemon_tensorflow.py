@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -74,10 +75,8 @@ def test_systemd_notifications(tmp_path: Path) -> None:
         messages: list[str] = []
 
         def receive_until(needle: str) -> bool:
-            try:
+            with contextlib.suppress(TimeoutError):
                 messages.append(sock.recv(4096).decode())
-            except TimeoutError:
-                pass
             return any(needle in m for m in messages)
 
         try:
