@@ -4,15 +4,18 @@ exactly as AWS would be (endpoint URL, signed requests, dummy credentials)."""
 from __future__ import annotations
 
 import importlib
+import logging
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support import free_port
+from tfrecordd.reader import iter_examples
 
 ACCESS_KEY = "AKIATESTTFRECORDD000"
 SECRET_KEY = "tfrecordd-test-secret-do-not-log"
@@ -33,6 +36,8 @@ class S3Server:
     def start(self, timeout: float = 10.0) -> None:
         """Serve, and wait until the port accepts connections."""
         moto_server: Any = importlib.import_module("moto.server")
+        # The server logs every request; tests read their own logs, not the server's.
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
         self._server = moto_server.ThreadedMotoServer(
             ip_address="127.0.0.1", port=self.port, verbose=False
         )
@@ -68,6 +73,35 @@ class S3Server:
             region_name="us-east-1",
         )
 
+    def incomplete_uploads(self, bucket: str) -> list[str]:
+        """Keys with a multipart upload begun and neither completed nor aborted."""
+        listing = self.client().list_multipart_uploads(Bucket=bucket)
+        return sorted(u["Key"] for u in listing.get("Uploads", []))
+
+    def keys(self, bucket: str) -> list[str]:
+        """Every visible object's key in ``bucket``."""
+        listing = self.client().list_objects_v2(Bucket=bucket)
+        return sorted(o["Key"] for o in listing.get("Contents", []))
+
+    def shard_urls(self, bucket: str, prefix: str) -> list[str]:
+        """The published shards under ``prefix``, as ``s3://`` URLs (manifests left out)."""
+        return [
+            f"s3://{bucket}/{key}"
+            for key in self.keys(bucket)
+            if key.startswith(f"{prefix}/")
+            and ".tfrecord" in key
+            and not key.endswith(".json")
+            and not key.rpartition("/")[2].startswith(".")
+        ]
+
+    def read_ids(self, bucket: str, prefix: str) -> Counter[int]:
+        """How many times each event id appears across the shards published under ``prefix``."""
+        ids: Counter[int] = Counter()
+        for url in self.shard_urls(bucket, prefix):
+            for ex in iter_examples(url, storage_options=self.storage_options()):
+                ids[int(ex["id"][0])] += 1
+        return ids
+
     def create_bucket(self) -> str:
         """A new, empty bucket with a unique name."""
         name = f"shards-{uuid.uuid4().hex[:12]}"
@@ -89,15 +123,3 @@ def running_s3(port: int | None = None) -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture
-def s3_server() -> Iterator[S3Server]:
-    """A moto S3 server for one test."""
-    yield from running_s3()
-
-
-@pytest.fixture
-def s3_bucket(s3_server: S3Server) -> str:
-    """A fresh bucket on :func:`s3_server`."""
-    return s3_server.create_bucket()

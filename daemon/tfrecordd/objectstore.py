@@ -418,6 +418,7 @@ class FsspecOutput(Output):
                 )
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._count_error("exhausted")
                     raise UploadError(
                         f"{what}: still failing after {self.retry_for:.0f}s and {failures} "
                         f"attempt(s): {_describe(e)}",
