@@ -341,3 +341,22 @@ async def test_redis_outage_is_retried_with_backoff(
 
 async def _acked(r: Redis) -> bool:
     return await pending(r) == 0
+
+
+def test_the_documented_config_loads_as_written(tmp_path: Path) -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "sources" / "redis-stream.md").read_text()
+    snippet = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "tfrecordd.toml"
+    path.write_text(
+        f'[output]\ndir = "{tmp_path}"\n{snippet}\n'
+        '[encoders.movies]\ntype = "example"\n[encoders.movies.features]\nid = "int64"\n'
+    )
+    (source,) = load_config(path).sources
+    assert isinstance(source, RedisStreamSourceConfig)
+    assert (source.url, source.stream, source.group, source.field) == (
+        "redis://127.0.0.1:6379/0",
+        "events",
+        "tfrecordd",
+        "data",
+    )
+    assert (source.consumer, source.start_id, source.claim_idle) == (None, "0", 1800.0)
