@@ -9,7 +9,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,21 +77,18 @@ def _events(first: int, n: int, bad_every: int) -> list[Any]:
     return lines
 
 
-def test_once_json_rates_pending_and_publish(daemon: Daemon) -> None:
-    spool = daemon.root / "spool"
-    result: list[subprocess.CompletedProcess[str]] = []
-    argv = ("--url", daemon.url, "--once", "--json", "--interval", "3s")
-    t = threading.Thread(target=lambda: result.append(_status(*argv)))
-    t.start()
-    time.sleep(0.5)
-    spool_file(spool, "a.jsonl", _events(0, 500, bad_every=100))
-    t.join(60)
-    assert result[0].returncode == 0, result[0].stderr
-    snap = json.loads(result[0].stdout)
+def test_once_json_snapshot_before_and_after_publish(daemon: Daemon) -> None:
+    spool_file(daemon.root / "spool", "a.jsonl", _events(0, 500, bad_every=100))
+    wait_for(lambda: scrape(daemon.url).open_shard_records == 500, 20)
+    result = _status("--url", daemon.url, "--once", "--json", "--interval", "1s")
+    assert result.returncode == 0, result.stderr
+    snap = json.loads(result.stdout)
+    assert snap["url"] == daemon.url
+    assert snap["interval_seconds"] == pytest.approx(1.0, abs=0.5), "--once scrapes twice"
     src = snap["sources"]["spool"]
     assert src["received"] == 505
-    rate = src["rate_per_second"] * snap["interval_seconds"]
-    assert rate == pytest.approx(505, abs=0.5), "rate is events received between the scrapes"
+    assert src["rate_per_second"] == 0.0, "nothing new arrived between the two scrapes"
+    assert src["blocked_ratio"] == 0.0
     assert src["pending"] == 505, "nothing is acked before its shard is published"
     assert src["dead_lettered"] == 5
     assert src["invalid"] == 5
@@ -170,18 +166,23 @@ def test_live_mode_redraws_on_a_terminal_and_stops_on_ctrl_c(daemon: Daemon) -> 
     assert "(rates over 0." in frames[1], "later frames show rates against the previous scrape"
 
 
-def test_live_json_lines_without_a_terminal(daemon: Daemon) -> None:
+def test_live_json_rates_add_up_to_the_events_received(daemon: Daemon) -> None:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "tfrecordd", "status"),
-            *("--url", daemon.url, "--json", "--interval", "100ms"),
+            *("--url", daemon.url, "--json", "--interval", "500ms"),
         ],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stdout is not None
-        docs = [json.loads(proc.stdout.readline()) for _ in range(3)]
+        docs = [json.loads(proc.stdout.readline())]
+        spool_file(daemon.root / "spool", "a.jsonl", _events(0, 300, bad_every=1000))
+        while docs[-1]["sources"].get("spool", {}).get("received") != 300:
+            docs.append(json.loads(proc.stdout.readline()))
+            assert len(docs) < 100, "the daemon reads the file within 50 snapshots"
+        docs.append(json.loads(proc.stdout.readline()))
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
     finally:
@@ -190,10 +191,17 @@ def test_live_json_lines_without_a_terminal(daemon: Daemon) -> None:
             proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
-    assert docs[0]["interval_seconds"] is None
+    assert docs[0]["interval_seconds"] is None, "the first snapshot has no rates"
     assert all(d["url"] == daemon.url and d["up"] for d in docs)
-    assert docs[2]["interval_seconds"] > 0
-    assert docs[2]["time"] > docs[0]["time"]
+    assert all(d["interval_seconds"] > 0 for d in docs[1:])
+    assert [d["time"] for d in docs] == sorted(d["time"] for d in docs)
+    counted = sum(
+        d["sources"]["spool"]["rate_per_second"] * d["interval_seconds"]
+        for d in docs[1:]
+        if "spool" in d["sources"]
+    )
+    assert counted == pytest.approx(300, abs=0.5), "rates are events received per second"
+    assert docs[-1]["sources"]["spool"]["rate_per_second"] == 0.0
 
 
 def test_unreachable_daemon_is_a_clear_error() -> None:
