@@ -492,6 +492,18 @@ async def test_unix_live_socket_or_other_file_is_refused(tmp_path: Path) -> None
     assert path.read_text() == "not a socket"
 
 
+async def test_a_port_in_use_is_a_clear_start_up_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = TcpSourceConfig(name="in", listen=f"127.0.0.1:{port}", encoder="movies")
+        source = config.build()
+        with pytest.raises(OutputError, match=f"127.0.0.1:{port}: cannot listen"):
+            await source.recover(None, [])
+        await source.aclose()
+
+
 # -- ipv6 ------------------------------------------------------------------------------------
 
 
