@@ -27,6 +27,7 @@ buffered at shutdown are counted as dropped (``shutdown``).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import os
@@ -286,11 +287,13 @@ class _StreamSource(Source):
         self._conns: dict[int, _Conn] = {}
         self._next_id = 0
 
+    @abc.abstractmethod
     def _bind(self) -> socket.socket:
-        raise NotImplementedError
+        """A listening, non-blocking socket for ``config``."""
 
+    @abc.abstractmethod
     def _peer(self, sock: socket.socket, addr: Any) -> str:
-        raise NotImplementedError
+        """How dead letters and logs name the client of an accepted connection."""
 
     @property
     def connections(self) -> int:
