@@ -75,7 +75,12 @@ def write_config(
         "daemon": {"node_id": "test", "state_dir": root / "state", "drain_timeout": "20s"}
         | dict(daemon or {}),
         "metrics": {"listen": f"127.0.0.1:{metrics_port}"} if metrics_port else {"enabled": False},
-        "output": {"dir": root / "shards", "compression": "gzip", "max_shard_age": "1m"}
+        "output": {
+            "dir": root / "shards",
+            "compression": "gzip",
+            "max_shard_age": "1m",
+            "min_free_bytes": 0,
+        }
         | dict(output or {}),
     }
     lines = []

@@ -100,6 +100,10 @@ class OutputSection(_Section):
     """A shard holding data is published at most this long after its first record arrived."""
     prefix: str = Field(default="part", pattern=r"^[A-Za-z0-9_.-]+$")
     """The first part of each shard's name."""
+    min_free_bytes: Size = Field(default=64 << 20, ge=0)
+    """Keep this much space free on the output's file system: before a batch is written, the
+    daemon waits (its sources paused by backpressure) until the batch fits above this reserve,
+    and resumes by itself when space returns. ``0`` turns the check off."""
     manifests: bool = True
     """Publish a manifest beside each shard (``<name>.manifest.json``: record count and
     offsets, CRC32C and SHA-256, schema hash, time range, source positions)."""

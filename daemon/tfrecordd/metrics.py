@@ -148,6 +148,11 @@ class Metrics:
             "(a full disk), else 0.",
             registry=r,
         )
+        self.disk_full_pauses = Counter(
+            "tfrecordd_disk_full_pauses_total",
+            "Times the daemon paused because the output's file system was nearly full.",
+            registry=r,
+        )
         self.journal_bytes = Gauge(
             "tfrecordd_journal_bytes", "Size of the commit journal.", registry=r
         )

@@ -10,6 +10,7 @@ worker threads so the event loop keeps serving sockets and metrics.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -21,9 +22,11 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tfrecordd import crashpoints, manifest
+from tfrecordd.compression import Compressor
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError
+from tfrecordd.framing import OVERHEAD
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.journal import Intent, Journal
 from tfrecordd.metrics import Metrics, Stopwatch, serve
@@ -493,6 +496,7 @@ class Daemon:
             await anyio.to_thread.run_sync(self._dead_letter, batch)
         records = batch.records
         if records:
+            await self._wait_for_space(sum(len(r) for r in records) + OVERHEAD * len(records))
             limit = self.config.output.max_shard_records
             shard = self._unit.shard
             if shard is not None and (
@@ -509,6 +513,37 @@ class Daemon:
         limit = self.config.output.max_shard_records
         if limit and unit.shard is not None and unit.shard.records >= limit:
             await self._commit()
+
+    async def _wait_for_space(self, raw: int) -> None:
+        """Hold the writer (and so, by backpressure, the sources) while the output's file
+        system lacks room for ``raw`` more bytes above ``min_free_bytes``."""
+        reserve = self.config.output.min_free_bytes
+        if not reserve:
+            return
+        needed = reserve + Compressor.bound(self.config.output.compression, raw)
+        paused_at: float | None = None
+        while (free := self._free_bytes()) is not None and free < needed:
+            if paused_at is None:
+                paused_at = time.monotonic()
+                self.metrics.paused.set(1)
+                self.metrics.disk_full_pauses.inc()
+                log.warning(
+                    "output nearly full (%d bytes free, %d needed): sources paused", free, needed
+                )
+            self._beat = time.monotonic()
+            await anyio.sleep(1.0)
+        if paused_at is not None:
+            self.metrics.paused.set(0)
+            log.info("output has room again: resumed after %.1fs", time.monotonic() - paused_at)
+
+    def _free_bytes(self) -> int | None:
+        try:
+            st = os.statvfs(self.out_dir)
+        except OSError:
+            return None
+        free = st.f_bavail * st.f_frsize
+        self.metrics.output_free_bytes.set(free)
+        return free
 
     def _dead_letter(self, batch: EncodedBatch) -> None:
         discarded = 0
@@ -539,6 +574,12 @@ class Daemon:
             shard.write(records)
             crashpoints.reached("mid-write")
         except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise DurabilityError(
+                    "writing shard: no space left on the output file system (another writer "
+                    "took the space under min_free_bytes); the shard is discarded and its events "
+                    "replay after a restart"
+                ) from e
             raise DurabilityError(f"writing shard: {e.strerror or e}") from e
         self.metrics.records_written.inc(len(records))
         self.metrics.raw_bytes_written.inc(shard.raw_bytes - before_raw)

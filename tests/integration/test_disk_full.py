@@ -1,0 +1,80 @@
+"""A full output disk pauses the sources, publishes nothing partial, and resumes by itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.support import movie_event, read_ids, shard_files, spool_file, write_config
+from tfrecordd import manifest
+from tfrecordd.config import load_config
+from tfrecordd.runtime import Daemon
+from tfrecordd_plugins.sources.directory import CLAIM_DIR
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs, mounted for the test (needs root, as in CI)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=False)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+async def test_full_disk_pauses_and_resumes(tmp_path: Path, small_disk: Path) -> None:
+    out = small_disk / "shards"
+    cfg = write_config(
+        tmp_path,
+        output={
+            "dir": out,
+            "compression": "none",
+            "min_free_bytes": 1 << 20,
+            "max_shard_bytes": 256 << 10,
+            "max_shard_age": "200ms",
+        },
+    )
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (2 << 20))
+    events = 12_000  # about 3.5 MiB of records: more than the disk holds with the filler
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(events)])
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    m = daemon.metrics.registry
+
+    def value(name: str) -> float:
+        return m.get_sample_value(name) or 0.0
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        with anyio.fail_after(30):
+            while value("tfrecordd_paused") != 1:
+                await anyio.sleep(0.05)
+        published = len(shard_files(out))
+        await anyio.sleep(2)
+        # Paused: nothing more is published, the spool file is not acked, nothing is partial.
+        assert value("tfrecordd_paused") == 1
+        assert len(shard_files(out)) == published
+        assert list((tmp_path / "spool" / CLAIM_DIR).iterdir())
+        for shard in shard_files(out):
+            assert manifest.check(str(shard)) == []
+        assert value("tfrecordd_disk_full_pauses_total") >= 1
+        filler.unlink()
+        with anyio.fail_after(60):
+            while read_ids(out) != dict.fromkeys(range(events), 1):
+                await anyio.sleep(0.2)
+        assert value("tfrecordd_paused") == 0
+        daemon.request_stop()
+    assert read_ids(out) == dict.fromkeys(range(events), 1)
