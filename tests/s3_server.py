@@ -78,6 +78,11 @@ class S3Server:
         listing = self.client().list_multipart_uploads(Bucket=bucket)
         return sorted(u["Key"] for u in listing.get("Uploads", []))
 
+    def upload_ids(self, bucket: str) -> set[str]:
+        """The ids of the multipart uploads begun in ``bucket`` and not yet completed."""
+        listing = self.client().list_multipart_uploads(Bucket=bucket)
+        return {u["UploadId"] for u in listing.get("Uploads", [])}
+
     def keys(self, bucket: str) -> list[str]:
         """Every visible object's key in ``bucket``."""
         listing = self.client().list_objects_v2(Bucket=bucket)

@@ -4,11 +4,9 @@ in exactly one complete object, and no credential ever reaches a log."""
 
 from __future__ import annotations
 
-import random
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,21 +157,30 @@ def test_sigkill_during_uploads_never_shows_a_partial_object(
 ) -> None:
     bucket = s3_server.create_bucket()
     cfg = config(tmp_path, s3_server, bucket)
-    expected = fill_spool(tmp_path, 8, 1500)
-    rng = random.Random(20)
+    expected = fill_spool(tmp_path, 12, 1500)
     logs = ""
+    mid_upload_kills = 0
     for _ in range(4):
+        before = s3_server.upload_ids(bucket)
         d = DaemonProcess(cfg)
         try:
             d.wait_started()
-            time.sleep(rng.uniform(0.5, 2.5))
-            d.kill()
+            # Kill as soon as a new multipart upload has begun: parts sent, none committed.
+            wait_for(
+                lambda seen=before: bool(s3_server.upload_ids(bucket) - seen) or drained(tmp_path),
+                60,
+                interval=0.005,
+            )
+            uploading = not drained(tmp_path)
         finally:
             d.kill()
         logs += d.output()
+        mid_upload_kills += uploading
         assert_objects_complete(s3_server, bucket)
+    assert mid_upload_kills >= 2
     logs += finish(tmp_path, cfg, timeout=180)
     assert_exactly_once(s3_server, bucket, expected)
+    assert "resumed upload" in logs
     assert SECRET_KEY not in logs
 
 
