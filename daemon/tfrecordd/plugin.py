@@ -165,6 +165,14 @@ class EncoderConfig(BaseModel):
         """Create the encoder from this config."""
         raise NotImplementedError
 
+    def feature_description(self) -> dict[str, Any]:
+        """The ``tf.io.parse_example`` feature description that reads this encoder's records,
+        as plain data (see ``tfrecordd schema``). Encoders that cannot know it raise
+        :class:`~tfrecordd.errors.TfrecorddError` saying why."""
+        from tfrecordd.errors import TfrecorddError
+
+        raise TfrecorddError(f"the {self.type!r} encoder does not describe its records")
+
     def schema_fingerprint(self) -> str:
         """A stable digest of what this encoder writes, for shard manifests."""
         import hashlib

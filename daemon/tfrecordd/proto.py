@@ -13,6 +13,9 @@ the oracle of the tests.
 from __future__ import annotations
 
 import base64
+import contextlib
+import math
+import struct
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -135,8 +138,23 @@ def parse_sequence_example(
     return context, lists
 
 
+def float32_repr(value: float) -> float:
+    """The shortest decimal that reads back as the same 32-bit float (``4.9``, not
+    ``4.900000095367432``): how a FloatList value was most likely written."""
+    if not math.isfinite(value):
+        return value
+    packed = struct.pack("<f", value)
+    for digits in range(1, 10):
+        short = float(f"{value:.{digits}g}")
+        with contextlib.suppress(OverflowError):
+            if struct.pack("<f", short) == packed:
+                return short
+    return value
+
+
 def jsonable(values: FeatureValues) -> list[Any]:
-    """Values made JSON-safe: bytes as UTF-8 text where valid, else ``{"base64": "..."}``."""
+    """Values made JSON-safe: bytes as UTF-8 text where valid, else ``{"base64": "..."}``;
+    floats (always 32-bit in an Example) in their shortest exact form."""
     out: list[Any] = []
     for v in values:
         if isinstance(v, bytes):
@@ -144,6 +162,8 @@ def jsonable(values: FeatureValues) -> list[Any]:
                 out.append(v.decode("utf-8"))
             except UnicodeDecodeError:
                 out.append({"base64": base64.b64encode(v).decode("ascii")})
+        elif isinstance(v, float):
+            out.append(float32_repr(v))
         else:
             out.append(v)
     return out

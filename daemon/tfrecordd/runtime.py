@@ -227,7 +227,6 @@ class Daemon:
             self._sources_scope.cancel()
         os.makedirs(self.out_dir, exist_ok=True)
         os.makedirs(self.state_dir, exist_ok=True)
-        await self._recover()
         raw_send, raw_recv = anyio.create_memory_object_stream[RawBatch](
             self.config.daemon.queue_batches
         )
@@ -235,6 +234,7 @@ class Daemon:
             self.config.daemon.queue_batches
         )
         try:
+            await self._recover()
             async with anyio.create_task_group() as services:
                 if self.config.metrics.enabled:
                     host, port = split_host_port(self.config.metrics.listen)
@@ -270,6 +270,8 @@ class Daemon:
         finally:
             self._running = False
             self.metrics.up.set(0)
+            for stream in (raw_send, raw_recv, enc_send, enc_recv):
+                stream.close()
             with anyio.CancelScope(shield=True):
                 await self._cleanup()
 

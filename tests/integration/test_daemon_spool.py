@@ -270,3 +270,14 @@ async def test_encode_workers_keep_order_and_exactly_once(tmp_path: Path) -> Non
     ids = [i for shard in shard_files(tmp_path / "shards") for i in read_ids_file(shard)]
     assert ids == list(range(2100)), "batches reach the shards in the order they were read"
     assert [d["reason"] for d in dead_letters(tmp_path / "state")] == ["malformed"]
+
+
+async def test_a_failed_start_releases_everything(tmp_path: Path) -> None:
+    spool = tmp_path / "not-a-dir"
+    spool.write_text("a file where the spool directory should be")
+    cfg = write_config(tmp_path, source={"path": spool})
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    with pytest.raises(OSError, match="not-a-dir"):
+        await daemon.run()
+    assert daemon.journal._file is None
+    assert metric(daemon.metrics, "tfrecordd_up") == 0

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Install tfrecordd into .venv and run it on config/demo.toml: a producer drops JSON-lines files
+# into demo/spool, and you watch gzip TFRecord shards appear in demo/shards. Ctrl-C stops it
+# (SIGTERM: the daemon drains and publishes what is open). DEMO_SECONDS=N stops after N seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e .
+mkdir -p demo/spool demo/shards demo/state
+TFRECORDD=.venv/bin/tfrecordd
+
+"$TFRECORDD" check-config config/demo.toml
+"$TFRECORDD" run --config config/demo.toml &
+daemon=$!
+stop() {
+  kill -TERM "$daemon" 2>/dev/null || true
+  wait "$daemon" || true
+  echo
+  echo "== published shards =="
+  "$TFRECORDD" verify demo/shards/*.tfrecord.gz || true
+  echo "== two examples =="
+  "$TFRECORDD" cat --limit 2 demo/shards/*.tfrecord.gz || true
+}
+trap stop EXIT
+
+produce() {  # one spool file of movie-recommendation events, published by rename
+  .venv/bin/python - "$1" <<'PY'
+import json, random, sys, os
+n = int(sys.argv[1])
+rng = random.Random(n)
+movies = ["Alien", "Heat", "Up", "Jaws", "Brazil", "Ran", "Tron"]
+path = f"demo/spool/events-{n:04d}.jsonl"
+with open(f"demo/spool/.tmp-{n}", "w") as f:
+    for i in range(2000):
+        picks = rng.sample(movies, 3)
+        f.write(json.dumps({
+            "user": f"user-{rng.randrange(500)}", "age": rng.randrange(18, 80),
+            "movie": picks, "movie_ratings": [round(rng.uniform(1, 5), 1) for _ in picks],
+            "suggestion": rng.choice(movies), "suggestion_purchased": float(rng.random() < .2),
+            "purchase_price": round(rng.uniform(2, 20), 2),
+        }) + "\n")
+os.rename(f"demo/spool/.tmp-{n}", path)
+PY
+}
+
+end=$(( $(date +%s) + ${DEMO_SECONDS:-1000000000} ))
+n=0
+while [ "$(date +%s)" -lt "$end" ]; do
+  produce "$n"
+  n=$((n + 1))
+  sleep 2
+  echo "$(date +%T)  files produced: $n  shards published: $(ls demo/shards/*.tfrecord.gz 2>/dev/null | wc -l)"
+done
