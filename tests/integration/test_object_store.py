@@ -395,14 +395,16 @@ async def _run_until_drained(daemons: list[tuple[Daemon, Path]], timeout: float 
             daemon.request_stop()
 
 
-def daemon_config(root: Path, server: S3Server, bucket: str, node: str) -> DaemonConfig:
+def daemon_config(
+    root: Path, server: S3Server, bucket: str, node: str, **options: Any
+) -> DaemonConfig:
     return load_config(
         write_config(
             root,
             daemon={"node_id": node},
             output={
                 "dir": f"s3://{bucket}/shards",
-                "storage_options": server.storage_options(),
+                "storage_options": server.storage_options(**options),
                 "max_shard_records": 150,
                 "max_shard_age": "300ms",
             },
@@ -460,7 +462,9 @@ async def test_daemon_waits_out_an_outage_and_loses_nothing(
     server.start()
     try:
         bucket = server.create_bucket()
-        config = daemon_config(tmp_path, server, bucket, "node-a")
+        # One connection attempt per request: the outage shows in our retries, not botocore's.
+        quick = {"retries": {"max_attempts": 1}, "connect_timeout": 1}
+        config = daemon_config(tmp_path, server, bucket, "node-a", config_kwargs=quick)
         daemon = Daemon(config, handle_signals=False)
         spool = tmp_path / "spool"
         async with anyio.create_task_group() as tg:
