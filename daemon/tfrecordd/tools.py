@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from tfrecordd import proto
+from tfrecordd import manifest, proto
 from tfrecordd.compression import (
     DEFAULT_MAX_DECOMPRESSED_BYTES,
     SUFFIXES,
@@ -138,10 +138,23 @@ def _verify(args: argparse.Namespace) -> int:
                 progress.advance(count % _BATCH_RECORDS)
                 progress.done(path, f"BAD after {count} records")
             else:
-                entry.update(ok=True, records=count, error=None)
-                progress.clear()
-                if not args.json:
-                    print(f"OK   {path}: {count} records", file=out, flush=True)
+                problems = [] if args.no_manifest else _manifest_problems(path)
+                if problems:
+                    detail = f"{path}: does not match its manifest: " + "; ".join(problems)
+                    entry.update(
+                        ok=False, records=count, error={"kind": "manifest", "detail": detail}
+                    )
+                    codes.append(EXIT_DATA)
+                    progress.clear()
+                    if not args.json:
+                        print(f"BAD  {detail}", file=out, flush=True)
+                else:
+                    entry.update(ok=True, records=count, error=None)
+                    if path_has_manifest(path):
+                        entry["manifest"] = True
+                    progress.clear()
+                    if not args.json:
+                        print(f"OK   {path}: {count} records", file=out, flush=True)
                 progress.advance(count % _BATCH_RECORDS)
                 progress.done(path, f"{count} records")
             files.append(entry)
@@ -156,6 +169,24 @@ def _verify(args: argparse.Namespace) -> int:
     if not codes:
         return EXIT_OK
     return EXIT_DATA if EXIT_DATA in codes else codes[0]
+
+
+def path_has_manifest(path: str) -> bool:
+    """Whether a local shard has a manifest beside it."""
+    return "://" not in path and os.path.exists(_manifest_path(path))
+
+
+def _manifest_path(path: str) -> str:
+    return os.path.join(os.path.dirname(path), manifest.manifest_name(os.path.basename(path)))
+
+
+def _manifest_problems(path: str) -> list[str]:
+    if not path_has_manifest(path):
+        return []
+    try:
+        return manifest.check(path, _manifest_path(path))
+    except (OSError, ValueError, TfrecorddError) as e:
+        return [f"manifest unreadable: {e}"]
 
 
 def _features(values: dict[str, proto.FeatureValues]) -> dict[str, list[Any]]:
@@ -276,8 +307,18 @@ def _command(
 
 def add_commands(sub: Any) -> None:
     """Register ``verify``, ``cat`` and ``transcode`` on the CLI's subparsers."""
-    p = _command(sub, "verify", _verify, "check every record's CRCs and each compressed stream")
+    p = _command(
+        sub,
+        "verify",
+        _verify,
+        "check every record's CRCs, each compressed stream, and the manifest beside a shard",
+    )
     p.add_argument("paths", nargs="+", metavar="PATH", help="TFRecord files or fsspec URLs")
+    p.add_argument(
+        "--no-manifest",
+        action="store_true",
+        help="do not compare shards with the manifests beside them",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     _add_limits(p)
 

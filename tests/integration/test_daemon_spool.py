@@ -281,3 +281,26 @@ async def test_a_failed_start_releases_everything(tmp_path: Path) -> None:
         await daemon.run()
     assert daemon.journal._file is None
     assert metric(daemon.metrics, "tfrecordd_up") == 0
+
+
+async def test_verify_checks_shards_against_their_manifests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tfrecordd.cli import main
+
+    cfg = write_config(tmp_path, output={"max_shard_records": 50, "compression": "none"})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(100)])
+    await run_until_drained(tmp_path, Daemon(load_config(cfg), handle_signals=False), 100)
+    first, second = (str(p) for p in shard_files(tmp_path / "shards"))
+    assert main(["verify", first, second]) == 0
+    # Cut the first shard exactly at a record boundary: the framing alone cannot tell, the
+    # manifest can.
+    doc = json.loads((tmp_path / "shards" / manifest.manifest_name(Path(first).name)).read_text())
+    with open(first, "r+b") as f:
+        f.truncate(doc["record_offsets"][-1])
+    capsys.readouterr()
+    assert main(["verify", first, second]) == 65
+    out = capsys.readouterr().out
+    assert "does not match its manifest" in out
+    assert "records: manifest says 50, the shard has 49" in out
+    assert main(["verify", "--no-manifest", first]) == 0
