@@ -46,6 +46,9 @@ from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer, inprogress_na
 
 log = logging.getLogger("tfrecordd")
 
+PAUSE_LOG_AFTER = 5.0
+"""A source held back longer than this by a full pipeline is logged as paused (and resumed)."""
+
 
 @dataclass(slots=True)
 class EncodedBatch:
@@ -133,9 +136,16 @@ class _SourceContext(SourceContext):
         except anyio.WouldBlock:
             t0 = time.monotonic()
             try:
+                with anyio.move_on_after(PAUSE_LOG_AFTER):
+                    await self._send.send(batch)
+                    return
+                log.info("source %s: paused by backpressure (the output is behind)", self.name)
                 await self._send.send(batch)
+                log.info("source %s: resumed after %.1fs", self.name, time.monotonic() - t0)
             finally:
                 self._backpressure.inc(time.monotonic() - t0)
+                self._received.inc(len(batch.events))
+            return
         self._received.inc(len(batch.events))
 
     def count_dropped(self, reason: str, n: int = 1) -> None:
