@@ -104,6 +104,12 @@ class OutputSection(_Section):
     """Keep this much space free on the output's file system: before a batch is written, the
     daemon waits (its sources paused by backpressure) until the batch fits above this reserve,
     and resumes by itself when space returns. ``0`` turns the check off."""
+    verify: Literal["sha256", "size"] = "sha256"
+    """For a URL ``dir``: after each upload compare the object's size and read it back to
+    compare its SHA-256 (``sha256``), or compare the size only (``size``: no download)."""
+    retry_for: Duration = Field(default=300.0, gt=0)
+    """For a URL ``dir``: how long one upload rides out transient errors (with backoff)
+    before the daemon stops."""
     manifests: bool = True
     """Publish a manifest beside each shard (``<name>.manifest.json``: record count and
     offsets, CRC32C and SHA-256, schema hash, time range, source positions)."""

@@ -14,6 +14,7 @@ POINTS = (
     "mid-write",
     "after-fsync",
     "after-intent",
+    "mid-upload",
     "after-publish",
     "after-dir-fsync",
     "after-ack",

@@ -137,3 +137,14 @@ class DecompressionLimitError(CompressionError):
     def __init__(self, path: str, offset: int, detail: str) -> None:
         super().__init__(path, offset, detail)
         self.args = (f"{path}: compressed stream too large at byte {offset}: {detail}",)
+
+
+class UploadError(DurabilityError):
+    """A shard could not be published to the object store: a permanent error, or transient ones
+    for longer than the retry budget. Nothing is acked and the daemon stops; the staged copy and
+    the journalled intent let the next start finish the upload."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """``permanent``, ``exhausted`` (transient errors past the budget) or ``exists``."""

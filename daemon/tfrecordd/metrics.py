@@ -153,6 +153,19 @@ class Metrics:
             "Times the daemon paused because the output's file system was nearly full.",
             registry=r,
         )
+        self.upload_errors = Counter(
+            "tfrecordd_upload_errors_total",
+            "Object-store upload failures by kind: transient (retried), exhausted (retries past "
+            "[output].retry_for), permanent, exists (another object under a shard's name), "
+            "verify (read-back mismatch), staged (staged copy damaged).",
+            ["kind"],
+            registry=r,
+        )
+        self.upload_retries = Counter(
+            "tfrecordd_upload_retries_total",
+            "Object-store uploads retried after a transient error.",
+            registry=r,
+        )
         self.journal_bytes = Gauge(
             "tfrecordd_journal_bytes", "Size of the commit journal.", registry=r
         )

@@ -39,7 +39,7 @@ from typing import Any, BinaryIO, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from tfrecordd import crashpoints
-from tfrecordd.errors import ConfigError, DurabilityError
+from tfrecordd.errors import ConfigError, UploadError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.journal import Intent
 from tfrecordd.output import Output
@@ -75,17 +75,6 @@ _PERMANENT_ERRNOS = frozenset(
 _CLIENT_LIBRARIES = frozenset(
     {"botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "gcsfs", "s3fs"}
 )
-
-
-class UploadError(DurabilityError):
-    """A shard could not be published to the object store: a permanent error, or transient ones
-    for longer than the retry budget. Nothing is acked and the daemon stops; the staged copy and
-    the journalled intent let the next start finish the upload."""
-
-    def __init__(self, message: str, *, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        """``permanent``, ``exhausted`` (transient errors past the budget) or ``exists``."""
 
 
 class _StagedCopyDamaged(Exception):

@@ -112,7 +112,7 @@ def is_url(location: str) -> bool:
     return bool(sep) and scheme not in ("file", "local")
 
 
-def make_output(config: Any, fs: FileSystem) -> Output:
+def make_output(config: Any, fs: FileSystem, metrics: Any = None) -> Output:
     """The output of a :class:`~tfrecordd.config.DaemonConfig`: a local directory for paths
     and ``file://`` URLs, an fsspec file system for other URLs."""
     location: str = config.output.dir
@@ -120,4 +120,4 @@ def make_output(config: Any, fs: FileSystem) -> Output:
         return LocalOutput(location.removeprefix("file://"), fs, fsync=config.output.fsync)
     from tfrecordd.objectstore import FsspecOutput
 
-    return FsspecOutput(config, fs)
+    return FsspecOutput(config, fs, metrics)

@@ -25,7 +25,7 @@ from tfrecordd import crashpoints, manifest
 from tfrecordd.compression import Compressor
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
-from tfrecordd.errors import DurabilityError
+from tfrecordd.errors import DurabilityError, UploadError
 from tfrecordd.framing import OVERHEAD
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.journal import Intent, Journal
@@ -173,7 +173,7 @@ class Daemon:
         self.notifier = notifier or SystemdNotifier()
         self.handle_signals = handle_signals
         out = config.output
-        self.output = make_output(config, fs)
+        self.output = make_output(config, fs, self.metrics)
         self.out_dir = self.output.staging_dir
         self.state_dir = str(config.daemon.state_dir)
         self.fsync = out.fsync
@@ -604,6 +604,10 @@ class Daemon:
         with Stopwatch(self.metrics.publish_duration):
             try:
                 intent, finished = await anyio.to_thread.run_sync(self._commit_sync, unit)
+            except UploadError:
+                # The intent is journalled and the staged copy is whole: the next start resumes
+                # the upload instead of replaying the events.
+                raise
             except BaseException:
                 if unit.shard is not None:
                     with anyio.CancelScope(shield=True):

@@ -12,6 +12,8 @@ import anyio
 from tfrecordd import health, logs
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError
+from tfrecordd.fsys import LOCAL
+from tfrecordd.output import make_output
 from tfrecordd.plugin import Registry
 from tfrecordd.runtime import Daemon
 
@@ -51,20 +53,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     daemon = Daemon(config)
     try:
         anyio.run(daemon.run)
-    except TfrecorddError as e:
-        log.error("stopping: %s", e)
-        return e.exit_code
+    except (TfrecorddError, BaseExceptionGroup) as e:
+        error = _tfrecordd_error(e)
+        if error is None:
+            raise
+        log.error("stopping: %s", error)
+        return error.exit_code
     log.info("stopped")
     return EXIT_OK
+
+
+def _tfrecordd_error(e: BaseException) -> TfrecorddError | None:
+    """The error tfrecordd raised on purpose, possibly inside a task group's exception group."""
+    if isinstance(e, TfrecorddError):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for sub in e.exceptions:
+            if (found := _tfrecordd_error(sub)) is not None:
+                return found
+    return None
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Run the start-up checks on a config file; print a summary or every error."""
     config = load_config(args.config)
+    output = make_output(config, LOCAL).redact()
     print(
         f"{args.config}: OK ({len(config.sources)} source(s), {len(config.encoders)} encoder(s), "
-        f"output {config.output.dir}, {config.output.compression})"
+        f"output {output['location']}, {config.output.compression})"
     )
+    for key, value in output.items():
+        if key != "location":
+            print(f"  output {key}: {value}")
     for s in config.sources:
         print(f"  source {s.name}: type {s.type}, encoder {s.encoder}, {type(s).delivery}")
     return EXIT_OK
