@@ -165,3 +165,47 @@ async def test_on_done_move_keeps_relative_paths(tmp_path: Path) -> None:
     source = make(spool, recursive=True, on_done="move")
     await run_until_files_done(source, 1)
     assert (spool / "done" / "day1" / "a.jsonl").read_text() == '{"id": 1}\n'
+
+
+async def test_csv_spool_through_the_daemon(tmp_path: Path) -> None:
+    """CSV text fields converted by the schema's types; a bad field dead-lettered by name."""
+    from tests.support import dead_letters, write_config
+    from tfrecordd.config import load_config
+    from tfrecordd.reader import iter_examples
+    from tfrecordd.runtime import Daemon
+
+    cfg = write_config(
+        tmp_path,
+        source={"pattern": "*.csv", "format": "csv"},
+        features={"id": "int64", "user": "bytes", "price": "float"},
+    )
+    (tmp_path / "spool" / "a.csv").write_text(
+        'id,user,price\n1,ann,9.5\n2,"bob, jr.",1e2\n3,cy,cheap\n4,dee,\n'
+    )
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        with anyio.fail_after(20):
+            while (tmp_path / "spool" / "a.csv").exists() or not os.listdir(
+                tmp_path / "spool" / CLAIM_DIR
+            ):
+                await anyio.sleep(0.02)
+            while (
+                daemon.metrics.registry.get_sample_value(
+                    "tfrecordd_events_received_total", {"source": "spool"}
+                )
+                != 4
+            ):
+                await anyio.sleep(0.02)
+        daemon.request_stop()
+    examples = [
+        ex for p in sorted((tmp_path / "shards").glob("*.tfrecord.gz")) for ex in iter_examples(p)
+    ]
+    assert examples == [
+        {"id": [1], "user": [b"ann"], "price": [9.5]},
+        {"id": [2], "user": [b"bob, jr."], "price": [100.0]},
+        {"id": [4], "user": [b"dee"]},
+    ]
+    [letter] = dead_letters(tmp_path / "state")
+    assert "'price'" in letter["detail"]
+    assert letter["raw"] == "3,cy,cheap"
