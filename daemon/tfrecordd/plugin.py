@@ -57,8 +57,6 @@ class RawBatch:
     events: list[RawEvent]
     token: Token
     """Positions covered; may cover no events (an empty file's end, say) and still needs acking."""
-    received: float = 0.0
-    """Monotonic time the batch was read (set by the daemon when zero), for latency metrics."""
 
 
 class SourceContext(abc.ABC):

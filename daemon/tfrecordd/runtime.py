@@ -129,24 +129,23 @@ class _SourceContext(SourceContext):
         self._backpressure = daemon.metrics.backpressure.labels(name)
 
     async def send(self, batch: RawBatch) -> None:
-        if not batch.received:
-            batch.received = time.monotonic()
         try:
             self._send.send_nowait(batch)
         except anyio.WouldBlock:
-            t0 = time.monotonic()
-            try:
-                with anyio.move_on_after(PAUSE_LOG_AFTER):
-                    await self._send.send(batch)
-                    return
+            await self._send_when_room(batch)
+        self._received.inc(len(batch.events))
+
+    async def _send_when_room(self, batch: RawBatch) -> None:
+        t0 = time.monotonic()
+        try:
+            with anyio.move_on_after(PAUSE_LOG_AFTER) as scope:
+                await self._send.send(batch)
+            if scope.cancelled_caught:
                 log.info("source %s: paused by backpressure (the output is behind)", self.name)
                 await self._send.send(batch)
                 log.info("source %s: resumed after %.1fs", self.name, time.monotonic() - t0)
-            finally:
-                self._backpressure.inc(time.monotonic() - t0)
-                self._received.inc(len(batch.events))
-            return
-        self._received.inc(len(batch.events))
+        finally:
+            self._backpressure.inc(time.monotonic() - t0)
 
     def count_dropped(self, reason: str, n: int = 1) -> None:
         self._m.events_dropped.labels(self.name, reason).inc(n)
@@ -202,7 +201,6 @@ class Daemon:
         self._stopping = False
         self._running = False
         self._beat = time.monotonic()
-        self._progress = 0
         self._statvfs_at = 0.0
 
     # -- control ---------------------------------------------------------------------------
@@ -629,7 +627,6 @@ class Daemon:
         await anyio.to_thread.run_sync(self.journal.write_done, intent.seq)
         crashpoints.reached("after-done")
         self.metrics.journal_bytes.set(self.journal.size)
-        self._progress += 1
 
     def _commit_sync(self, unit: _Unit) -> tuple[Intent, FinishedShard | None]:
         finished: FinishedShard | None = None
