@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -349,21 +350,30 @@ class Daemon:
         if not isinstance(self.output, LocalOutput):
             log.warning("%s: manifest missing after a crash; not rebuilt remotely", intent.shard)
             return
-        measured = manifest.scan(self.output.final_path(intent.shard))
-        data = manifest.build(
-            shard=intent.shard,
-            compression=self.config.output.compression,
-            records=measured["records"],
-            size=measured["size"],
-            sha256=measured["sha256"],
-            crc=measured["crc32c"],
-            offsets=measured["record_offsets"],
+        m = manifest.scan(self.output.final_path(intent.shard))
+        self._publish_manifest(
+            intent.shard,
+            intent.positions,
+            records=m["records"],
+            size=m["size"],
+            sha256=m["sha256"],
+            crc=m["crc32c"],
+            offsets=m["record_offsets"],
             first_time=None,
             last_time=None,
-            schemas=self._schemas,
-            positions=intent.positions,
         )
-        self.output.publish_sidecar(name, data)
+
+    def _publish_manifest(
+        self, shard: str, positions: dict[str, list[Token]], **facts: Any
+    ) -> None:
+        data = manifest.build(
+            shard=shard,
+            compression=self.config.output.compression,
+            schemas=self._schemas,
+            positions=positions,
+            **facts,
+        )
+        self.output.publish_sidecar(manifest.manifest_name(shard), data)
 
     async def _recover(self) -> None:
         rec = await anyio.to_thread.run_sync(self.journal.recover)
@@ -378,7 +388,7 @@ class Daemon:
         for name, src in self.sources.items():
             await src.recover(rec.states.get(name), pending.get(name, []))
         for intent in redo:
-            self.journal.write_done(intent.seq)
+            await anyio.to_thread.run_sync(self.journal.write_done, intent.seq)
         self.metrics.recovered.labels("redone").inc(len(redo))
         self.metrics.recovered.labels("dropped").inc(dropped)
         self.metrics.journal_bytes.set(self.journal.size)
@@ -654,20 +664,15 @@ class Daemon:
         if finished is not None:
             self.output.publish(finished)
             if self.config.output.manifests:
-                self.output.publish_sidecar(
-                    manifest.manifest_name(finished.name),
-                    manifest.build(
-                        shard=finished.name,
-                        compression=self.config.output.compression,
-                        records=finished.records,
-                        size=finished.size,
-                        sha256=finished.sha256,
-                        crc=finished.crc32c,
-                        offsets=finished.offsets.tolist(),
-                        first_time=finished.first_time,
-                        last_time=finished.last_time,
-                        schemas=self._schemas,
-                        positions=unit.tokens,
-                    ),
+                self._publish_manifest(
+                    finished.name,
+                    unit.tokens,
+                    records=finished.records,
+                    size=finished.size,
+                    sha256=finished.sha256,
+                    crc=finished.crc32c,
+                    offsets=finished.offsets.tolist(),
+                    first_time=finished.first_time,
+                    last_time=finished.last_time,
                 )
         return intent, finished
