@@ -209,3 +209,16 @@ def daemon_process(config: Path, env: Mapping[str, str] | None = None) -> Iterat
         yield d
     finally:
         d.kill()
+
+
+def run_clean_until(config: Path, done: Any, timeout: float = 60.0) -> str:
+    """Run a daemon (no crash point armed) until ``done()``, then SIGTERM it and expect exit 0;
+    returns what it logged."""
+    d = DaemonProcess(config)
+    try:
+        d.wait_started()
+        wait_for(done, timeout)
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
+    return d.output()

@@ -15,9 +15,9 @@ import importlib
 import io
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 from tfrecordd import proto
 from tfrecordd.compression import (
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 Source = str | os.PathLike[str] | BinaryIO
 """A local path, an fsspec URL (``s3://…``, ``memory://…``) or a readable binary stream."""
+
+
+_T = TypeVar("_T")
 
 
 class _Prefixed(io.RawIOBase):
@@ -181,18 +184,14 @@ def iter_examples(
     storage_options: Mapping[str, Any] | None = None,
 ) -> Iterator[dict[str, proto.FeatureValues]]:
     """Yield every record parsed as an ``Example``: ``{feature name: list of values}``."""
-    for offset, record in iter_records_with_offsets(
+    return _parsed(
+        proto.parse_example,
         source,
         compression=compression,
         max_record_bytes=max_record_bytes,
         max_decompressed_bytes=max_decompressed_bytes,
         storage_options=storage_options,
-    ):
-        try:
-            parsed = proto.parse_example(record)
-        except DecodeError as e:
-            raise DecodeError(f"{_name(source)}: record at offset {offset}: {e}") from e
-        yield parsed
+    )
 
 
 def iter_sequence_examples(
@@ -204,15 +203,20 @@ def iter_sequence_examples(
     storage_options: Mapping[str, Any] | None = None,
 ) -> Iterator[tuple[dict[str, proto.FeatureValues], dict[str, list[proto.FeatureValues]]]]:
     """Yield every record parsed as a ``SequenceExample``: ``(context, feature_lists)``."""
-    for offset, record in iter_records_with_offsets(
+    return _parsed(
+        proto.parse_sequence_example,
         source,
         compression=compression,
         max_record_bytes=max_record_bytes,
         max_decompressed_bytes=max_decompressed_bytes,
         storage_options=storage_options,
-    ):
+    )
+
+
+def _parsed(parse: Callable[[bytes], _T], source: Source, **options: Any) -> Iterator[_T]:
+    for offset, record in iter_records_with_offsets(source, **options):
         try:
-            parsed = proto.parse_sequence_example(record)
+            parsed = parse(record)
         except DecodeError as e:
             raise DecodeError(f"{_name(source)}: record at offset {offset}: {e}") from e
         yield parsed

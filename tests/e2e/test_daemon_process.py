@@ -17,6 +17,7 @@ from tests.support import (
     inprogress_files,
     movie_event,
     read_ids,
+    run_clean_until,
     shard_files,
     spool_file,
     wait_for,
@@ -71,13 +72,7 @@ def assert_exactly_once(root: Path, expected: set[int]) -> None:
 
 def finish(root: Path, config: Path, timeout: float = 60) -> None:
     """Run a clean daemon until the spool is drained, then SIGTERM it: exit 0."""
-    d = DaemonProcess(config)
-    try:
-        d.wait_started()
-        wait_for(lambda: drained(root), timeout)
-        assert d.stop() == 0, d.output()
-    finally:
-        d.kill()
+    run_clean_until(config, lambda: drained(root), timeout)
 
 
 def test_sigterm_drains_publishes_and_exits_0(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.s3_server import SECRET_KEY, S3Server, running_s3
-from tests.support import DaemonProcess, spool_file, wait_for, write_config
+from tests.support import DaemonProcess, run_clean_until, spool_file, wait_for, write_config
 from tfrecordd.crashpoints import POINTS
 from tfrecordd.reader import iter_records
 from tfrecordd_plugins.sources.directory import CLAIM_DIR
@@ -94,14 +94,7 @@ def assert_objects_complete(server: S3Server, bucket: str) -> None:
 
 def finish(root: Path, cfg: Path, timeout: float = 120) -> str:
     """Run a clean daemon until the spool is drained, SIGTERM it (exit 0); return its log."""
-    d = DaemonProcess(cfg)
-    try:
-        d.wait_started()
-        wait_for(lambda: drained(root), timeout)
-        assert d.stop() == 0, d.output()
-    finally:
-        d.kill()
-    return d.output()
+    return run_clean_until(cfg, lambda: drained(root), timeout)
 
 
 def staged(root: Path) -> list[Path]:

@@ -21,6 +21,7 @@ from tests.support import (
     inprogress_files,
     movie_event,
     read_ids,
+    run_clean_until,
     shard_files,
     wait_for,
 )
@@ -102,13 +103,7 @@ def assert_exactly_once(out: Path, expected: set[int]) -> None:
 
 def finish(config: Path, r: Redis, timeout: float = 60) -> None:
     """Run a clean daemon until the stream is drained, then SIGTERM it: exit 0."""
-    d = DaemonProcess(config)
-    try:
-        d.wait_started()
-        wait_for(lambda: drained(r), timeout)
-        assert d.stop() == 0, d.output()
-    finally:
-        d.kill()
+    run_clean_until(config, lambda: drained(r), timeout)
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
