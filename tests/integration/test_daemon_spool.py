@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import anyio
 import pytest
@@ -20,8 +22,9 @@ from tests.support import (
     spool_file,
     write_config,
 )
-from tfrecordd import manifest
+from tfrecordd import manifest, runtime
 from tfrecordd.config import load_config
+from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
 from tfrecordd.runtime import Daemon
 from tfrecordd_plugins.sources.directory import CLAIM_DIR, DirectorySource
@@ -303,3 +306,31 @@ async def test_verify_checks_shards_against_their_manifests(
     assert "does not match its manifest" in out
     assert "records: manifest says 50, the shard has 49" in out
     assert main(["verify", "--no-manifest", first]) == 0
+
+
+class _SlowFsync(FileSystem):
+    """A file system whose fsyncs take a while: an output that falls behind."""
+
+    def fsync(self, f: BinaryIO) -> None:
+        time.sleep(0.2)
+        super().fsync(f)
+
+
+async def test_backpressure_pauses_and_resumes_a_source_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(runtime, "PAUSE_LOG_AFTER", 0.1)
+    cfg = write_config(
+        tmp_path,
+        daemon={"queue_batches": 1, "max_batch_events": 10},
+        output={"max_shard_records": 10},
+    )
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(100)])
+    daemon = Daemon(load_config(cfg), handle_signals=False, fs=_SlowFsync())
+    with caplog.at_level(logging.INFO, logger="tfrecordd"):
+        await run_until_drained(tmp_path, daemon, 100)
+    messages = [r.getMessage() for r in caplog.records]
+    assert "source spool: paused by backpressure (the output is behind)" in messages
+    assert any(m.startswith("source spool: resumed after") for m in messages)
+    assert metric(daemon.metrics, "tfrecordd_backpressure_seconds_total", source="spool") > 0.5
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(100), 1)
