@@ -26,18 +26,27 @@ class Progress:
     """Reports progress over ``total`` files on ``stream`` (default: stderr).
 
     ``tty`` says whether to draw a bar; by default it is whether ``stream`` is a terminal.
+    Otherwise one plain line is written per finished file, unless ``lines`` is false (for a
+    command that already prints a line per file itself).
     Call :meth:`start` when a file begins, :meth:`advance` as its records are read,
     :meth:`clear` before printing anything else to the same terminal, :meth:`done` when the file
     is finished and :meth:`close` at the end (or use the object as a context manager).
     """
 
     def __init__(
-        self, action: str, total: int, *, stream: TextIO | None = None, tty: bool | None = None
+        self,
+        action: str,
+        total: int,
+        *,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        lines: bool = True,
     ) -> None:
         self.action = action
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
         self.tty = _isatty(self.stream) if tty is None else tty
+        self.lines = lines
         self.files_done = 0
         self.records = 0
         self._current = ""
@@ -66,7 +75,7 @@ class Progress:
         self._current = ""
         if self.tty:
             self._draw(force=True)
-        else:
+        elif self.lines:
             self.stream.write(f"{self.action}: {self.files_done}/{self.total} {name}: {detail}\n")
             self.stream.flush()
 

@@ -119,7 +119,8 @@ def _verify(args: argparse.Namespace) -> int:
     out: TextIO = sys.stdout
     files: list[dict[str, Any]] = []
     codes: list[int] = []
-    with Progress("verify", len(args.paths)) as progress:
+    # Without --json, verify prints a line per file itself: no second plain line for it.
+    with Progress("verify", len(args.paths), lines=args.json) as progress:
         for path in args.paths:
             progress.start(path)
             count = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import pty
 import subprocess
@@ -67,7 +68,7 @@ def test_verify_in_process_prints_plain_progress_to_stderr(
 ) -> None:
     good = _shards(tmp_path, 2)
     bad = tmp_path / "missing.tfrecord"
-    code = main(["verify", *map(str, good), str(bad)])
+    code = main(["verify", "--json", *map(str, good), str(bad)])
     out, err = capsys.readouterr()
     assert code != EXIT_OK
     assert err.splitlines() == [
@@ -75,7 +76,13 @@ def test_verify_in_process_prints_plain_progress_to_stderr(
         f"verify: 2/3 {good[1]}: 3000 records",
         f"verify: 3/3 {bad}: BAD after 0 records",
     ]
+    assert json.loads(out)["bad_files"] == 1
+    # Without --json, verify's own line per file on stdout is the progress: none repeated.
+    code = main(["verify", *map(str, good)])
+    out, err = capsys.readouterr()
+    assert code == EXIT_OK
     assert f"OK   {good[0]}: 3000 records" in out
+    assert err == ""
 
 
 def test_transcode_in_process_prints_plain_progress(
