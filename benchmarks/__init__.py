@@ -1,0 +1,1 @@
+"""tfrecordd's benchmark suite: ``scripts/bench.sh`` (or ``python -m benchmarks.run``)."""

@@ -1,0 +1,1 @@
+"""One module per benchmark case; each has ``run(ctx) -> list[Row]``."""
