@@ -1,0 +1,446 @@
+"""Power loss: whatever an fsync did not make durable is forgotten, and acked events survive.
+
+The daemon runs in-process with a :class:`~tfrecordd.fsys.FileSystem` that keeps a model of what
+is durable: per file (by inode), its content as of its last fsync; per directory, its entries
+(create, link, rename, unlink) as of its last directory fsync; a new file's entry is durable only
+once its directory is fsynced. At a cut, chosen as the n-th file operation of a run, the model
+freezes and the daemon is cancelled; then the real files are put back to the durable state:
+entries not durable are removed, durable ones that were removed are restored, and every file is
+cut back to its durable content. The daemon restarts on what is left.
+
+An event is acked once its spool file is gone (deleted after publish). After every cut, every
+event acked before it must be in a published shard, and every malformed line of an acked file in
+the dead letters; at the end, every event is written exactly once.
+
+What the daemon does around the layer: the directory source claims and deletes spool files with
+``os.rename``/``os.unlink`` (seen here by comparing directory listings, so no hook is needed) and
+fsyncs directories with its own helper, which the tests route into the model; the journal opens,
+reads and truncates its file with built-in ``open`` and ``os.fsync`` (appends and their fsyncs do
+go through the layer); the dead-letter file is created with ``os.open`` and rotated with
+``os.replace``. Directories themselves (``shards/``, ``state/``, the claim folder) exist before
+the first cut and are treated as durable.
+
+The control run switches the daemon's directory fsync off (``fsync_dir`` does nothing, while the
+model still counts new entries as not durable) and must report loss: proof the check can fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import anyio
+import orjson
+import pytest
+
+import tfrecordd_plugins.sources.directory as directory_source
+from tests.reliability.harness import count_ids
+from tests.support import movie_event, write_config
+from tfrecordd.config import load_config
+from tfrecordd.fsys import FileSystem
+from tfrecordd.runtime import Daemon
+from tfrecordd_plugins.sources.directory import CLAIM_DIR, _original
+
+pytestmark = [
+    pytest.mark.anyio,
+    # Cancelling the daemon (the cut) while the directory source opens a claimed file through
+    # aiofiles leaks that file object (the open finishes in a worker thread after the cancel):
+    # a daemon issue reported in docs/reliability.md, not a durability one.
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <_io.FileIO name=.*tfrecordd-claimed"
+        ":pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+
+def _files(directory: str) -> dict[str, int]:
+    """Regular files of a directory: name → inode."""
+    out: dict[str, int] = {}
+    with os.scandir(directory) as it:
+        for entry in it:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                out[entry.name] = st.st_ino
+    return out
+
+
+class DurabilityModel:
+    """What would survive a power cut, for the files of a few directories.
+
+    Content is kept per file version, not per inode number: an inode number freed by an unlink
+    is soon reused by the next file created, while the unlinked file's entry (and so its
+    content) may still be durable.
+    """
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = [str(d.resolve()) for d in dirs]
+        self.lock = threading.RLock()
+        self.entries: dict[str, dict[str, int]] = {}
+        """Per directory: durable name → file version."""
+        self.content: dict[int, bytes] = {}
+        """Per file version: its durable bytes."""
+        self.version_of: dict[int, int] = {}
+        """Live inode number → its current file version."""
+        self._versions = 0
+        self.frozen = False
+        self.ops = 0
+        self.cut_at: int | None = None
+        self.on_freeze: Callable[[], None] | None = None
+        self.baseline()
+
+    def _version(self, ino: int, *, new: bool = False) -> int:
+        if new or ino not in self.version_of:
+            self._versions += 1
+            self.version_of[ino] = self._versions
+        return self.version_of[ino]
+
+    def _listing(self, directory: str) -> dict[str, int]:
+        return {name: self._version(ino) for name, ino in _files(directory).items()}
+
+    def baseline(self) -> None:
+        """Everything on disk now is durable (the state after a clean sync or a restore)."""
+        with self.lock:
+            self.entries, self.content, self.version_of = {}, {}, {}
+            self.frozen = False
+            for d in self.dirs:
+                os.makedirs(d, exist_ok=True)
+                self.entries[d] = self._listing(d)
+                for name, version in self.entries[d].items():
+                    self.content[version] = Path(d, name).read_bytes()
+
+    def op(self) -> None:
+        """Count a file operation; freeze the durable state when the armed cut is reached."""
+        with self.lock:
+            self.ops += 1
+            if not self.frozen and self.cut_at is not None and self.ops >= self.cut_at:
+                self.freeze()
+
+    def freeze(self) -> None:
+        with self.lock:
+            if self.frozen:
+                return
+            if self.on_freeze is not None:
+                self.on_freeze()
+            self.frozen = True
+
+    def created(self, fd: int) -> None:
+        with self.lock:
+            self._version(os.fstat(fd).st_ino, new=True)
+
+    def sync_file(self, fd: int) -> None:
+        with self.lock:
+            if self.frozen:
+                return
+            with open(f"/proc/self/fd/{fd}", "rb") as f:
+                self.content[self._version(os.fstat(fd).st_ino)] = f.read()
+
+    def created_and_synced(self, path: Path) -> None:
+        """A file written and fsynced outside the daemon (a producer's spool file)."""
+        with self.lock:
+            version = self._version(path.stat().st_ino, new=True)
+            if not self.frozen:
+                self.content[version] = path.read_bytes()
+
+    def sync_dir(self, path: str) -> None:
+        path = os.path.realpath(path)
+        with self.lock:
+            if self.frozen or path not in self.entries:
+                return
+            self.entries[path] = self._listing(path)
+            for version in self.entries[path].values():
+                self.content.setdefault(version, b"")
+
+    def apply_cut(self) -> dict[str, int]:
+        """Put the files back to their durable state; returns what changed."""
+        changed = {"removed": 0, "restored": 0, "cut_back": 0}
+        with self.lock:
+            for d in self.dirs:
+                real = self._listing(d)
+                durable = self.entries[d]
+                for name, version in real.items():
+                    if durable.get(name) != version:
+                        os.unlink(os.path.join(d, name))
+                        changed["removed"] += 1
+                for name, version in durable.items():
+                    data = self.content.get(version, b"")
+                    path = Path(d, name)
+                    if real.get(name) == version:
+                        if path.read_bytes() != data:
+                            path.write_bytes(data)
+                            changed["cut_back"] += 1
+                    else:
+                        path.write_bytes(data)
+                        changed["restored"] += 1
+            self.baseline()
+        return changed
+
+
+class PowerLossFs(FileSystem):
+    """The real file system, with every durable step reported to a :class:`DurabilityModel`."""
+
+    def __init__(self, model: DurabilityModel) -> None:
+        self.model = model
+
+    def create_exclusive(self, path: str) -> BinaryIO:
+        self.model.op()
+        f = super().create_exclusive(path)
+        self.model.created(f.fileno())
+        return f
+
+    def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
+        self.model.op()
+        super().write(f, data)
+
+    def fsync(self, f: BinaryIO) -> None:
+        self.model.op()
+        super().fsync(f)
+        self.model.sync_file(f.fileno())
+
+    def close(self, f: BinaryIO) -> None:
+        self.model.op()
+        super().close(f)
+
+    def fsync_dir(self, path: str) -> None:
+        self.model.op()
+        super().fsync_dir(path)
+        self.model.sync_dir(path)
+
+    def publish(self, src: str, dst: str) -> None:
+        self.model.op()
+        super().publish(src, dst)
+
+    def replace(self, src: str, dst: str) -> None:
+        self.model.op()
+        super().replace(src, dst)
+
+    def remove(self, path: str) -> None:
+        self.model.op()
+        super().remove(path)
+
+
+class NoDirSyncFs(PowerLossFs):
+    """Control: the daemon's directory fsyncs do nothing; new entries stay not durable."""
+
+    def fsync_dir(self, path: str) -> None:
+        self.model.op()
+
+
+@dataclass
+class Spool:
+    """Spool files written durably by a producer (file and directory fsynced)."""
+
+    path: Path
+    model: DurabilityModel
+    per_file: int = 100
+    next_id: int = 0
+    files: dict[str, set[int]] = field(default_factory=dict)
+    bad: dict[str, set[str]] = field(default_factory=dict)
+
+    def write(self, n: int) -> None:
+        for _ in range(n):
+            name = f"p{len(self.files):05d}.jsonl"
+            ids: set[int] = set()
+            bad: set[str] = set()
+            body = bytearray()
+            for _ in range(self.per_file):
+                i = self.next_id
+                self.next_id += 1
+                ids.add(i)
+                body += orjson.dumps(movie_event(i)) + b"\n"
+                if i % 37 == 36:
+                    bad.add(f"{name}:{len(body)}")
+                    body += b"{broken\n"
+            tmp = self.path / f".{name}.tmp"
+            with tmp.open("wb") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            self.model.created_and_synced(tmp)
+            os.rename(tmp, self.path / name)
+            self.model.sync_dir(str(self.path))
+            self.files[name], self.bad[name] = ids, bad
+
+    def present(self) -> set[str]:
+        """Producer files still in the spool or claimed (not yet acked)."""
+        names = {n for n in os.listdir(self.path) if n in self.files}
+        claim = self.path / CLAIM_DIR
+        names |= {_original(c) for c in os.listdir(claim)} if claim.exists() else set()
+        return names
+
+
+def _dead_letter_places(state: Path) -> set[str]:
+    places: set[str] = set()
+    for name in ("dead-letters.jsonl", "dead-letters.jsonl.1"):
+        path = state / name
+        if path.exists():
+            for line in path.read_bytes().splitlines():
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    places.add(orjson.loads(line)["where"])
+    return places
+
+
+@dataclass
+class CutFigures:
+    cuts: int = 0
+    cut_while_busy: int = 0
+    acked_checked: int = 0
+    lost_acked: int = 0
+    dead_letters_lost: int = 0
+    duplicated: int = 0
+    removed: int = 0
+    restored: int = 0
+    cut_back: int = 0
+    losses: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def routed_dir_fsync(model: DurabilityModel) -> Iterator[None]:
+    """Route the directory source's own directory fsyncs into the model (they bypass the
+    daemon's FileSystem)."""
+    real = directory_source._fsync_dir
+
+    def fsync_dir(path: str) -> None:
+        model.op()
+        real(path)
+        model.sync_dir(path)
+
+    directory_source._fsync_dir = fsync_dir
+    try:
+        yield
+    finally:
+        directory_source._fsync_dir = real
+
+
+async def run_until_drained(daemon: Daemon, producer: Spool) -> None:
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        with anyio.fail_after(60):
+            while producer.present():
+                await anyio.sleep(0.05)
+        daemon.request_stop()
+
+
+async def run_cuts(
+    root: Path, *, cuts: int, seed: int, control: bool = False, first_boot_synced: bool = True
+) -> CutFigures:
+    rng = random.Random(seed)
+    cfg = load_config(
+        write_config(
+            root,
+            output={"max_shard_records": 20, "max_shard_age": "100ms", "compression": "gzip"},
+            daemon={"max_batch_events": 10},
+            source={"poll_interval": "20ms"},
+        )
+    )
+    shards, state, spool = root / "shards", root / "state", root / "spool"
+    for d in (shards, state, spool / CLAIM_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+    model = DurabilityModel([shards, state, spool, spool / CLAIM_DIR])
+    fs: PowerLossFs = NoDirSyncFs(model) if control else PowerLossFs(model)
+    producer = Spool(spool, model)
+    figs = CutFigures()
+    acked_at_cut: set[str] = set()
+
+    def snapshot_acks() -> None:
+        acked_at_cut.clear()
+        acked_at_cut.update(set(producer.files) - producer.present())
+
+    model.on_freeze = snapshot_acks
+    with routed_dir_fsync(model):
+        if first_boot_synced:
+            # The journal and the dead-letter file are created without a directory fsync
+            # (see the module docs): start from a first boot whose files reached the disk.
+            producer.write(1)
+            await run_until_drained(Daemon(cfg, fs=fs, handle_signals=False), producer)
+            model.baseline()
+        for _ in range(cuts):
+            producer.write(3)
+            model.ops = 0
+            model.cut_at = rng.randint(1, 400)
+            daemon = Daemon(cfg, fs=fs, handle_signals=False)
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                with anyio.move_on_after(5):
+                    while not model.frozen:
+                        await anyio.sleep(0.005)
+                figs.cut_while_busy += model.frozen
+                model.freeze()  # at the armed operation, or now if the run went idle first
+                tg.cancel_scope.cancel()
+            model.cut_at = None
+            changed = model.apply_cut()
+            figs.cuts += 1
+            for k, v in changed.items():
+                setattr(figs, k, getattr(figs, k) + v)
+            ids, problems = count_ids(shards)
+            assert problems == [], problems
+            figs.duplicated += sum(c - 1 for c in ids.values())
+            letters = _dead_letter_places(state)
+            for name in acked_at_cut:
+                figs.acked_checked += 1
+                missing = producer.files[name] - ids.keys()
+                figs.lost_acked += len(missing)
+                figs.dead_letters_lost += len(producer.bad[name] - letters)
+                if missing:
+                    figs.losses.append(f"{name}: {len(missing)} acked events lost")
+        # After the last cut, a daemon without cuts drains the spool.
+        await run_until_drained(Daemon(cfg, fs=fs, handle_signals=False), producer)
+    ids, problems = count_ids(shards)
+    assert problems == []
+    everything = set().union(*producer.files.values())
+    figs.lost_acked += len(everything - ids.keys())
+    figs.duplicated = max(figs.duplicated, sum(c - 1 for c in ids.values()))
+    figs.dead_letters_lost += len(set().union(*producer.bad.values()) - _dead_letter_places(state))
+    return figs
+
+
+def _summary(figs: CutFigures) -> str:
+    return (
+        f"{figs.cuts} power cuts ({figs.cut_while_busy} mid-run), {figs.acked_checked} acked "
+        f"files checked: {figs.lost_acked} acked events lost, {figs.duplicated} duplicated, "
+        f"{figs.dead_letters_lost} dead letters lost; the cuts removed {figs.removed} entries, "
+        f"restored {figs.restored}, cut back {figs.cut_back} files"
+    )
+
+
+def check(figs: CutFigures, cuts: int) -> None:
+    print(_summary(figs))
+    assert figs.cuts == cuts
+    assert figs.acked_checked > 0
+    assert figs.removed + figs.cut_back > 0, "the cuts undid something"
+    assert (figs.lost_acked, figs.duplicated, figs.dead_letters_lost) == (0, 0, 0), (
+        _summary(figs),
+        figs.losses[:5],
+    )
+
+
+async def test_power_cuts_lose_nothing_acked(tmp_path: Path) -> None:
+    check(await run_cuts(tmp_path, cuts=20, seed=11), 20)
+
+
+async def test_control_without_directory_fsync_reports_loss(tmp_path: Path) -> None:
+    figs = await run_cuts(tmp_path, cuts=8, seed=12, control=True)
+    print("control: " + _summary(figs))
+    assert figs.lost_acked > 0, "without directory fsyncs, acked events must be lost"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+async def test_power_cuts_long(tmp_path: Path) -> None:
+    check(await run_cuts(tmp_path, cuts=200, seed=13), 200)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the journal (built-in open) and the dead-letter file (os.open) are created without "
+    "an fsync of state_dir: a power cut after the first boot can take either file away, and "
+    "with it committed offsets (duplicates) and acked dead letters (see docs/reliability.md)",
+)
+async def test_power_cuts_from_the_first_boot(tmp_path: Path) -> None:
+    check(await run_cuts(tmp_path, cuts=10, seed=14, first_boot_synced=False), 10)
