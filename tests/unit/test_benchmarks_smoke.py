@@ -1,0 +1,37 @@
+"""The benchmark suite runs in its tiny mode and writes well-formed results (no timing checked)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_writes_well_formed_results(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--no-tensorflow", "--out", tmp_path],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads((tmp_path / "latest.json").read_text())
+    assert {"cpu", "cores", "python", "tensorflow", "tfrecordd", "date"} <= set(data["machine"])
+    rows = data["rows"]
+    cases = {r["case"].split()[0] for r in rows}
+    assert cases == {"1", "2", "3", "4", "5"}
+    for r in rows:
+        assert r["ours"] > 0, r
+        assert math.isfinite(r["ours"]), r
+        if r["ratio"] is not None:
+            assert math.isclose(r["ratio"], r["ours"] / r["baseline"]), r
+        assert r["met"] in (True, False, None), r
+    markdown = (tmp_path / "latest.md").read_text()
+    assert markdown.count("\n| ") == len(rows) + 1
+    assert "events/s" in proc.stdout
