@@ -20,12 +20,12 @@ from tests.s3_server import SECRET_KEY, S3Server, running_s3
 from tests.support import free_port, movie_event, spool_file, write_config
 from tfrecordd.compression import Compression
 from tfrecordd.config import DaemonConfig, load_config
+from tfrecordd.errors import UploadError
 from tfrecordd.fsys import LOCAL
 from tfrecordd.journal import Intent
 from tfrecordd.objectstore import (
     REDACTED,
     FsspecOutput,
-    UploadError,
     is_transient,
     redact_options,
     redact_url,

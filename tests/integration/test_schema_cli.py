@@ -92,7 +92,7 @@ def test_json_output_is_the_encoders_description(
     for name in ("movies", "pets", "tagging"):
         code, out, _ = run(capsys, "-c", str(config), "--encoder", name, "--format", "json")
         assert code == 0
-        assert json.loads(out) == encoders[name].feature_description()  # type: ignore[attr-defined]
+        assert json.loads(out) == encoders[name].feature_description()
     _, out, _ = run(capsys, "-c", str(config), "--encoder", "pets", "--format", "json")
     assert json.loads(out)["image/class/label"] == {
         "kind": "FixedLenFeature",
