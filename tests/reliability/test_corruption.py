@@ -24,10 +24,11 @@ import pytest
 
 from tests.reliability.harness import count_ids, read_shard
 from tests.support import movie_event, shard_files, spool_file, write_config
-from tests.unit.test_journal import JOURNAL, commit, journal, recovered, tok
+from tests.unit.test_journal import commit, journal, recovered, tok
 from tfrecordd import cli, manifest
 from tfrecordd.config import load_config
 from tfrecordd.errors import TfrecorddError
+from tfrecordd.journal import JOURNAL
 from tfrecordd.reader import iter_records
 from tfrecordd.runtime import Daemon
 
