@@ -46,32 +46,38 @@ def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
     return (((c >> 15) | (c << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def _header(n: int) -> bytes:
+    """The 12-byte header of an ``n``-byte record, cached for lengths below ``_HEADERS_CACHED``."""
+    length = _U64.pack(n)
+    header = length + _U32.pack(masked_crc32c(length))
+    if n < _HEADERS_CACHED:
+        _HEADERS[n] = header
+    return header
+
+
+_HEADERS_CACHED = 1 << 14
+_HEADERS: dict[int, bytes] = {}
+"""Headers by record length: most records are small and their lengths repeat, so a header is a
+dict lookup rather than two packs and a CRC (about half the time of framing a small record)."""
+
+
 def frame(record: bytes) -> bytes:
     """One record framed as TFRecord bytes."""
-    length = _U64.pack(len(record))
-    return b"".join(
-        (
-            length,
-            _U32.pack(masked_crc32c(length)),
-            record,
-            _U32.pack(masked_crc32c(record)),
-        )
-    )
+    n = len(record)
+    return b"".join((_HEADERS.get(n) or _header(n), record, _U32.pack(masked_crc32c(record))))
 
 
 def frame_many(records: Iterable[bytes]) -> bytes:
     """Several records framed back to back, built with a single join."""
     parts: list[bytes] = []
     append = parts.append
-    u64 = _U64.pack
     u32 = _U32.pack
     crc = _crc
     delta = _MASK_DELTA
+    headers = _HEADERS
     for record in records:
-        length = u64(len(record))
-        c = crc(length)
-        append(length)
-        append(u32((((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF))
+        n = len(record)
+        append(headers.get(n) or _header(n))
         append(record)
         c = crc(record)
         append(u32((((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF))
