@@ -549,3 +549,44 @@ __all__ = [
     "run_crash_trials",
     "tfrecordd_verify",
 ]
+
+
+# -- a daemon process with a slow output -----------------------------------------------------
+
+
+def slow_output_fs(delay: float) -> Any:
+    """A FileSystem whose fsyncs (file and directory) each take ``delay`` seconds longer: an
+    output device slower than the input."""
+    from tfrecordd.fsys import FileSystem
+
+    class SlowFs(FileSystem):
+        def fsync(self, f: Any) -> None:
+            time.sleep(delay)
+            super().fsync(f)
+
+        def fsync_dir(self, path: str) -> None:
+            time.sleep(delay)
+            super().fsync_dir(path)
+
+    return SlowFs()
+
+
+def _slow_daemon_main(config: str, delay: float) -> int:
+    """``tfrecordd run`` with a slow output: SIGTERM stops it (exit 0)."""
+    import anyio
+
+    from tfrecordd import logs
+    from tfrecordd.config import load_config
+    from tfrecordd.runtime import Daemon
+
+    cfg = load_config(config)
+    logs.setup("text")
+    anyio.run(Daemon(cfg, fs=slow_output_fs(delay)).run)
+    return 0
+
+
+if __name__ == "__main__":
+    # python -m tests.reliability.harness slow-daemon CONFIG DELAY
+    if len(sys.argv) == 4 and sys.argv[1] == "slow-daemon":
+        sys.exit(_slow_daemon_main(sys.argv[2], float(sys.argv[3])))
+    sys.exit("usage: python -m tests.reliability.harness slow-daemon CONFIG FSYNC_DELAY")
