@@ -432,13 +432,13 @@ def harness_config(root: Path, source: str, compression: str, redis_url: str | N
     return write_redis_config(root, redis_url, output=output, daemon=daemon)
 
 
-def _spool_drained(spool: Path) -> bool:
+def spool_drained(spool: Path) -> bool:
     claim = spool / ".tfrecordd-claimed"
     pending = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
     return not pending and (not claim.exists() or not any(claim.iterdir()))
 
 
-def _redis_drained(url: str, stream: str = "events") -> bool:
+def redis_drained(url: str, stream: str = "events") -> bool:
     from redis import Redis
 
     with Redis.from_url(url) as r:
@@ -465,11 +465,11 @@ def run_crash_trials(
     producer: Producer
     if source == "directory":
         producer = SpoolProducer(root / "spool", batch=100, interval=0.05)
-        drained: Callable[[], bool] = lambda: _spool_drained(root / "spool")  # noqa: E731
+        drained: Callable[[], bool] = lambda: spool_drained(root / "spool")  # noqa: E731
     else:
         assert redis_url is not None
         producer = RedisProducer(redis_url, batch=100, interval=0.05)
-        drained = lambda: _redis_drained(redis_url)  # noqa: E731
+        drained = lambda: redis_drained(redis_url)  # noqa: E731
     producer.start()
     try:
         for n in range(kills):

@@ -70,3 +70,30 @@ def test_sigkill_redis_stream_long(tmp_path: Path, redis_server: RedisServer) ->
     )
     check(figs, 300)
     assert figs.recovered_dropped + figs.recovered_redone > 0, figs.summary()
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_redis_crash_after_create_then_restart_is_exactly_once(
+    tmp_path: Path, redis_server: RedisServer, nth: int
+) -> None:
+    """The one named crash point the Redis e2e tests do not cover (``after-claim`` and
+    ``after-spool-ack`` belong to the spool directory)."""
+    from redis import Redis
+
+    from tests.e2e.test_redis_daemon import assert_exactly_once, fill, finish, group_info
+    from tests.redis_server import write_redis_config
+    from tests.support import DaemonProcess
+
+    cfg = write_redis_config(
+        tmp_path,
+        redis_server.url,
+        output={"max_shard_records": 40, "max_shard_age": "200ms"},
+        daemon={"max_batch_events": 16},
+    )
+    with Redis.from_url(redis_server.url) as r:
+        expected, _ = fill(r, 0, 200)
+        d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": f"after-create:{nth}"})
+        assert d.wait(60) == 137, d.output()
+        assert group_info(r)["pending"] > 0
+        finish(cfg, r)
+        assert_exactly_once(tmp_path / "shards", expected)

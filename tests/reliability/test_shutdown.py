@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,8 @@ from tests.reliability.harness import (
     SpoolProducer,
     audit,
     harness_config,
+    redis_drained,
+    spool_drained,
 )
 from tests.support import DaemonProcess, wait_for
 
@@ -61,22 +63,11 @@ def sigterm_trials(root: Path, source: str, trials: int, seed: int, url: str | N
             assert list((root / "shards").glob(".*.inprogress")) == []
     finally:
         producer.stop()
-    done: Callable[[], bool]
-    if source == "directory":
-        spool = root / "spool"
-        done = lambda: (
-            not any(spool.glob("*.jsonl"))
-            and not any(  # noqa: E731
-                (spool / ".tfrecordd-claimed").iterdir()
-            )
-        )
-    else:
-        from redis import Redis
 
-        def done() -> bool:
-            with Redis.from_url(url or "") as r:
-                g = r.xinfo_groups("events")[0]
-                return bool(g["pending"] == 0 and g["lag"] == 0)
+    def done() -> bool:
+        if url is None:
+            return spool_drained(root / "spool")
+        return redis_drained(url)
 
     d = DaemonProcess(cfg)
     try:
