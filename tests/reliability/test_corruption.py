@@ -121,7 +121,7 @@ def test_every_damaged_shard_is_detected(tmp_path: Path, compression: str) -> No
 @pytest.mark.slow
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_every_damaged_shard_is_detected_long(tmp_path: Path, compression: str) -> None:
-    figures = corrupt_and_verify(tmp_path, compression, 20_000, seed=100 + len(compression))
+    figures = corrupt_and_verify(tmp_path, compression, 10_000, seed=100 + len(compression))
     assert figures["truncation undetected"] == figures["bit flip undetected"] == 0, figures
 
 
