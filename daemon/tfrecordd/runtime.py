@@ -533,6 +533,10 @@ class Daemon:
         limit = self.config.output.max_shard_records
         if limit and unit.shard is not None and unit.shard.records >= limit:
             await self._commit()
+        elif unit.shard is None:
+            # Positions without records (a file's end, a batch of bad events) are committed at
+            # once rather than held until max_shard_age: they cost one journal fsync.
+            await self._commit()
 
     async def _wait_for_space(self, raw: int) -> None:
         """Hold the writer (and so, by backpressure, the sources) while the output's file

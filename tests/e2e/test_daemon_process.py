@@ -194,3 +194,27 @@ def test_kill_9_at_random_instants_is_exactly_once(tmp_path: Path) -> None:
     assert shard_files(tmp_path / "shards"), "some kills came after commits"
     finish(tmp_path, cfg)
     assert_exactly_once(tmp_path, expected)
+
+
+def test_encode_workers_as_a_subprocess(tmp_path: Path) -> None:
+    """``python -m tfrecordd`` with worker processes (they import the main module again)."""
+    cfg = write_config(tmp_path, daemon={"encode_workers": 2}, output={"max_shard_records": 100})
+    expected = fill_spool(tmp_path, 3, 200)
+    run_clean_until(cfg, lambda: drained(tmp_path), 60)
+    assert_exactly_once(tmp_path, expected)
+
+
+def test_a_file_is_acked_soon_after_its_last_shard(tmp_path: Path) -> None:
+    """A file's end, arriving after its records filled whole shards, does not wait for
+    max_shard_age."""
+    cfg = write_config(tmp_path, output={"max_shard_records": 100, "max_shard_age": "1h"})
+    expected = fill_spool(tmp_path, 1, 300)
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: drained(tmp_path), 20)
+        assert d.stop() == 0
+    finally:
+        d.kill()
+    assert_exactly_once(tmp_path, expected)
+    assert len(shard_files(tmp_path / "shards")) == 3
