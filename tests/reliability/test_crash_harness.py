@@ -7,13 +7,32 @@ The audit reads every published shard with the harness's own reader (not tfrecor
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis import Redis
 
-from tests.redis_server import RedisServer, running_redis
-from tests.reliability.harness import Figures, run_crash_trials
+from tests.e2e.test_redis_daemon import assert_exactly_once, fill, finish, group_info
+from tests.redis_server import RedisServer, running_redis, write_redis_config
+from tests.reliability.harness import (
+    Figures,
+    audit,
+    published_shards,
+    read_shard,
+    run_crash_trials,
+)
+from tests.support import (
+    DaemonProcess,
+    movie_event,
+    read_ids,
+    spool_file,
+    wait_for,
+    write_config,
+)
+from tests.support import shard_files as shards_of
+from tfrecordd.reader import iter_records
 
 
 @pytest.fixture
@@ -78,12 +97,6 @@ def test_redis_crash_after_create_then_restart_is_exactly_once(
 ) -> None:
     """The one named crash point the Redis e2e tests do not cover (``after-claim`` and
     ``after-spool-ack`` belong to the spool directory)."""
-    from redis import Redis
-
-    from tests.e2e.test_redis_daemon import assert_exactly_once, fill, finish, group_info
-    from tests.redis_server import write_redis_config
-    from tests.support import DaemonProcess
-
     cfg = write_redis_config(
         tmp_path,
         redis_server.url,
@@ -97,3 +110,45 @@ def test_redis_crash_after_create_then_restart_is_exactly_once(
         assert group_info(r)["pending"] > 0
         finish(cfg, r)
         assert_exactly_once(tmp_path / "shards", expected)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "zlib", "zstd"])
+def test_the_audit_sees_loss_duplicates_and_partial_files(tmp_path: Path, compression: str) -> None:
+    """The independent reader agrees with tfrecordd's on real shards, and the audit reports a
+    missing shard, a copied one, an in-progress file and a damaged shard."""
+
+    cfg = write_config(
+        tmp_path,
+        output={"compression": compression, "max_shard_records": 30, "max_shard_age": "100ms"},
+        daemon={"max_batch_events": 10},
+    )
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(100)])
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: not any((tmp_path / "spool").glob("*.jsonl")), 30)
+        wait_for(lambda: sum(read_ids(tmp_path / "shards").values()) == 100, 30)
+        assert d.stop() == 0
+    finally:
+        d.kill()
+    out = tmp_path / "shards"
+    assert published_shards(out) == shards_of(out)
+    for shard in published_shards(out):
+        assert read_shard(shard) == list(iter_records(shard))
+    expected = set(range(100))
+    assert audit(out, expected).ok
+    first, second = published_shards(out)[:2]
+    shutil.copy(first, out / ("copy-" + first.name))
+    a = audit(out, expected)
+    assert (a.lost, a.duplicated, a.unexpected) == (0, 30, 0)
+    second.unlink()
+    (out / f".{first.name}.inprogress").write_bytes(b"partial")
+    a = audit(out, expected)
+    assert (a.lost, a.inprogress_visible) == (30, 1)
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    first.write_bytes(bytes(data))
+    a = audit(out, expected)
+    assert a.problems
+    assert a.verify_exit != 0
+    assert not a.ok
