@@ -69,6 +69,11 @@ def frame(record: bytes) -> bytes:
 
 def frame_many(records: Iterable[bytes]) -> bytes:
     """Several records framed back to back, built with a single join."""
+    return b"".join(frame_parts(records))
+
+
+def frame_parts(records: Iterable[bytes]) -> list[bytes]:
+    """Header, record and footer of each record, in order, without copying the records."""
     parts: list[bytes] = []
     append = parts.append
     u32 = _U32.pack
@@ -81,7 +86,7 @@ def frame_many(records: Iterable[bytes]) -> bytes:
         append(record)
         c = crc(record)
         append(u32((((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF))
-    return b"".join(parts)
+    return parts
 
 
 def _read_exact(stream: Readable, n: int) -> bytes:

@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from tfrecordd.compression import Compression, Compressor
-from tfrecordd.framing import frame_many
+from tfrecordd.framing import OVERHEAD, frame_many, frame_parts
 from tfrecordd.fsys import LOCAL, FileSystem
+
+_LARGE_RECORD = 64 << 10
+"""Records this large on average are compressed piece by piece rather than joined first."""
 
 
 class RecordWriter:
@@ -74,15 +77,20 @@ class RecordWriter:
         self.write_many((record,))
 
     def write_many(self, records: Sequence[bytes]) -> None:
-        """Write several records: framed together and compressed in one call."""
+        """Write several records: framed together and compressed in one call (large records
+        go through piece by piece, sparing a copy of each)."""
         if not records:
             return
-        raw = frame_many(records)
-        self._emit(self._compressor.compress(raw))
+        size = sum(len(r) for r in records) + OVERHEAD * len(records)
+        if size >= _LARGE_RECORD * len(records):
+            for piece in frame_parts(records):
+                self._emit(self._compressor.compress(piece))
+        else:
+            self._emit(self._compressor.compress(frame_many(records)))
         self._records += len(records)
-        self._raw_bytes += len(raw)
+        self._raw_bytes += size
         if not self._passthrough:
-            self._pending_raw += len(raw)
+            self._pending_raw += size
 
     def sync(self) -> None:
         """End the current compression unit and push every pending byte to the sink."""
