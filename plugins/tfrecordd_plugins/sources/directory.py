@@ -106,8 +106,17 @@ def _nofollow(path: str, flags: int) -> int:
 
 
 def _original(claim: str) -> str:
-    """The spool-relative path a claim name encodes."""
-    return unquote(claim.split("-", 1)[1])
+    """The spool-relative path a claim name encodes.
+
+    Anyone who can write into the spool can put a file into its claim folder, so a name that
+    would not decode to a plain relative path (``..``, an absolute path, empty parts) is kept
+    as it is, one path component that cannot leave the folder it is moved into."""
+    encoded = claim.split("-", 1)[-1]
+    rel = unquote(encoded)
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return encoded
+    return rel
 
 
 class _Rejected(Exception):
