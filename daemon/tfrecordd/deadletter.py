@@ -11,6 +11,8 @@ lines are counted as discarded).
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import os
 import time
 from typing import Any, BinaryIO
@@ -34,13 +36,16 @@ class DeadLetters:
         self._size = 0
         self._lines = 0
         self._dirty = False
+        self._created = False
+        self._failed = False
 
     def _open(self) -> BinaryIO:
+        if self._failed:
+            raise OSError(errno.EIO, "the dead-letter file failed an fsync earlier", self.path)
         if self._file is None:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
-            self._file = os.fdopen(fd, "ab", buffering=0)
-            self._size = os.fstat(fd).st_size
+            self._file, self._created = self.fs.open_append(self.path)
+            self._size = os.fstat(self._file.fileno()).st_size
             self._lines = 0
         return self._file
 
@@ -86,15 +91,27 @@ class DeadLetters:
         return discarded
 
     def sync(self) -> None:
-        """Make every dead letter written so far durable."""
+        """Make every dead letter written so far durable. A failed fsync is final: the file is
+        never fsynced again (what it held may be gone), and later writes fail."""
         if self._dirty and self._file is not None:
-            if self.fsync_enabled:
-                self.fs.fsync(self._file)
             self._dirty = False
+            if self.fsync_enabled:
+                try:
+                    self.fs.fsync(self._file)
+                    if self._created:
+                        self.fs.fsync_dir(os.path.dirname(self.path))
+                        self._created = False
+                except OSError:
+                    self._failed = True
+                    raise
 
     def close(self) -> None:
-        """Sync and close."""
-        self.sync()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Sync (unless an fsync failed before) and close."""
+        try:
+            if not self._failed:
+                self.sync()
+        finally:
+            if self._file is not None:
+                f, self._file = self._file, None
+                with contextlib.suppress(OSError):
+                    f.close()

@@ -22,6 +22,19 @@ class FileSystem:
         fd = os.open(path, flags, 0o644)
         return os.fdopen(fd, "wb", buffering=0)
 
+    def open_append(self, path: str) -> tuple[BinaryIO, bool]:
+        """Open ``path`` for appending, creating it if missing (never through a symlink).
+        Returns the file and whether it was created: a new file's directory entry is durable
+        only after :meth:`fsync_dir` of its directory."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+            created = False
+        except FileNotFoundError:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o640)
+            created = True
+        return os.fdopen(fd, "ab", buffering=0), created
+
     def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
         """Write all of ``data``, retrying short writes."""
         view = memoryview(data)

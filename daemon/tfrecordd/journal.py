@@ -142,8 +142,7 @@ class Journal:
         states = self._folded()
         unfinished = [intents[s] for s in sorted(intents) if s not in done and s not in dropped]
         self._open = {i.seq: i for i in unfinished}
-        self._file = open(self.path, "ab")  # noqa: SIM115 - held open for the daemon's life
-        self.size = self._file.tell()
+        self._reopen()
         return Recovered(states=states, unfinished=unfinished, torn_at=torn_at)
 
     def _add_finished(self, intent: Intent) -> None:
@@ -206,9 +205,14 @@ class Journal:
         fresh = b"".join(frame(orjson.dumps(i.to_json())) for i in self._open.values())
         write_atomically(self.fs, self.path, fresh)
         self._file.close()
-        self._file = open(self.path, "ab")  # noqa: SIM115
-        self.size = len(fresh)
+        self._reopen()
         self._states, self._finished, self._finished_count = states, {}, 0
+
+    def _reopen(self) -> None:
+        self._file, created = self.fs.open_append(self.path)
+        if created and self.fsync:
+            self.fs.fsync_dir(self.state_dir)
+        self.size = os.fstat(self._file.fileno()).st_size
 
     def close(self) -> None:
         """Flush and close the journal file."""
