@@ -89,7 +89,7 @@ class FaultyFs(FileSystem):
         super().fsync_dir(path)
 
 
-FAULTS: list[object] = [
+FAULTS = [
     ("fsync", "shard", 1),
     ("fsync", "shard", 3),
     ("write", "shard", 2),
@@ -97,16 +97,7 @@ FAULTS: list[object] = [
     ("fsync", "journal", 1),
     ("fsync", "journal", 4),
     ("write", "journal", 3),
-    pytest.param(
-        "fsync",
-        "dead-letters",
-        1,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="DeadLetters.sync keeps the file dirty after a failed fsync, and close() "
-            "(daemon cleanup) fsyncs the same file again (see docs/reliability.md)",
-        ),
-    ),
+    ("fsync", "dead-letters", 1),
     ("fsync", "dir", 2),
     ("fsync", "manifest", 2),
 ]

@@ -14,11 +14,11 @@ the dead letters; at the end, every event is written exactly once.
 
 What the daemon does around the layer: the directory source claims and deletes spool files with
 ``os.rename``/``os.unlink`` (seen here by comparing directory listings, so no hook is needed) and
-fsyncs directories with its own helper, which the tests route into the model; the journal opens,
-reads and truncates its file with built-in ``open`` and ``os.fsync`` (appends and their fsyncs do
-go through the layer); the dead-letter file is created with ``os.open`` and rotated with
-``os.replace``. Directories themselves (``shards/``, ``state/``, the claim folder) exist before
-the first cut and are treated as durable.
+fsyncs directories with its own helper, which the tests route into the model; the journal reads
+its file and truncates a torn tail with built-in ``open`` and ``os.fsync`` (it opens, creates
+and appends through the layer); the dead-letter file is rotated with ``os.replace``.
+Directories themselves (``shards/``, ``state/``, the claim folder) exist before the first cut
+and are treated as durable.
 
 The control run switches the daemon's directory fsync off (``fsync_dir`` does nothing, while the
 model still counts new entries as not durable) and must report loss: proof the check can fail.
@@ -355,8 +355,8 @@ async def run_cuts(
     model.on_freeze = snapshot_acks
     with routed_dir_fsync(model):
         if first_boot_synced:
-            # The journal and the dead-letter file are created without a directory fsync
-            # (see the module docs): start from a first boot whose files reached the disk.
+            # Start from a first boot whose files reached the disk (the other test cuts the
+            # first boot itself).
             producer.write(1)
             await run_until_drained(Daemon(cfg, fs=fs, handle_signals=False), producer)
             model.baseline()
@@ -436,11 +436,7 @@ async def test_power_cuts_long(tmp_path: Path) -> None:
     check(await run_cuts(tmp_path, cuts=200, seed=13), 200)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the journal (built-in open) and the dead-letter file (os.open) are created without "
-    "an fsync of state_dir: a power cut after the first boot can take either file away, and "
-    "with it committed offsets (duplicates) and acked dead letters (see docs/reliability.md)",
-)
 async def test_power_cuts_from_the_first_boot(tmp_path: Path) -> None:
+    """The journal and the dead-letter file are new: their directory entries must be made
+    durable before anything they hold is acked."""
     check(await run_cuts(tmp_path, cuts=10, seed=14, first_boot_synced=False), 10)
