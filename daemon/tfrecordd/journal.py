@@ -134,8 +134,7 @@ class Journal:
                 torn_at = good_end if torn_at is None else torn_at
                 with open(self.path, "r+b") as f:
                     f.truncate(good_end)
-                    f.flush()
-                    os.fsync(f.fileno())
+                    self.fs.fsync(f)
         for seq in sorted(intents):
             if seq in done:
                 self._add_finished(intents[seq])

@@ -39,13 +39,6 @@ from tfrecordd_plugins.sources.directory import (
 from tfrecordd_plugins.sources.redis_stream import RedisStreamSource, RedisStreamSourceConfig
 from tfrecordd_plugins.sources.socket import _Deframer
 
-pytestmark = pytest.mark.filterwarnings(
-    # Cancelling a source while it sends a batch skips its un-shielded `await reader.close()`
-    # and leaks the claimed file's handle: a daemon issue reported in docs/reliability.md.
-    "ignore:Exception ignored in. <_io.FileIO name=.*tfrecordd-claimed"
-    ":pytest.PytestUnraisableExceptionWarning"
-)
-
 settings.register_profile(
     "reliability",
     max_examples=150,

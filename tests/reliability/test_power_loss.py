@@ -48,16 +48,7 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.runtime import Daemon
 from tfrecordd_plugins.sources.directory import CLAIM_DIR, _original
 
-pytestmark = [
-    pytest.mark.anyio,
-    # Cancelling the daemon (the cut) while the directory source opens a claimed file through
-    # aiofiles leaks that file object (the open finishes in a worker thread after the cancel):
-    # a daemon issue reported in docs/reliability.md, not a durability one.
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <_io.FileIO name=.*tfrecordd-claimed"
-        ":pytest.PytestUnraisableExceptionWarning"
-    ),
-]
+pytestmark = [pytest.mark.anyio]
 
 
 def _files(directory: str) -> dict[str, int]:

@@ -266,7 +266,10 @@ class DirectorySource(Source):
         rel = _original(claim)
         reader = _Reader(path, self._compression(rel), self.config)
         try:
-            await reader.open()
+            # Shielded, like the close below: an open finishing in its thread after a cancel
+            # would leave its file object to the garbage collector.
+            with anyio.CancelScope(shield=True):
+                await reader.open()
         except FileNotFoundError:
             return
         except OSError as e:
@@ -282,7 +285,8 @@ class DirectorySource(Source):
             else:
                 await self._read_records(ctx, claim, rel, reader, start)
         finally:
-            await reader.close()
+            with anyio.CancelScope(shield=True):
+                await reader.close()
         self._sent_eof.add(claim)
 
     async def _read_whole(self, ctx: SourceContext, claim: str, rel: str, reader: _Reader) -> None:
@@ -370,7 +374,8 @@ class DirectorySource(Source):
     async def _csv_header(self, claim: str, rel: str) -> list[str] | None:
         """The header row of a CSV file being resumed past its start."""
         reader = _Reader(os.path.join(self.claim_dir, claim), self._compression(rel), self.config)
-        await reader.open()
+        with anyio.CancelScope(shield=True):
+            await reader.open()
         try:
             buf = b""
             async with aclosing(reader.chunks(0)) as chunks:
@@ -386,7 +391,8 @@ class DirectorySource(Source):
                     return _csv_row(buf[start:stop], self.config.csv_delimiter)
             return None
         finally:
-            await reader.close()
+            with anyio.CancelScope(shield=True):
+                await reader.close()
 
 
 class _Reader:
