@@ -112,3 +112,16 @@ def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "sources: Field required" in err
     bad.write_text("not toml [")
     assert main(["check-config", str(bad)]) == 78
+
+
+def test_listeners_default_to_loopback() -> None:
+    """Invariant 9: nothing listens beyond the machine unless the config says so."""
+    from tfrecordd.config import MetricsSection, split_host_port
+    from tfrecordd_plugins.sources.socket import TcpSourceConfig, UdpSourceConfig
+
+    defaults = [
+        MetricsSection().listen,
+        TcpSourceConfig(name="t", encoder="e").listen,
+        UdpSourceConfig(name="u", encoder="e").listen,
+    ]
+    assert [split_host_port(d)[0] for d in defaults] == ["127.0.0.1"] * 3
