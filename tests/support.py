@@ -222,3 +222,20 @@ def run_clean_until(config: Path, done: Any, timeout: float = 60.0) -> str:
     finally:
         d.kill()
     return d.output()
+
+
+def tf_features(tf: Any, description: dict[str, Any]) -> dict[str, Any]:
+    """``tf.io`` feature objects built from the JSON description."""
+    out = {}
+    for name, d in description.items():
+        dtype = tf.dtypes.as_dtype(d["dtype"])
+        if d["kind"] == "VarLenFeature":
+            out[name] = tf.io.VarLenFeature(dtype)
+        elif d["kind"] == "FixedLenFeature":
+            out[name] = tf.io.FixedLenFeature(d["shape"], dtype, d.get("default_value"))
+        else:
+            assert d["kind"] == "FixedLenSequenceFeature"
+            out[name] = tf.io.FixedLenSequenceFeature(
+                d["shape"], dtype, allow_missing=d["allow_missing"]
+            )
+    return out

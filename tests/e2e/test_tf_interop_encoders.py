@@ -11,6 +11,7 @@ import orjson
 import pytest
 from PIL import Image
 
+from tests.support import tf_features
 from tfrecordd.cli import main
 from tfrecordd.compression import Compression
 from tfrecordd.config import load_config
@@ -59,22 +60,6 @@ labels = {{ cat = 0, dog = 1 }}
 def printed(capsys: pytest.CaptureFixture[str], config: Path, name: str, fmt: str) -> str:
     assert main(["schema", "-c", str(config), "--encoder", name, "--format", fmt]) == 0
     return capsys.readouterr().out
-
-
-def tf_features(tf: Any, description: dict[str, Any]) -> dict[str, Any]:
-    """``tf.io`` feature objects built from the JSON description."""
-    out = {}
-    for name, d in description.items():
-        dtype = tf.dtypes.as_dtype(d["dtype"])
-        if d["kind"] == "VarLenFeature":
-            out[name] = tf.io.VarLenFeature(dtype)
-        elif d["kind"] == "FixedLenFeature":
-            out[name] = tf.io.FixedLenFeature(d["shape"], dtype, d.get("default_value"))
-        else:
-            out[name] = tf.io.FixedLenSequenceFeature(
-                d["shape"], dtype, allow_missing=d["allow_missing"]
-            )
-    return out
 
 
 def write_shard(path: Path, config: Path, name: str, events: list[RawEvent]) -> None:

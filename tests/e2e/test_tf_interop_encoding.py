@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import tf_features
 from tfrecordd.schema import (
     ExampleSchema,
     SequenceSchema,
@@ -24,23 +25,6 @@ TEXTS = ["", "a", "na\u00efve", "\x00nul", "\U0001f600 non-BMP", "\u65e5\u672c"]
 
 def float32(values: list[float]) -> list[float]:
     return [struct.unpack("<f", struct.pack("<f", v))[0] for v in values]
-
-
-def tf_features(tf: Any, description: dict[str, Any]) -> dict[str, Any]:
-    """``tf.io`` feature objects built from the JSON description."""
-    out = {}
-    for name, d in description.items():
-        dtype = tf.dtypes.as_dtype(d["dtype"])
-        if d["kind"] == "VarLenFeature":
-            out[name] = tf.io.VarLenFeature(dtype)
-        elif d["kind"] == "FixedLenFeature":
-            out[name] = tf.io.FixedLenFeature(d["shape"], dtype, d.get("default_value"))
-        else:
-            assert d["kind"] == "FixedLenSequenceFeature"
-            out[name] = tf.io.FixedLenSequenceFeature(
-                d["shape"], dtype, allow_missing=d["allow_missing"]
-            )
-    return out
 
 
 def plain(tf: Any, value: Any) -> Any:
