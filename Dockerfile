@@ -7,7 +7,12 @@ FROM python:3.11-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# A C compiler for the optional hot path (setup.py); only this stage has it.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md ./
 COPY daemon/ daemon/
 COPY plugins/ plugins/
 # tfrecordd's wheel and every dependency's, so the runtime stage installs offline and needs no

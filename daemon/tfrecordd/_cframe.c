@@ -1,0 +1,6 @@
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cframe", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__cframe(void) { return PyModule_Create(&module); }
