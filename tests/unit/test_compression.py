@@ -197,6 +197,54 @@ def test_written_plus_bound_caps_the_size_after_sync_and_finish(compression: Com
         assert total <= written + Compressor.bound(compression, len(last))
 
 
+@pytest.mark.parametrize("compression", list(Compression))
+@given(
+    plan=st.lists(
+        st.tuples(st.booleans(), st.lists(st.binary(max_size=3000), max_size=4)), max_size=6
+    ),
+    level=st.sampled_from([None, 0, 1, 9]),
+)
+@settings(max_examples=40, deadline=None)
+def test_units_made_apart_join_any_stream(
+    compression: Compression, plan: list[tuple[bool, list[bytes]]], level: int | None
+) -> None:
+    # Units compressed elsewhere (by encode workers), appended between ordinary writes: the stream
+    # holds exactly the bytes in order, whatever the mix.
+    if compression is Compression.ZSTD and level is not None:
+        level = {0: 1, 9: 19}.get(level, level)
+    c = Compressor(compression, level)
+    out = bytearray()
+    raw = bytearray()
+    for made_apart, pieces in plan:
+        if made_apart:
+            unit = Compressor.unit(compression, level, pieces)
+            assert unit.raw_size == sum(map(len, pieces))
+            out += c.append_unit(unit)
+        else:
+            for piece in pieces:
+                out += c.compress(piece)
+        raw += b"".join(pieces)
+    out += c.finish()
+    assert _decompress(bytes(out), compression) == raw
+    if compression is Compression.ZLIB:
+        assert zlib.decompress(bytes(out)) == raw  # one stream, with a correct Adler-32
+    if compression is Compression.GZIP:
+        assert gzip.decompress(bytes(out)) == raw
+
+
+@pytest.mark.parametrize("compression", COMPRESSED)
+def test_a_unit_is_no_larger_than_its_bound(compression: Compression) -> None:
+    for n in (0, 1, 5000, 200_000):
+        unit = Compressor.unit(compression, None, [os.urandom(n)])
+        assert len(unit.data) <= Compressor.bound(compression, n)
+
+
+def test_a_unit_of_another_compression_is_refused() -> None:
+    unit = Compressor.unit(Compression.GZIP, None, [b"x"])
+    with pytest.raises(ValueError, match="gzip unit in a zstd stream"):
+        Compressor(Compression.ZSTD).append_unit(unit)
+
+
 def test_bound_of_none_is_exact() -> None:
     assert Compressor.bound(Compression.NONE, 12345) == 12345
 
