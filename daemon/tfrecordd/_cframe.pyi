@@ -1,0 +1,23 @@
+"""Types of the compiled ``tfrecordd._cframe`` (``_cframe.c``); see :mod:`tfrecordd.speedups`."""
+
+from collections.abc import Iterable
+from typing import Final
+
+from typing_extensions import Buffer
+
+CRC32C_IMPLEMENTATION: Final[str]
+"""``"sse4.2"`` where the CPU's CRC32C instruction is used, else ``"portable"`` (tables)."""
+
+def crc32c(data: Buffer, value: int = 0) -> int:
+    """CRC32C of ``data`` continued from ``value`` (0..2**32-1), as ``crc32c.crc32c`` computes it."""
+
+def _crc32c_portable(data: Buffer, value: int = 0) -> int:
+    """:func:`crc32c` by the table-driven code used where the CPU has no CRC32C instruction."""
+
+def frame_many(records: Iterable[Buffer], /) -> bytes:
+    """The records framed as TFRecord back to back, byte for byte ``framing.frame_many``."""
+
+def check_messages(payloads: Iterable[bytes], sequence: bool) -> list[int]:
+    """Indices, ascending, of the payloads not certified as a serialized ``Example``
+    (``SequenceExample`` if ``sequence``) that protobuf parses with no unknown field; items that
+    are not exactly ``bytes`` are always among them."""
