@@ -9,7 +9,7 @@ CRC32C_IMPLEMENTATION: Final[str]
 """``"sse4.2"`` where the CPU's CRC32C instruction is used, else ``"portable"`` (tables)."""
 
 def crc32c(data: Buffer, value: int = 0) -> int:
-    """CRC32C of ``data`` continued from ``value`` (0..2**32-1), as ``crc32c.crc32c`` computes it."""
+    """CRC32C of ``data`` continued from ``value`` (0..2**32-1), like ``crc32c.crc32c``."""
 
 def _crc32c_portable(data: Buffer, value: int = 0) -> int:
     """:func:`crc32c` by the table-driven code used where the CPU has no CRC32C instruction."""

@@ -7,20 +7,29 @@ Protobuf keeps such unknown fields silently, so a payload of some other message 
 corrupted one, often parses; the check finds them by comparing the parsed message's size before
 and after ``DiscardUnknownFields()``, which counts unknown fields at every depth.
 
-That check costs about three microseconds for a 300-byte Example (a hand-written walk of the wire
-format in Python costs three times as much, so it is not used); a plain parse about one.
+Parsing and checking costs about 2.4 µs for a 210-byte Example (a plain parse, all ``keep``
+needs, about 0.7; a hand-written walk of the wire format in Python costs more, so none is used).
+
+Where ``tfrecordd._cframe`` is built (:mod:`tfrecordd.speedups`), a walk of the wire format in C
+goes over the batch first: it certifies each payload that protobuf would parse with no unknown
+field at any depth, in well under 0.1 µs, and flags every one it cannot vouch for (whatever is
+unusual, not only what is invalid). Only the flagged payloads are parsed as above, so protobuf
+alone decides what is refused and with which reason; a batch of ordinary Examples costs about
+0.1 µs per record in either mode.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from google.protobuf.message import DecodeError
 
-from tfrecordd import proto
+from tfrecordd import proto, speedups
 from tfrecordd.errors import TfrecorddError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
+
+_cframe = speedups.load("_cframe")
 
 
 class PassthroughEncoderConfig(EncoderConfig):
@@ -46,37 +55,55 @@ class PassthroughEncoderConfig(EncoderConfig):
 
 
 class PassthroughEncoder(Encoder):
-    """Parses each payload to validate it; writes the payload itself."""
+    """Parses each payload to validate it (after the C check, only those it cannot vouch for);
+    writes the payload itself."""
 
     def __init__(self, config: PassthroughEncoderConfig) -> None:
         self._cls = proto.Example if config.message == "example" else proto.SequenceExample
         self._what = "an Example" if config.message == "example" else "a SequenceExample"
+        self._sequence = config.message == "sequence"
         self._strict = config.unknown_fields == "reject"
 
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
+        payloads = [ev.payload for ev in events]
+        # Indices of the payloads protobuf must judge, ascending; every other one is certified
+        # valid (and is an exact bytes object).
+        flagged: Iterable[int]
+        if _cframe is None:
+            flagged = range(len(payloads))
+        else:
+            flagged = _cframe.check_messages(payloads, self._sequence)
+            if not flagged:
+                return EncodeResult(records=payloads)
         result = EncodeResult()
         records, failures = result.records, result.failures
         msg: Any = self._cls()
-        strict = self._strict
-        for i, ev in enumerate(events):
-            data = ev.payload
-            try:
-                msg.ParseFromString(data)
-            except DecodeError as e:
-                failures.append((i, "malformed", f"not {self._what}: {e}"))
-                continue
-            if strict:
-                size = msg.ByteSize()
-                msg.DiscardUnknownFields()
-                if msg.ByteSize() != size:
-                    failures.append(
-                        (
-                            i,
-                            "malformed",
-                            f"not {self._what}: it parses, but holds fields that message "
-                            "does not have (another message type, or damaged bytes)",
-                        )
-                    )
-                    continue
-            records.append(data if data.__class__ is bytes else bytes(data))
+        start = 0
+        for i in flagged:
+            if start < i:
+                records += payloads[start:i]
+            start = i + 1
+            data = payloads[i]
+            refusal = self._refusal(msg, data)
+            if refusal is None:
+                records.append(data if data.__class__ is bytes else bytes(data))
+            else:
+                failures.append((i, "malformed", refusal))
+        records += payloads[start:]
         return result
+
+    def _refusal(self, msg: Any, data: bytes) -> str | None:
+        """Why protobuf refuses ``data`` (parsed into ``msg``), or ``None`` if it does not."""
+        try:
+            msg.ParseFromString(data)
+        except DecodeError as e:
+            return f"not {self._what}: {e}"
+        if self._strict:
+            size = msg.ByteSize()
+            msg.DiscardUnknownFields()
+            if msg.ByteSize() != size:
+                return (
+                    f"not {self._what}: it parses, but holds fields that message "
+                    "does not have (another message type, or damaged bytes)"
+                )
+        return None
