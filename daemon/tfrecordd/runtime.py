@@ -5,6 +5,11 @@ memory object streams are the queues (a full stream pauses the producers), each 
 clone of the send side (the stream ends by itself when the last source stops), and stopping is
 a cancel scope, not a flag. Blocking work (file writes, compression, fsync, encoding) runs in
 worker threads so the event loop keeps serving sockets and metrics.
+
+A batch large enough (:data:`PACK_MIN_BYTES` framed) is framed and compressed where it was encoded
+(the encode thread, or an encode worker process) into a compression unit of its own, which the
+shard appends as it is: the writer then only writes bytes, and compression grows with
+``encode_workers`` like encoding does.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tfrecordd import crashpoints, manifest
-from tfrecordd.compression import Compressor
+from tfrecordd.compression import Compression, Compressor
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError, UploadError
@@ -44,6 +49,7 @@ from tfrecordd.plugin import (
     Token,
 )
 from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer, inprogress_name
+from tfrecordd.writer import Packed, pack
 
 log = logging.getLogger("tfrecordd")
 
@@ -51,15 +57,35 @@ PAUSE_LOG_AFTER = 5.0
 """A source held back longer than this by a full pipeline is logged as paused (and resumed)."""
 
 
+PACK_MIN_BYTES = 64 * 1024
+"""Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
+of their own: a trickle of small batches still compresses as one stream."""
+
+
 @dataclass(slots=True)
 class EncodedBatch:
-    """A batch after encoding: records for the shard, failures for the dead letters."""
+    """A batch after encoding: records for the shard (or already packed into a compression
+    unit), failures for the dead letters."""
 
     source: str
-    records: list[bytes]
+    records: list[bytes] | Packed
     token: Token
     events: int
     failures: list[tuple[RawEvent, str, str]]
+
+    @property
+    def count(self) -> int:
+        """Records for the shard."""
+        r = self.records
+        return r.records if isinstance(r, Packed) else len(r)
+
+    @property
+    def raw_bytes(self) -> int:
+        """Their framed size before compression."""
+        r = self.records
+        if isinstance(r, Packed):
+            return r.unit.raw_size
+        return sum(len(x) for x in r) + OVERHEAD * len(r)
 
 
 @dataclass(slots=True)
@@ -78,14 +104,30 @@ def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEve
     return good, rejected
 
 
+_Failures = list[tuple[int, str, str]]
+
+
+def _packed(
+    result: EncodeResult, compression: Compression, level: int | None
+) -> tuple[list[bytes] | Packed, _Failures]:
+    """The encoder's records, packed into a unit when they are worth one, and its failures."""
+    records = result.records
+    if sum(len(r) for r in records) + OVERHEAD * len(records) >= PACK_MIN_BYTES:
+        return pack(records, compression, level), result.failures
+    return records, result.failures
+
+
 def _encoded(
-    batch: RawBatch, good: list[RawEvent], rejected: list[RawEvent], result: EncodeResult | None
+    batch: RawBatch,
+    good: list[RawEvent],
+    rejected: list[RawEvent],
+    result: tuple[list[bytes] | Packed, _Failures] | None,
 ) -> EncodedBatch:
     failures = [(ev, "rejected", ev.error or "") for ev in rejected]
-    records: list[bytes] = []
+    records: list[bytes] | Packed = []
     if result is not None:
-        records = result.records
-        failures.extend((good[i], reason, detail) for i, reason, detail in result.failures)
+        records, encode_failures = result
+        failures.extend((good[i], reason, detail) for i, reason, detail in encode_failures)
     return EncodedBatch(batch.source, records, batch.token, len(batch.events), failures)
 
 
@@ -93,9 +135,13 @@ _worker_encoders: dict[str, Encoder] = {}
 
 
 def _encode_in_worker(
-    config: EncoderConfig, items: list[tuple[bytes, Any, str | None]]
-) -> EncodeResult:
-    """Runs in an encode worker process: build the encoder once, then encode a batch.
+    config: EncoderConfig,
+    items: list[tuple[bytes, Any, str | None]],
+    compression: Compression,
+    level: int | None,
+) -> tuple[list[bytes] | Packed, _Failures]:
+    """Runs in an encode worker process: build the encoder once, then encode a batch, and frame
+    and compress it when it is large enough to be a unit of its own.
 
     Events travel as ``(payload, value, format)`` tuples: pickling them costs a tenth of
     pickling :class:`RawEvent` objects, and the main process is the pipeline's narrow part."""
@@ -103,7 +149,8 @@ def _encode_in_worker(
     encoder = _worker_encoders.get(key)
     if encoder is None:
         encoder = _worker_encoders[key] = config.build()
-    return encoder.encode_batch([RawEvent(p, "", value=v, format=f) for p, v, f in items])
+    result = encoder.encode_batch([RawEvent(p, "", value=v, format=f) for p, v, f in items])
+    return _packed(result, compression, level)
 
 
 @dataclass(slots=True)
@@ -446,8 +493,14 @@ class Daemon:
                 if good:
                     config = self.config.encoders[self._encoder_name[batch.source]]
                     items = [(ev.payload, ev.value, ev.format) for ev in good]
+                    out = self.config.output
                     result = await anyio.to_process.run_sync(
-                        _encode_in_worker, config, items, limiter=limiter
+                        _encode_in_worker,
+                        config,
+                        items,
+                        out.compression,
+                        out.level,
+                        limiter=limiter,
                     )
                 slot.result = _encoded(batch, good, rejected, result)
                 slot.done.set()
@@ -470,7 +523,11 @@ class Daemon:
 
     def _encode(self, batch: RawBatch) -> EncodedBatch:
         good, rejected = _split_rejected(batch.events)
-        result = self.encoder_of[batch.source].encode_batch(good) if good else None
+        result = None
+        if good:
+            out = self.config.output
+            encoded = self.encoder_of[batch.source].encode_batch(good)
+            result = _packed(encoded, out.compression, out.level)
         return _encoded(batch, good, rejected, result)
 
     async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
@@ -521,16 +578,17 @@ class Daemon:
         if batch.failures:
             await anyio.to_thread.run_sync(self._dead_letter, batch)
         records = batch.records
-        if records:
-            await self._wait_for_space(sum(len(r) for r in records) + OVERHEAD * len(records))
+        count = batch.count
+        if count:
+            await self._wait_for_space(batch.raw_bytes)
             limit = self.config.output.max_shard_records
             shard = self._unit.shard
             if shard is not None and (
-                (limit and shard.records + len(records) > limit)
+                (limit and shard.records + count > limit)
                 or not await anyio.to_thread.run_sync(shard.fits, records)
             ):
                 await self._commit()
-            await anyio.to_thread.run_sync(self._write_records, records)
+            await anyio.to_thread.run_sync(self._write_records, records, count)
         unit = self._unit
         unit.tokens.setdefault(batch.source, []).append(batch.token)
         unit.events[batch.source] = unit.events.get(batch.source, 0) + batch.events
@@ -585,7 +643,7 @@ class Daemon:
             self.metrics.dead_letters_discarded.inc(discarded)
             log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
 
-    def _write_records(self, records: list[bytes]) -> None:
+    def _write_records(self, records: list[bytes] | Packed, count: int) -> None:
         shard = self._unit.shard
         try:
             if shard is None:
@@ -611,7 +669,7 @@ class Daemon:
                     "replay after a restart"
                 ) from e
             raise DurabilityError(f"writing shard: {e.strerror or e}") from e
-        self.metrics.records_written.inc(len(records))
+        self.metrics.records_written.inc(count)
         self.metrics.raw_bytes_written.inc(shard.raw_bytes - before_raw)
         self.metrics.file_bytes_written.inc(shard.file_bytes - before_file)
 

@@ -9,8 +9,9 @@ matches an in-progress name: it is hidden and ends in ``.inprogress``.
 Size cap: before a batch is written, the shard's bytes on disk plus
 :meth:`Compressor.bound` of everything not yet flushed out of the compressor (the pending bytes
 and the batch) must fit in ``max_shard_bytes``; when the pessimistic estimate does not fit, the
-compressor is synced so the estimate becomes exact, and only then does the shard rotate. So a
-shard exceeds ``max_shard_bytes`` only when one batch alone is larger than the cap.
+compressor is synced so the estimate becomes exact, and only then does the shard rotate. A batch
+that arrives already compressed (a :class:`~tfrecordd.writer.Packed` unit) has an exact size.
+So a shard exceeds ``max_shard_bytes`` only when one batch alone is larger than the cap.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tfrecordd.compression import SUFFIXES, Compression, Compressor
 from tfrecordd.errors import DurabilityError
 from tfrecordd.framing import OVERHEAD
 from tfrecordd.fsys import FileSystem
-from tfrecordd.writer import RecordWriter
+from tfrecordd.writer import Packed, RecordWriter
 
 INPROGRESS_SUFFIX = ".inprogress"
 
@@ -124,29 +125,41 @@ class OpenShard:
     def raw_bytes(self) -> int:
         return self._writer.raw_bytes
 
-    def fits(self, records: list[bytes]) -> bool:
-        """Whether these records fit under the size cap (syncing the compressor if needed)."""
+    def fits(self, batch: list[bytes] | Packed) -> bool:
+        """Whether a batch (records, or records already packed into a unit) fits under the size
+        cap, syncing the compressor if that is what makes it fit."""
         if self.records == 0:
             return True
-        incoming = sum(len(r) for r in records) + OVERHEAD * len(records)
         bound = Compressor.bound
-        if self.file_bytes + bound(self.compression, self._writer.pending_raw + incoming) <= (
-            self.max_bytes
-        ):
+        c = self.compression
+        if isinstance(batch, Packed):
+            # The unit's size is known; the stream's ending (a zlib trailer) is all that may follow.
+            incoming = len(batch.unit.data) + bound(c, 0)
+            if self.file_bytes + bound(c, self._writer.pending_raw) + incoming <= self.max_bytes:
+                return True
+            self._writer.sync()
+            return self.file_bytes + incoming <= self.max_bytes
+        raw = sum(len(r) for r in batch) + OVERHEAD * len(batch)
+        if self.file_bytes + bound(c, self._writer.pending_raw + raw) <= self.max_bytes:
             return True
         self._writer.sync()
-        return self.file_bytes + bound(self.compression, incoming) <= self.max_bytes
+        return self.file_bytes + bound(c, raw) <= self.max_bytes
 
-    def write(self, records: list[bytes]) -> None:
+    def write(self, batch: list[bytes] | Packed) -> None:
+        """Append a batch: records, or records :func:`~tfrecordd.writer.pack` made into a unit."""
         at = self._writer.raw_bytes
         offsets = self.offsets
-        for r in records:
+        lengths = batch.lengths if isinstance(batch, Packed) else map(len, batch)
+        for n in lengths:
             offsets.append(at)
-            at += len(r) + OVERHEAD
+            at += n + OVERHEAD
         self.last_time = time.time()
         if not self.first_time:
             self.first_time = self.last_time
-        self._writer.write_many(records)
+        if isinstance(batch, Packed):
+            self._writer.write_packed(batch)
+        else:
+            self._writer.write_many(batch)
 
     def finish(self, *, fsync: bool = True) -> FinishedShard:
         """End the stream, fsync and close. Any failure here is final for this file."""

@@ -1,23 +1,57 @@
 """Writing TFRecord streams: framing plus compression, into any byte sink.
 
 :class:`RecordWriter` is what the daemon's shard writer drives; it neither opens, fsyncs nor closes
-files. :func:`open_writer` is the convenience for tools and tests: a local file published
-atomically, under the same no-partial-file rule as shards.
+files. :func:`pack` frames and compresses a batch into a :class:`Packed` unit anywhere (an encode
+worker, say) for :meth:`RecordWriter.write_packed` to append unchanged. :func:`open_writer` is the
+convenience for tools and tests: a local file published atomically, under the same no-partial-file
+rule as shards.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
-from tfrecordd.compression import Compression, Compressor
+from tfrecordd.compression import Compression, Compressor, Unit
 from tfrecordd.framing import OVERHEAD, frame_many, frame_parts
 from tfrecordd.fsys import LOCAL, FileSystem
 
 _LARGE_RECORD = 64 << 10
 """Records this large on average are compressed piece by piece rather than joined first."""
+
+
+def _framed(records: Sequence[bytes]) -> tuple[list[bytes], int]:
+    """The framed bytes of ``records`` as pieces to compress, and their total size: one joined
+    piece, or header/record/footer pieces when records are large (sparing a copy of each)."""
+    size = sum(len(r) for r in records) + OVERHEAD * len(records)
+    if size >= _LARGE_RECORD * len(records):
+        return frame_parts(records), size
+    return [frame_many(records)], size
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """Records framed and compressed into one complete compression unit, away from any stream."""
+
+    unit: Unit
+    lengths: array[int]
+    """Each record's length, in order (what shard manifests' offsets are made from)."""
+
+    @property
+    def records(self) -> int:
+        """How many records the unit holds."""
+        return len(self.lengths)
+
+
+def pack(records: Sequence[bytes], compression: Compression, level: int | None = None) -> Packed:
+    """Frame and compress ``records`` into one unit that any stream of ``compression`` can
+    append (:meth:`RecordWriter.write_packed`)."""
+    pieces, _ = _framed(records)
+    return Packed(Compressor.unit(compression, level, pieces), array("Q", map(len, records)))
 
 
 class RecordWriter:
@@ -81,16 +115,20 @@ class RecordWriter:
         go through piece by piece, sparing a copy of each)."""
         if not records:
             return
-        size = sum(len(r) for r in records) + OVERHEAD * len(records)
-        if size >= _LARGE_RECORD * len(records):
-            for piece in frame_parts(records):
-                self._emit(self._compressor.compress(piece))
-        else:
-            self._emit(self._compressor.compress(frame_many(records)))
+        pieces, size = _framed(records)
+        for piece in pieces:
+            self._emit(self._compressor.compress(piece))
         self._records += len(records)
         self._raw_bytes += size
         if not self._passthrough:
             self._pending_raw += size
+
+    def write_packed(self, packed: Packed) -> None:
+        """Append records :func:`pack` framed and compressed (ending the current unit first)."""
+        self._emit(self._compressor.append_unit(packed.unit))
+        self._records += packed.records
+        self._raw_bytes += packed.unit.raw_size
+        self._pending_raw = 0
 
     def sync(self) -> None:
         """End the current compression unit and push every pending byte to the sink."""

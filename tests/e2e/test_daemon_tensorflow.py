@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import socket
+import subprocess
+import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from tests.support import (
     write_config,
 )
 from tfrecordd.compression import TF_COMPRESSION_TYPE, Compression
+from tfrecordd.framing import iter_framed
 
 
 @pytest.mark.tensorflow
@@ -62,6 +67,63 @@ def test_tensorflow_reads_every_event_the_daemon_wrote(tmp_path: Path, compressi
         assert [m.decode() for m in ex["movie"].values.numpy()] == want["movie"]
         assert ex["movie_ratings"].values.numpy().tolist() == want["movie_ratings"]
         assert float(ex["purchase_price"]) == pytest.approx(want["purchase_price"])
+
+
+def _records_per_gzip_member(data: bytes) -> list[int]:
+    counts = []
+    while data:
+        member = zlib.decompressobj(31)
+        raw = member.decompress(data)
+        counts.append(sum(1 for _ in iter_framed(io.BytesIO(raw), "member")))
+        data = member.unused_data
+    return counts
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("compression", ["none", "gzip", "zlib"])
+def test_tensorflow_reads_shards_of_packed_and_running_units(
+    tmp_path: Path, compression: str, workers: int
+) -> None:
+    # Large batches are compressed where they are encoded, small ones by the shard's own
+    # compressor; one shard holds both kinds, in order, and TensorFlow reads it as one stream.
+    tf = pytest.importorskip("tensorflow")
+    cfg = write_config(
+        tmp_path,
+        output={"compression": compression, "manifests": True},
+        daemon={"encode_workers": workers},
+    )
+    big = [movie_event(i) for i in range(2500)]  # batches of 1000 events: ~200 KiB, packed
+    small = [movie_event(i) for i in range(2500, 2510)]  # one batch of 2 KiB: not packed
+    spool_file(tmp_path / "spool", "a.jsonl", big)
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: not list((tmp_path / "spool").glob("*.jsonl")), 60)
+        spool_file(tmp_path / "spool", "b.jsonl", small)
+        wait_for(lambda: not list((tmp_path / "spool").glob("*.jsonl")), 30)
+        time.sleep(0.3)
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
+    files = [str(p) for p in shard_files(tmp_path / "shards")]
+    assert len(files) == 1
+    kind = TF_COMPRESSION_TYPE[Compression(compression)]
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
+    ds = tf.data.TFRecordDataset(files, compression_type=kind).map(
+        lambda r: tf.io.parse_single_example(r, spec)
+    )
+    assert [int(ex["id"]) for ex in ds] == list(range(2510))
+    if compression == "gzip":
+        # Members: the three packed batches (1000, 1000, 500 events), then the running unit.
+        assert _records_per_gzip_member(Path(files[0]).read_bytes()) == [1000, 1000, 500, 10]
+    result = subprocess.run(
+        [sys.executable, "-m", "tfrecordd", "verify", *files],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_systemd_notifications(tmp_path: Path) -> None:
