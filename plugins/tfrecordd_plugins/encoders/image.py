@@ -10,6 +10,10 @@ re-encoded), ``image/format`` the format in lower case (``b"jpeg"``, ``b"png"``.
 
 Only the header is read (Pillow's ``Image.open``): no pixel is decoded, so a file costs little
 whatever its size, and a decompression bomb costs nothing but a refusal.
+
+The record is written with one copy of the file's bytes (:meth:`ImageEncoder.encode` joins the
+small features' entries around them), byte for byte what :class:`~tfrecordd.wire.ExampleWriter`
+writes for the same features.
 """
 
 from __future__ import annotations
@@ -39,6 +43,18 @@ CHANNELS = "image/channels"
 FILENAME = "image/filename"
 LABEL = "image/class/label"
 TEXT = "image/class/text"
+
+FEATURES = (
+    (ENCODED, FeatureType.BYTES),
+    (FORMAT, FeatureType.BYTES),
+    (HEIGHT, FeatureType.INT64),
+    (WIDTH, FeatureType.INT64),
+    (CHANNELS, FeatureType.INT64),
+    (FILENAME, FeatureType.BYTES),
+    (TEXT, FeatureType.BYTES),
+    (LABEL, FeatureType.INT64),
+)
+"""The features of a record, in the order :meth:`ImageEncoder.values` gives their values."""
 
 _ONE_CHANNEL = frozenset({"1", "L", "I", "F", "I;16", "I;16B", "I;16L", "I;16N"})
 _TWO_CHANNELS = frozenset({"LA", "La"})
@@ -165,6 +181,69 @@ class ImageEncoderConfig(EncoderConfig):
         return out
 
 
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _entries(message: bytes) -> bytes:
+    """The map entries of a serialized ``Example``: what follows its ``features`` tag and length."""
+    i = 1
+    while message[i] & 0x80:
+        i += 1
+    return message[i + 1 :]
+
+
+_ENCODED_KEY = b"\x0a" + _varint(len(ENCODED.encode())) + ENCODED.encode()
+
+
+def _encoded_head(n: int) -> bytes:
+    """What precedes the ``n`` bytes of a file in the ``image/encoded`` map entry: entry tag and
+    length, key, ``Feature`` tag and length, ``BytesList`` tag and length, value tag and length,
+    as :class:`~tfrecordd.wire.ExampleWriter` writes them."""
+    value = _varint(n)
+    bytes_list = _varint(1 + len(value) + n)
+    feature = _varint(2 + len(bytes_list) + len(value) + n)
+    entry = len(_ENCODED_KEY) + 3 + len(feature) + len(bytes_list) + len(value) + n
+    return b"".join(
+        (
+            b"\x0a",
+            _varint(entry),
+            _ENCODED_KEY,
+            b"\x12",
+            feature,
+            b"\x0a",
+            bytes_list,
+            b"\x0a",
+            value,
+        )
+    )
+
+
+# The Example's map entries are written in the order of their keys: the entries of the features
+# that are the same for many files (channels, folder and label; format and size) are written once
+# and kept, the file name's for each file, and the record is one join around the file's bytes,
+# which are copied once.
+_BEFORE = ((CHANNELS, FeatureType.INT64), (TEXT, FeatureType.BYTES), (LABEL, FeatureType.INT64))
+_NAME = ((FILENAME, FeatureType.BYTES),)
+_AFTER = ((FORMAT, FeatureType.BYTES), (HEIGHT, FeatureType.INT64), (WIDTH, FeatureType.INT64))
+assert max(k.encode() for k, _ in _BEFORE) < ENCODED.encode() < FILENAME.encode()
+assert FILENAME.encode() < min(k.encode() for k, _ in _AFTER)
+assert sorted(FEATURES) == sorted(((ENCODED, FeatureType.BYTES), *_BEFORE, *_NAME, *_AFTER))
+_CACHED = 4096
+"""Entries kept per cache; a full cache starts again empty."""
+
+
 class ImageEncoder(Encoder):
     """Reads each file's header with Pillow and writes the image features."""
 
@@ -172,29 +251,58 @@ class ImageEncoder(Encoder):
         self.config = config
         self._labels = dict(config.labels)
         self._pillow_formats = [f.upper() for f in config.formats]
-        features = [
-            (ENCODED, FeatureType.BYTES),
-            (FORMAT, FeatureType.BYTES),
-            (HEIGHT, FeatureType.INT64),
-            (WIDTH, FeatureType.INT64),
-            (CHANNELS, FeatureType.INT64),
-            (FILENAME, FeatureType.BYTES),
-            (TEXT, FeatureType.BYTES),
-            (LABEL, FeatureType.INT64),
-        ]
-        self._writer = ExampleWriter(features)
+        self._before = ExampleWriter(_BEFORE)
+        self._name = ExampleWriter(_NAME)
+        self._after = ExampleWriter(_AFTER)
+        self._max_pixels = config.max_pixels
+        self._check_complete = config.check_complete
+        self._before_cache: dict[tuple[int, str, int | None], bytes] = {}
+        self._after_cache: dict[tuple[str, int, int], bytes] = {}
 
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
         result = EncodeResult()
+        append = result.records.append
+        encode = self.encode
         for i, ev in enumerate(events):
             try:
-                result.records.append(self.encode(ev))
+                append(encode(ev))
             except _Refused as e:
                 result.failures.append((i, e.category, str(e.error)))
         return result
 
+    def values(self, ev: RawEvent) -> list[list[Any] | None]:
+        """The values of :data:`FEATURES` for one whole-file event, in that order; raises
+        :class:`_Refused` with a category."""
+        data, fmt, width, height, channels, filename, folder, label = self._read(ev)
+        label_value = None if label is None else [label]
+        return [[data], [fmt], [height], [width], [channels], [filename], [folder], label_value]
+
     def encode(self, ev: RawEvent) -> bytes:
         """The Example of one whole-file event; raises :class:`_Refused` with a category."""
+        data, fmt, width, height, channels, filename, folder, label = self._read(ev)
+        key = (channels, folder, label)
+        before = self._before_cache.get(key) if folder.__class__ is str else None
+        if before is None:
+            label_value = None if label is None else [label]
+            before = _entries(self._before.encode([[channels], [folder], label_value]))
+            if folder.__class__ is str:
+                if len(self._before_cache) >= _CACHED:
+                    self._before_cache.clear()
+                self._before_cache[key] = before
+        size_key = (fmt, height, width)
+        after = self._after_cache.get(size_key)
+        if after is None:
+            after = _entries(self._after.encode([[fmt], [height], [width]]))
+            if len(self._after_cache) >= _CACHED:
+                self._after_cache.clear()
+            self._after_cache[size_key] = after
+        name = _entries(self._name.encode([[filename]]))
+        head = _encoded_head(len(data))
+        size = len(before) + len(head) + len(data) + len(name) + len(after)
+        return b"".join((b"\x0a", _varint(size), before, head, data, name, after))
+
+    def _read(self, ev: RawEvent) -> tuple[bytes, str, int, int, int, str, str, int | None]:
+        """The file's bytes, format, width, height and channels, name, folder and label."""
         if ev.format != "file" or not isinstance(ev.value, dict):
             raise _Refused("format", EncodeError(f"expected a whole-file event, got {ev.format!r}"))
         data = ev.payload if ev.payload.__class__ is bytes else bytes(ev.payload)
@@ -210,18 +318,7 @@ class ImageEncoder(Encoder):
                     EncodeError(f"folder {folder!r} is not in labels (known: {known})", LABEL),
                 )
         filename = str(ev.value.get("filename") or "")
-        return self._writer.encode(
-            [
-                [data],
-                [fmt],
-                [height],
-                [width],
-                [channels],
-                [filename],
-                [folder],
-                None if label is None else [label],
-            ]
-        )
+        return data, fmt, width, height, channels, filename, folder, label
 
     def _header(self, data: bytes) -> tuple[str, int, int, int]:
         allowed = ", ".join(self.config.formats)
@@ -241,7 +338,13 @@ class ImageEncoder(Encoder):
         except Exception as e:
             reason = f"not a readable image ({allowed}): {type(e).__name__}: {e}"
             raise _Refused("malformed", EncodeError(reason, ENCODED)) from None
-        if width * height > self.config.max_pixels:
+        return self._checked(fmt, width, height, channels, data)
+
+    def _checked(
+        self, fmt: str, width: int, height: int, channels: int, data: bytes
+    ) -> tuple[str, int, int, int]:
+        """The header's findings, once the size cap and the completeness check pass."""
+        if width * height > self._max_pixels:
             raise _Refused(
                 "too-large",
                 EncodeError(
@@ -250,7 +353,7 @@ class ImageEncoder(Encoder):
                     ENCODED,
                 ),
             )
-        if self.config.check_complete and (why := _truncated(fmt, data)) is not None:
+        if self._check_complete and (why := _truncated(fmt, data)) is not None:
             raise _Refused("malformed", EncodeError(why, ENCODED))
         return fmt, width, height, channels
 
