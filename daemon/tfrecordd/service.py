@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from tfrecordd import health, logs
+from tfrecordd import health, logs, speedups
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError
 from tfrecordd.fsys import LOCAL
@@ -101,6 +101,16 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     print("encoders:")
     for name, emodel in sorted(reg.encoders.items()):
         print(f"  {name:<16} {emodel.__module__}.{emodel.__qualname__}")
+    print("compiled hot path:")
+    for name, used in speedups.status().items():
+        why = (
+            "in use"
+            if used
+            else "off (TFRECORDD_PURE_PYTHON)"
+            if speedups.PURE_PYTHON
+            else "not built"
+        )
+        print(f"  tfrecordd.{name:<14} {why}")
     if reg.broken:
         print("failed to load:")
         for name, error in sorted(reg.broken.items()):

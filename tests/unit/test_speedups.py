@@ -30,3 +30,23 @@ def test_pure_python_switch_turns_every_extension_off() -> None:
 def test_unknown_extension_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown extension"):
         speedups.load("_nope")
+
+
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_plugins_command_tells_whether_each_extension_is_in_use(pure: str) -> None:
+    env = {**os.environ, "TFRECORDD_PURE_PYTHON": pure}
+    out = subprocess.run(
+        [sys.executable, "-m", "tfrecordd", "plugins"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    section = out.split("compiled hot path:\n")[1].splitlines()[: len(speedups.EXTENSIONS)]
+    for name, line in zip(speedups.EXTENSIONS, section, strict=True):
+        words = line.split()
+        assert words[0] == f"tfrecordd.{name}"
+        if pure == "1":
+            assert words[1:] == ["off", "(TFRECORDD_PURE_PYTHON)"]
+        else:
+            assert words[1:] == (["in", "use"] if speedups.load(name) else ["not", "built"])
