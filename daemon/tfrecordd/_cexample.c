@@ -1,6 +1,1035 @@
+/* JSON bytes straight to serialized tf.train.Example bytes, for the plain features.
+ *
+ * An ExamplePlan is built once from a schema whose every feature is a top-level key of type
+ * int64, float or bytes with no conversion of its own (tfrecordd.schema decides that). Its
+ * encode_batch parses each payload itself and writes the Example wire format without creating a
+ * Python object per value. It answers None for a payload whenever it is not certain to produce
+ * exactly what the pure-Python path (orjson.loads + ExampleSchema.encode) produces, and that path
+ * then encodes the event or reports its failure: malformed JSON of any kind, a value that Python
+ * would convert or refuse, a duplicated feature key, anything unusual.
+ *
+ * The wire format is the one tfrecordd.wire.ExampleWriter writes: map entries in the order of
+ * their keys' UTF-8 bytes, int64 as packed varints, float as packed little-endian float32, bytes
+ * as one field per value; an empty list writes the feature with an empty value list; a missing
+ * value (absent key or null) writes the feature's default entry, or leaves the feature out.
+ *
+ * The batch is parsed with the GIL released. Decimal numbers that the exact fast path (Clinger's:
+ * at most 2**53 for the digits, a power of ten up to 1e22) cannot convert are converted with
+ * PyOS_string_to_double, which needs the GIL: such a payload is set aside and encoded again once
+ * the GIL is held.
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cexample", NULL, -1, NULL};
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
 
-PyMODINIT_FUNC PyInit__cexample(void) { return PyModule_Create(&module); }
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD == 0
+#define FAST_DECIMAL 1
+#else
+#define FAST_DECIMAL 0
+#endif
+
+#define MAX_DEPTH 64
+#define MAX_SLOW_TOKEN 4096
+
+enum { KIND_INT64 = 0, KIND_FLOAT = 1, KIND_BYTES = 2 };
+
+/* The outcome of one payload. */
+enum { ENC_OK = 0, ENC_FALLBACK = 1, ENC_RETRY = 2, ENC_NOMEM = 3 };
+
+/* What a feature holds after parsing one payload. */
+enum { SLOT_ABSENT = 0, SLOT_NULL = 1, SLOT_VALUE = 2 };
+
+typedef struct {
+    unsigned char *key; /* the feature's name: the map key written */
+    Py_ssize_t key_len;
+    unsigned char *json_key; /* the top-level key of the JSON object that holds the value */
+    Py_ssize_t json_key_len;
+    int kind;
+    int required;
+    unsigned char *default_entry; /* the whole map field (tag, length, entry), or NULL */
+    Py_ssize_t default_len;
+    unsigned char head[16]; /* 0x0a varint(key_len): the entry's key field minus the key */
+    Py_ssize_t head_len;
+} Feature;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count;
+    Feature *features; /* sorted by key bytes */
+    int32_t *table;    /* open addressing: index + 1 into features, 0 for empty */
+    uint32_t mask;
+    PyObject *spec; /* the constructor's argument, for pickling */
+} PlanObject;
+
+/* ---- growable buffers (no GIL needed) ------------------------------------------------------ */
+
+typedef struct {
+    unsigned char *data;
+    size_t len;
+    size_t cap;
+} Buf;
+
+static int buf_grow(Buf *b, size_t extra) {
+    size_t need = b->len + extra;
+    if (need < b->len) return -1;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need) {
+        if (cap > SIZE_MAX / 2) return -1;
+        cap *= 2;
+    }
+    unsigned char *data = PyMem_RawRealloc(b->data, cap);
+    if (data == NULL) return -1;
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_reserve(Buf *b, size_t extra) {
+    return (b->cap - b->len >= extra) ? 0 : buf_grow(b, extra);
+}
+
+static inline size_t varint_size(uint64_t v) {
+    size_t n = 1;
+    while (v > 0x7F) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline unsigned char *put_varint(unsigned char *out, uint64_t v) {
+    while (v > 0x7F) {
+        *out++ = (unsigned char)((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    *out++ = (unsigned char)v;
+    return out;
+}
+
+/* ---- the parser ---------------------------------------------------------------------------- */
+
+typedef struct {
+    const unsigned char *p;
+    const unsigned char *end;
+    int allow_slow; /* the GIL is held: PyOS_string_to_double may be called */
+    Buf payload;    /* the payloads of this record's features, one after the other */
+    Buf text;       /* a decoded key or string with escapes */
+    unsigned char *slot; /* per feature: SLOT_* */
+    size_t *off;         /* per feature: the payload's offset in `payload` */
+    size_t *len;         /* per feature: the payload's length */
+} Parser;
+
+static inline void skip_ws(Parser *ps) {
+    const unsigned char *p = ps->p, *end = ps->end;
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    ps->p = p;
+}
+
+static inline int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int read_hex4(const unsigned char *p, const unsigned char *end, uint32_t *out) {
+    if (end - p < 4) return -1;
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(p[i]);
+        if (h < 0) return -1;
+        v = (v << 4) | (uint32_t)h;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The length of the valid UTF-8 sequence of a non-ASCII lead byte at p, or 0 (Unicode table
+ * 3-7: no overlong forms, no surrogates, nothing above U+10FFFF). */
+static inline int utf8_seq(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    Py_ssize_t avail = end - p;
+    if (c >= 0xC2 && c <= 0xDF) {
+        return (avail >= 2 && (p[1] & 0xC0) == 0x80) ? 2 : 0;
+    }
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (avail < 3) return 0;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c == 0xE0) lo = 0xA0;
+        else if (c == 0xED) hi = 0x9F;
+        if (p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80) return 0;
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (avail < 4) return 0;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c == 0xF0) lo = 0x90;
+        else if (c == 0xF4) hi = 0x8F;
+        if (p[1] < lo || p[1] > hi || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
+        return 4;
+    }
+    return 0;
+}
+
+static inline unsigned char *put_utf8(unsigned char *out, uint32_t cp) {
+    if (cp < 0x80) {
+        *out++ = (unsigned char)cp;
+    } else if (cp < 0x800) {
+        *out++ = (unsigned char)(0xC0 | (cp >> 6));
+        *out++ = (unsigned char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        *out++ = (unsigned char)(0xE0 | (cp >> 12));
+        *out++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        *out++ = (unsigned char)(0x80 | (cp & 0x3F));
+    } else {
+        *out++ = (unsigned char)(0xF0 | (cp >> 18));
+        *out++ = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+        *out++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        *out++ = (unsigned char)(0x80 | (cp & 0x3F));
+    }
+    return out;
+}
+
+/* Scan a string whose opening quote is at ps->p. On success ps->p is past the closing quote,
+ * [*start, *stop) is the raw content and *escaped tells whether it holds escapes. Everything is
+ * validated: UTF-8, control characters, escapes, surrogate pairs. */
+static int scan_string(Parser *ps, const unsigned char **start, const unsigned char **stop,
+                       int *escaped) {
+    const unsigned char *p = ps->p + 1, *end = ps->end;
+    int esc = 0;
+    *start = p;
+    for (;;) {
+        /* The common case: printable ASCII. */
+        while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
+        if (p >= end) return ENC_FALLBACK;
+        unsigned char c = *p;
+        if (c == '"') break;
+        if (c == '\\') {
+            esc = 1;
+            if (end - p < 2) return ENC_FALLBACK;
+            unsigned char e = p[1];
+            if (e == 'u') {
+                uint32_t u;
+                if (read_hex4(p + 2, end, &u) < 0) return ENC_FALLBACK;
+                p += 6;
+                if (u >= 0xDC00 && u <= 0xDFFF) return ENC_FALLBACK;
+                if (u >= 0xD800 && u <= 0xDBFF) {
+                    uint32_t lo;
+                    if (end - p < 2 || p[0] != '\\' || p[1] != 'u') return ENC_FALLBACK;
+                    if (read_hex4(p + 2, end, &lo) < 0) return ENC_FALLBACK;
+                    if (lo < 0xDC00 || lo > 0xDFFF) return ENC_FALLBACK;
+                    p += 6;
+                }
+                continue;
+            }
+            if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' ||
+                e == 'r' || e == 't') {
+                p += 2;
+                continue;
+            }
+            return ENC_FALLBACK;
+        }
+        if (c < 0x20) return ENC_FALLBACK;
+        int n = utf8_seq(p, end);
+        if (n == 0) return ENC_FALLBACK;
+        p += n;
+    }
+    *stop = p;
+    *escaped = esc;
+    ps->p = p + 1;
+    return ENC_OK;
+}
+
+/* Append the decoded content of an already validated string to `out`. */
+static int decode_escaped(const unsigned char *p, const unsigned char *end, Buf *out) {
+    if (buf_reserve(out, (size_t)(end - p)) < 0) return ENC_NOMEM;
+    /* A decoded string is never longer than its escaped form. */
+    unsigned char *o = out->data + out->len;
+    while (p < end) {
+        unsigned char c = *p;
+        if (c != '\\') {
+            *o++ = c;
+            p++;
+            continue;
+        }
+        unsigned char e = p[1];
+        p += 2;
+        switch (e) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '/': *o++ = '/'; break;
+        case 'b': *o++ = '\b'; break;
+        case 'f': *o++ = '\f'; break;
+        case 'n': *o++ = '\n'; break;
+        case 'r': *o++ = '\r'; break;
+        case 't': *o++ = '\t'; break;
+        default: { /* 'u', validated by scan_string */
+            uint32_t u, lo;
+            read_hex4(p, end, &u);
+            p += 4;
+            if (u >= 0xD800 && u <= 0xDBFF) {
+                read_hex4(p + 2, end, &lo);
+                p += 6;
+                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            o = put_utf8(o, u);
+        }
+        }
+    }
+    out->len = (size_t)(o - out->data);
+    return ENC_OK;
+}
+
+typedef struct {
+    const unsigned char *start, *end; /* the whole token */
+    const unsigned char *int_start, *int_end;
+    const unsigned char *frac_start, *frac_end; /* empty when there is no fraction */
+    int negative;
+    int is_int; /* no fraction, no exponent */
+    long exponent; /* saturated at +-1e9 */
+} Number;
+
+/* Scan a JSON number at ps->p (RFC 8259 grammar) and refuse any whose value could be infinite as
+ * a double: orjson refuses those, wherever they are. */
+static int scan_number(Parser *ps, Number *num) {
+    const unsigned char *p = ps->p, *end = ps->end;
+    num->start = p;
+    num->negative = 0;
+    if (p < end && *p == '-') {
+        num->negative = 1;
+        p++;
+    }
+    if (p >= end) return ENC_FALLBACK;
+    num->int_start = p;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    } else {
+        return ENC_FALLBACK;
+    }
+    num->int_end = p;
+    num->frac_start = num->frac_end = p;
+    num->is_int = 1;
+    num->exponent = 0;
+    if (p < end && *p == '.') {
+        p++;
+        num->frac_start = p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        if (p == num->frac_start) return ENC_FALLBACK;
+        num->frac_end = p;
+        num->is_int = 0;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        int eneg = 0;
+        if (p < end && (*p == '+' || *p == '-')) {
+            eneg = *p == '-';
+            p++;
+        }
+        const unsigned char *d = p;
+        long e = 0;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (e < 1000000000L) e = e * 10 + (*p - '0');
+            p++;
+        }
+        if (p == d) return ENC_FALLBACK;
+        num->exponent = eneg ? -e : e;
+        num->is_int = 0;
+    }
+    num->end = p;
+    ps->p = p;
+
+    /* The value is below 10**order; anything below 1e308 is a finite double. */
+    long long order;
+    if (!(num->int_end - num->int_start == 1 && *num->int_start == '0')) {
+        order = (long long)(num->int_end - num->int_start) + num->exponent;
+    } else {
+        const unsigned char *q = num->frac_start;
+        while (q < num->frac_end && *q == '0') q++;
+        if (q == num->frac_end) return ENC_OK; /* zero */
+        order = -(long long)(q - num->frac_start) + num->exponent;
+    }
+    return order > 308 ? ENC_FALLBACK : ENC_OK;
+}
+
+/* An integer token as an int64, or ENC_FALLBACK when it is not one or does not fit. */
+static int number_to_int64(const Number *num, int64_t *out) {
+    if (!num->is_int) return ENC_FALLBACK;
+    uint64_t v = 0;
+    for (const unsigned char *q = num->int_start; q < num->int_end; q++) {
+        unsigned d = (unsigned)(*q - '0');
+        if (v > (UINT64_MAX - d) / 10) return ENC_FALLBACK;
+        v = v * 10 + d;
+    }
+    if (num->negative) {
+        if (v > (uint64_t)INT64_MAX + 1) return ENC_FALLBACK;
+        *out = v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
+    } else {
+        if (v > (uint64_t)INT64_MAX) return ENC_FALLBACK;
+        *out = (int64_t)v;
+    }
+    return ENC_OK;
+}
+
+static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                 1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The double of a token with a fraction or an exponent, as float() makes it. */
+static int number_to_double(Parser *ps, const Number *num, double *out) {
+#if FAST_DECIMAL
+    /* Clinger's fast path: digits and power of ten both exact, so one rounding, correct. */
+    uint64_t m = 0;
+    int exact = 1;
+    for (const unsigned char *q = num->int_start; q < num->int_end && exact; q++) {
+        m = m * 10 + (uint64_t)(*q - '0');
+        if (m > (1ULL << 53)) exact = 0;
+    }
+    for (const unsigned char *q = num->frac_start; q < num->frac_end && exact; q++) {
+        m = m * 10 + (uint64_t)(*q - '0');
+        if (m > (1ULL << 53)) exact = 0;
+    }
+    if (exact) {
+        long e = num->exponent - (long)(num->frac_end - num->frac_start);
+        if (e >= -22 && e <= 22) {
+            double d = (double)m;
+            d = e >= 0 ? d * POW10[e] : d / POW10[-e];
+            *out = num->negative ? -d : d;
+            return ENC_OK;
+        }
+        if (m == 0) {
+            *out = num->negative ? -0.0 : 0.0;
+            return ENC_OK;
+        }
+    }
+#endif
+    if (!ps->allow_slow) return ENC_RETRY;
+    Py_ssize_t n = num->end - num->start;
+    if (n > MAX_SLOW_TOKEN) return ENC_FALLBACK;
+    char buf[MAX_SLOW_TOKEN + 1];
+    memcpy(buf, num->start, (size_t)n);
+    buf[n] = '\0';
+    char *stop = NULL;
+    double d = PyOS_string_to_double(buf, &stop, NULL);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return ENC_FALLBACK;
+    }
+    if (stop != buf + n) return ENC_FALLBACK;
+    *out = d;
+    return ENC_OK;
+}
+
+static int skip_value(Parser *ps, int depth);
+
+static int skip_container(Parser *ps, int depth) {
+    if (depth >= MAX_DEPTH) return ENC_FALLBACK;
+    int object = *ps->p == '{';
+    unsigned char close = object ? '}' : ']';
+    ps->p++;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        return ENC_OK;
+    }
+    for (;;) {
+        int r;
+        if (object) {
+            const unsigned char *s, *e;
+            int esc;
+            if (ps->p >= ps->end || *ps->p != '"') return ENC_FALLBACK;
+            if ((r = scan_string(ps, &s, &e, &esc)) != ENC_OK) return r;
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != ':') return ENC_FALLBACK;
+            ps->p++;
+            skip_ws(ps);
+        }
+        if ((r = skip_value(ps, depth + 1)) != ENC_OK) return r;
+        skip_ws(ps);
+        if (ps->p >= ps->end) return ENC_FALLBACK;
+        if (*ps->p == ',') {
+            ps->p++;
+            skip_ws(ps);
+            continue;
+        }
+        if (*ps->p == close) {
+            ps->p++;
+            return ENC_OK;
+        }
+        return ENC_FALLBACK;
+    }
+}
+
+static int skip_literal(Parser *ps, const char *word, size_t n) {
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0) return ENC_FALLBACK;
+    ps->p += n;
+    return ENC_OK;
+}
+
+/* Validate and skip any JSON value at ps->p (whitespace already skipped). */
+static int skip_value(Parser *ps, int depth) {
+    if (ps->p >= ps->end) return ENC_FALLBACK;
+    switch (*ps->p) {
+    case '"': {
+        const unsigned char *s, *e;
+        int esc;
+        return scan_string(ps, &s, &e, &esc);
+    }
+    case '{':
+    case '[': return skip_container(ps, depth);
+    case 't': return skip_literal(ps, "true", 4);
+    case 'f': return skip_literal(ps, "false", 5);
+    case 'n': return skip_literal(ps, "null", 4);
+    default: {
+        Number num;
+        return scan_number(ps, &num);
+    }
+    }
+}
+
+/* Append one element of a feature's value list to the payload buffer. */
+static int encode_element(Parser *ps, int kind) {
+    const unsigned char *p = ps->p;
+    if (p >= ps->end) return ENC_FALLBACK;
+    unsigned char c = *p;
+    int r;
+    if (kind == KIND_BYTES) {
+        if (c != '"') return ENC_FALLBACK;
+        const unsigned char *s, *e;
+        int esc;
+        if ((r = scan_string(ps, &s, &e, &esc)) != ENC_OK) return r;
+        if (!esc) {
+            size_t n = (size_t)(e - s);
+            if (buf_reserve(&ps->payload, n + 11) < 0) return ENC_NOMEM;
+            unsigned char *o = ps->payload.data + ps->payload.len;
+            *o++ = 0x0a;
+            o = put_varint(o, n);
+            memcpy(o, s, n);
+            ps->payload.len = (size_t)(o - ps->payload.data) + n;
+            return ENC_OK;
+        }
+        ps->text.len = 0;
+        if ((r = decode_escaped(s, e, &ps->text)) != ENC_OK) return r;
+        size_t n = ps->text.len;
+        if (buf_reserve(&ps->payload, n + 11) < 0) return ENC_NOMEM;
+        unsigned char *o = ps->payload.data + ps->payload.len;
+        *o++ = 0x0a;
+        o = put_varint(o, n);
+        memcpy(o, ps->text.data, n);
+        ps->payload.len = (size_t)(o - ps->payload.data) + n;
+        return ENC_OK;
+    }
+    if (c != '-' && (c < '0' || c > '9')) return ENC_FALLBACK;
+    Number num;
+    if ((r = scan_number(ps, &num)) != ENC_OK) return r;
+    if (kind == KIND_INT64) {
+        int64_t v;
+        if ((r = number_to_int64(&num, &v)) != ENC_OK) return r;
+        if (buf_reserve(&ps->payload, 10) < 0) return ENC_NOMEM;
+        unsigned char *o = put_varint(ps->payload.data + ps->payload.len, (uint64_t)v);
+        ps->payload.len = (size_t)(o - ps->payload.data);
+        return ENC_OK;
+    }
+    /* KIND_FLOAT: Python packs float(x) with struct.pack("<f"): (float) of the double, and a
+     * finite double that becomes infinite is refused. */
+    double d;
+    if (num.is_int) {
+        int64_t v;
+        if ((r = number_to_int64(&num, &v)) != ENC_OK) return r;
+        d = (double)v;
+    } else if ((r = number_to_double(ps, &num, &d)) != ENC_OK) {
+        return r;
+    }
+    if (!isfinite(d)) return ENC_FALLBACK;
+    float f = (float)d;
+    if (isinf(f)) return ENC_FALLBACK;
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if (buf_reserve(&ps->payload, 4) < 0) return ENC_NOMEM;
+    unsigned char *o = ps->payload.data + ps->payload.len;
+    o[0] = (unsigned char)bits;
+    o[1] = (unsigned char)(bits >> 8);
+    o[2] = (unsigned char)(bits >> 16);
+    o[3] = (unsigned char)(bits >> 24);
+    ps->payload.len += 4;
+    return ENC_OK;
+}
+
+/* Parse the value of feature i at ps->p into its slot. */
+static int encode_feature(Parser *ps, const Feature *f, Py_ssize_t i) {
+    const unsigned char *p = ps->p;
+    if (p >= ps->end) return ENC_FALLBACK;
+    int r;
+    if (*p == 'n') {
+        if ((r = skip_literal(ps, "null", 4)) != ENC_OK) return r;
+        ps->slot[i] = SLOT_NULL;
+        return ENC_OK;
+    }
+    size_t start = ps->payload.len;
+    if (*p == '[') {
+        ps->p++;
+        skip_ws(ps);
+        if (ps->p < ps->end && *ps->p == ']') {
+            ps->p++;
+        } else {
+            for (;;) {
+                if ((r = encode_element(ps, f->kind)) != ENC_OK) return r;
+                skip_ws(ps);
+                if (ps->p >= ps->end) return ENC_FALLBACK;
+                if (*ps->p == ',') {
+                    ps->p++;
+                    skip_ws(ps);
+                    continue;
+                }
+                if (*ps->p == ']') {
+                    ps->p++;
+                    break;
+                }
+                return ENC_FALLBACK;
+            }
+        }
+    } else if ((r = encode_element(ps, f->kind)) != ENC_OK) {
+        return r;
+    }
+    ps->slot[i] = SLOT_VALUE;
+    ps->off[i] = start;
+    ps->len[i] = ps->payload.len - start;
+    return ENC_OK;
+}
+
+static inline uint32_t hash_key(const unsigned char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 16777619u;
+    return h;
+}
+
+static Py_ssize_t lookup(const PlanObject *plan, const unsigned char *key, size_t n) {
+    uint32_t h = hash_key(key, n) & plan->mask;
+    for (;;) {
+        int32_t slot = plan->table[h];
+        if (slot == 0) return -1;
+        const Feature *f = &plan->features[slot - 1];
+        if ((size_t)f->json_key_len == n && memcmp(f->json_key, key, n) == 0) return slot - 1;
+        h = (h + 1) & plan->mask;
+    }
+}
+
+/* The sizes of feature f's map entry around a payload of n bytes. */
+static inline size_t entry_inner_size(const Feature *f, size_t n, size_t *feature_len,
+                                      size_t *value_len) {
+    int packed = f->kind != KIND_BYTES;
+    size_t vl = (packed && n) ? 1 + varint_size(n) + n : n; /* value head + payload */
+    size_t fl = 1 + varint_size(vl) + vl;                   /* the Feature message */
+    *feature_len = fl;
+    *value_len = vl;
+    return (size_t)f->head_len + (size_t)f->key_len + 1 + varint_size(fl) + fl;
+}
+
+/* Parse one payload; on success append the serialized Example to `out`. */
+static int encode_record(const PlanObject *plan, Parser *ps, const unsigned char *data,
+                         Py_ssize_t size, Buf *out, size_t *rec_off, size_t *rec_len) {
+    Py_ssize_t count = plan->count;
+    int r;
+    ps->p = data;
+    ps->end = data + size;
+    ps->payload.len = 0;
+    memset(ps->slot, SLOT_ABSENT, (size_t)count);
+
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != '{') return ENC_FALLBACK;
+    ps->p++;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == '}') {
+        ps->p++;
+    } else {
+        for (;;) {
+            if (ps->p >= ps->end || *ps->p != '"') return ENC_FALLBACK;
+            const unsigned char *s, *e;
+            int esc;
+            if ((r = scan_string(ps, &s, &e, &esc)) != ENC_OK) return r;
+            Py_ssize_t i;
+            if (!esc) {
+                i = lookup(plan, s, (size_t)(e - s));
+            } else {
+                ps->text.len = 0;
+                if ((r = decode_escaped(s, e, &ps->text)) != ENC_OK) return r;
+                i = lookup(plan, ps->text.data, ps->text.len);
+            }
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != ':') return ENC_FALLBACK;
+            ps->p++;
+            skip_ws(ps);
+            if (i >= 0) {
+                if (ps->slot[i] != SLOT_ABSENT) return ENC_FALLBACK; /* a duplicate key */
+                r = encode_feature(ps, &plan->features[i], i);
+            } else {
+                r = skip_value(ps, 1);
+            }
+            if (r != ENC_OK) return r;
+            skip_ws(ps);
+            if (ps->p >= ps->end) return ENC_FALLBACK;
+            if (*ps->p == ',') {
+                ps->p++;
+                skip_ws(ps);
+                continue;
+            }
+            if (*ps->p == '}') {
+                ps->p++;
+                break;
+            }
+            return ENC_FALLBACK;
+        }
+    }
+    skip_ws(ps);
+    if (ps->p != ps->end) return ENC_FALLBACK;
+
+    /* Sizes first: every length precedes what it measures. */
+    size_t body = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Feature *f = &plan->features[i];
+        if (ps->slot[i] == SLOT_VALUE) {
+            size_t fl, vl;
+            size_t inner = entry_inner_size(f, ps->len[i], &fl, &vl);
+            body += 1 + varint_size(inner) + inner;
+        } else if (f->required) {
+            return ENC_FALLBACK;
+        } else if (f->default_entry != NULL) {
+            body += (size_t)f->default_len;
+        }
+    }
+    if (buf_reserve(out, 1 + 10 + body) < 0) return ENC_NOMEM;
+    unsigned char *o = out->data + out->len;
+    unsigned char *first = o;
+    *o++ = 0x0a;
+    o = put_varint(o, body);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Feature *f = &plan->features[i];
+        if (ps->slot[i] != SLOT_VALUE) {
+            if (f->default_entry != NULL) {
+                memcpy(o, f->default_entry, (size_t)f->default_len);
+                o += f->default_len;
+            }
+            continue;
+        }
+        size_t n = ps->len[i], fl, vl;
+        size_t inner = entry_inner_size(f, n, &fl, &vl);
+        *o++ = 0x0a;
+        o = put_varint(o, inner);
+        memcpy(o, f->head, (size_t)f->head_len);
+        o += f->head_len;
+        memcpy(o, f->key, (size_t)f->key_len);
+        o += f->key_len;
+        *o++ = 0x12;
+        o = put_varint(o, fl);
+        *o++ = f->kind == KIND_BYTES ? 0x0a : f->kind == KIND_FLOAT ? 0x12 : 0x1a;
+        o = put_varint(o, vl);
+        if (f->kind != KIND_BYTES && n) {
+            *o++ = 0x0a;
+            o = put_varint(o, n);
+        }
+        memcpy(o, ps->payload.data + ps->off[i], n);
+        o += n;
+    }
+    *rec_off = out->len;
+    *rec_len = (size_t)(o - first);
+    out->len += *rec_len;
+    return ENC_OK;
+}
+
+/* ---- the ExamplePlan type ------------------------------------------------------------------ */
+
+static void plan_free_features(PlanObject *self) {
+    if (self->features != NULL) {
+        for (Py_ssize_t i = 0; i < self->count; i++) {
+            PyMem_Free(self->features[i].key);
+            PyMem_Free(self->features[i].json_key);
+            PyMem_Free(self->features[i].default_entry);
+        }
+        PyMem_Free(self->features);
+        self->features = NULL;
+    }
+    PyMem_Free(self->table);
+    self->table = NULL;
+    self->count = 0;
+}
+
+static void plan_dealloc(PlanObject *self) {
+    plan_free_features(self);
+    Py_XDECREF(self->spec);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int compare_features(const void *a, const void *b) {
+    const Feature *x = a, *y = b;
+    Py_ssize_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
+    int c = memcmp(x->key, y->key, (size_t)n);
+    if (c != 0) return c;
+    return (x->key_len > y->key_len) - (x->key_len < y->key_len);
+}
+
+static unsigned char *copy_bytes(PyObject *b, Py_ssize_t *len) {
+    *len = PyBytes_GET_SIZE(b);
+    unsigned char *out = PyMem_Malloc((size_t)*len + 1);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(out, PyBytes_AS_STRING(b), (size_t)*len);
+    return out;
+}
+
+static int plan_init(PlanObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"features", NULL};
+    PyObject *features;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:ExamplePlan", kwlist, &features)) return -1;
+    if (self->spec != NULL) {
+        /* Another thread may be encoding with this plan, the GIL released. */
+        PyErr_SetString(PyExc_TypeError, "an ExamplePlan is initialized once");
+        return -1;
+    }
+    PyObject *seq = PySequence_Tuple(features);
+    if (seq == NULL) return -1;
+    Py_XSETREF(self->spec, seq);
+    Py_ssize_t count = PyTuple_GET_SIZE(seq);
+    if (count == 0) {
+        PyErr_SetString(PyExc_ValueError, "an ExamplePlan needs at least one feature");
+        return -1;
+    }
+    self->features = PyMem_Calloc((size_t)count, sizeof(Feature));
+    if (self->features == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
+        PyObject *key, *json_key, *kind, *deflt;
+        int required;
+        if (!PyTuple_Check(item) ||
+            !PyArg_ParseTuple(item, "O!O!UpO:ExamplePlan feature", &PyBytes_Type, &key,
+                              &PyBytes_Type, &json_key, &kind, &required, &deflt)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "each feature is a tuple (name, JSON key, kind, "
+                                                 "required, default entry)");
+            return -1;
+        }
+        Feature *f = &self->features[i];
+        self->count = i + 1; /* what plan_free_features frees */
+        if (PyUnicode_CompareWithASCIIString(kind, "int64") == 0) f->kind = KIND_INT64;
+        else if (PyUnicode_CompareWithASCIIString(kind, "float") == 0) f->kind = KIND_FLOAT;
+        else if (PyUnicode_CompareWithASCIIString(kind, "bytes") == 0) f->kind = KIND_BYTES;
+        else {
+            PyErr_Format(PyExc_ValueError, "unknown feature kind %R", kind);
+            return -1;
+        }
+        f->required = required;
+        if ((f->key = copy_bytes(key, &f->key_len)) == NULL) return -1;
+        if ((f->json_key = copy_bytes(json_key, &f->json_key_len)) == NULL) return -1;
+        if (deflt != Py_None) {
+            if (!PyBytes_Check(deflt)) {
+                PyErr_SetString(PyExc_TypeError, "a default entry is bytes or None");
+                return -1;
+            }
+            if (required) {
+                PyErr_SetString(PyExc_ValueError, "a required feature cannot have a default");
+                return -1;
+            }
+            if ((f->default_entry = copy_bytes(deflt, &f->default_len)) == NULL) return -1;
+        }
+        f->head[0] = 0x0a;
+        f->head_len = put_varint(f->head + 1, (uint64_t)f->key_len) - f->head;
+    }
+    qsort(self->features, (size_t)count, sizeof(Feature), compare_features);
+    for (Py_ssize_t i = 1; i < count; i++) {
+        if (compare_features(&self->features[i - 1], &self->features[i]) == 0) {
+            PyObject *key = PyBytes_FromStringAndSize((char *)self->features[i].key,
+                                                      self->features[i].key_len);
+            if (key != NULL) {
+                PyErr_Format(PyExc_ValueError, "feature key %R is declared twice", key);
+                Py_DECREF(key);
+            }
+            return -1;
+        }
+    }
+    uint32_t size = 8;
+    while (size < 2 * (uint64_t)count) size *= 2;
+    self->table = PyMem_Calloc(size, sizeof(int32_t));
+    if (self->table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->mask = size - 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Feature *f = &self->features[i];
+        uint32_t h = hash_key(f->json_key, (size_t)f->json_key_len) & self->mask;
+        while (self->table[h] != 0) {
+            const Feature *g = &self->features[self->table[h] - 1];
+            if (g->json_key_len == f->json_key_len &&
+                memcmp(g->json_key, f->json_key, (size_t)f->json_key_len) == 0) {
+                PyErr_SetString(PyExc_ValueError, "two features read the same JSON key");
+                return -1;
+            }
+            h = (h + 1) & self->mask;
+        }
+        self->table[h] = (int32_t)(i + 1);
+    }
+    return 0;
+}
+
+static PyObject *plan_encode_batch(PlanObject *self, PyObject *payloads) {
+    if (self->features == NULL) {
+        PyErr_SetString(PyExc_ValueError, "ExamplePlan is not initialized");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(payloads, "payloads must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t count = self->count;
+    PyObject *result = NULL;
+    PyObject **held = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    size_t *rec_off = PyMem_Malloc(((size_t)n + 1) * sizeof(size_t));
+    size_t *rec_len = PyMem_Malloc(((size_t)n + 1) * sizeof(size_t));
+    unsigned char *status = PyMem_Malloc((size_t)n + 1);
+    Parser ps = {0};
+    Buf out = {0};
+    ps.slot = PyMem_Malloc((size_t)count);
+    ps.off = PyMem_Malloc((size_t)count * sizeof(size_t));
+    ps.len = PyMem_Malloc((size_t)count * sizeof(size_t));
+    if (held == NULL || rec_off == NULL || rec_len == NULL || status == NULL || ps.slot == NULL ||
+        ps.off == NULL || ps.len == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* Hold each payload: the sequence may change while the GIL is released; bytes do not. */
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyBytes_Check(items[i])) {
+            held[i] = Py_NewRef(items[i]);
+            status[i] = ENC_OK;
+        } else {
+            status[i] = ENC_FALLBACK;
+        }
+    }
+    int nomem = 0, retry = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !nomem; i++) {
+        if (held[i] == NULL) continue;
+        int r = encode_record(self, &ps, (const unsigned char *)PyBytes_AS_STRING(held[i]),
+                              PyBytes_GET_SIZE(held[i]), &out, &rec_off[i], &rec_len[i]);
+        status[i] = (unsigned char)r;
+        if (r == ENC_NOMEM) nomem = 1;
+        if (r == ENC_RETRY) retry = 1;
+    }
+    Py_END_ALLOW_THREADS
+    if (retry && !nomem) {
+        ps.allow_slow = 1;
+        for (Py_ssize_t i = 0; i < n && !nomem; i++) {
+            if (status[i] != ENC_RETRY) continue;
+            int r = encode_record(self, &ps, (const unsigned char *)PyBytes_AS_STRING(held[i]),
+                                  PyBytes_GET_SIZE(held[i]), &out, &rec_off[i], &rec_len[i]);
+            status[i] = (unsigned char)(r == ENC_RETRY ? ENC_FALLBACK : r);
+            if (r == ENC_NOMEM) nomem = 1;
+        }
+    }
+    if (nomem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyList_New(n);
+    if (result == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item;
+        if (status[i] == ENC_OK) {
+            item = PyBytes_FromStringAndSize((const char *)out.data + rec_off[i],
+                                             (Py_ssize_t)rec_len[i]);
+            if (item == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+        } else {
+            item = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+done:
+    if (held != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(held[i]);
+    }
+    PyMem_Free(held);
+    PyMem_Free(rec_off);
+    PyMem_Free(rec_len);
+    PyMem_Free(status);
+    PyMem_Free(ps.slot);
+    PyMem_Free(ps.off);
+    PyMem_Free(ps.len);
+    PyMem_RawFree(ps.payload.data);
+    PyMem_RawFree(ps.text.data);
+    PyMem_RawFree(out.data);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *plan_reduce(PlanObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->spec == NULL) {
+        PyErr_SetString(PyExc_ValueError, "ExamplePlan is not initialized");
+        return NULL;
+    }
+    return Py_BuildValue("(O(O))", (PyObject *)Py_TYPE(self), self->spec);
+}
+
+static PyObject *plan_get_features(PlanObject *self, void *Py_UNUSED(closure)) {
+    if (self->spec == NULL) return PyTuple_New(0);
+    return Py_NewRef(self->spec);
+}
+
+static PyMethodDef plan_methods[] = {
+    {"encode_batch", (PyCFunction)plan_encode_batch, METH_O,
+     "encode_batch(payloads, /)\n--\n\n"
+     "For each JSON payload, its serialized Example, or None: encode it the Python way."},
+    {"__reduce__", (PyCFunction)plan_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef plan_getset[] = {
+    {"features", (getter)plan_get_features, NULL, "The features as given to the constructor.",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tfrecordd._cexample.ExamplePlan",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_dealloc = (destructor)plan_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ExamplePlan(features)\n--\n\n"
+              "A compiled Example encoder for JSON payloads. features: (name, JSON key, kind, "
+              "required, default entry) tuples; name and JSON key are UTF-8 bytes, kind is "
+              "'int64', 'float' or 'bytes', the default entry is the serialized map field "
+              "written when the value is missing, or None.",
+    .tp_methods = plan_methods,
+    .tp_getset = plan_getset,
+    .tp_init = (initproc)plan_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_cexample",
+    .m_doc = "JSON payloads to serialized tf.train.Example records, for schemas of plain features.",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__cexample(void) {
+    if (PyType_Ready(&PlanType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "ExamplePlan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,27 @@
+"""JSON payloads to serialized ``tf.train.Example`` records, for schemas of plain features."""
+
+from collections.abc import Sequence
+from typing import final
+
+@final
+class ExamplePlan:
+    """A compiled Example encoder, built once from
+    :meth:`tfrecordd.schema.ExampleSchema.compiled_json_features`."""
+
+    def __init__(self, features: Sequence[tuple[bytes, bytes, str, bool, bytes | None]]) -> None:
+        """``features``: ``(name, JSON key, type, required, default entry)`` per feature. Name
+        and JSON key are UTF-8; the type is ``"int64"``, ``"float"`` or ``"bytes"``; the default
+        entry is the serialized map field written for a missing value, or ``None`` to leave the
+        feature out. Raises ``ValueError`` on an unknown type, a name declared twice, or two
+        features reading one JSON key; a plan is initialized once."""
+
+    @property
+    def features(self) -> tuple[tuple[bytes, bytes, str, bool, bytes | None], ...]:
+        """The features as given to the constructor."""
+
+    def encode_batch(self, payloads: Sequence[bytes], /) -> list[bytes | None]:
+        """For each payload, its serialized ``Example``, or ``None``: not certain, encode that
+        one the Python way (which then writes the same record or reports the failure).
+
+        Payloads that are not ``bytes`` get ``None``. The parsing runs with the GIL released.
+        """
