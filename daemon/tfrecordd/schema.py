@@ -380,6 +380,11 @@ _Plan = tuple[
 of a scalar that is written as is)."""
 
 
+CompiledFeature = tuple[bytes, bytes, str, bool, bytes | None]
+"""One feature as :meth:`ExampleSchema.compiled_json_features` describes it to compiled code:
+(name, JSON key, type, required, default entry)."""
+
+
 def _compile_feature(name: str, spec: FeatureSpec) -> _Plan:
     text = spec.path if spec.path is not None else name
     path = parse_path(spec.path) if spec.path is not None else ((name, None),)
@@ -551,6 +556,40 @@ class ExampleSchema:
         except EncodeError as e:
             raise EncodeError(e.reason, name) from None
         return self._writer.encode(values)
+
+    def compiled_json_features(self) -> tuple[CompiledFeature, ...] | None:
+        """What a compiled JSON encoder needs to write exactly what :meth:`encode` writes, or
+        ``None`` when some feature needs Python to convert its value.
+
+        Eligible: every feature reads a top-level key (its name, or a ``path`` of one key) that
+        no other feature reads, and has no ``shape``, ``time_unit`` or ``length``. Each feature is
+        ``(name, JSON key, type, required, default entry)``: name and key as UTF-8, the type's
+        name, and the serialized map field that :meth:`encode` writes for a missing value, or
+        ``None`` when it leaves the feature out.
+        """
+        out: list[CompiledFeature] = []
+        keys: set[str] = set()
+        for (name, key, _, _, default, required, _), spec in zip(
+            self._plan, self.features.values(), strict=True
+        ):
+            special = spec.shape is not None or spec.time_unit is not None or spec.length
+            if key is None or special or key in keys:
+                return None
+            keys.add(key)
+            try:
+                name_bytes, key_bytes = name.encode(), key.encode()
+            except UnicodeEncodeError:
+                return None
+            entry = None
+            if default is not None:
+                # Encoded alone, the Example's body is exactly this feature's map field.
+                record = ExampleWriter([(name, spec.type)]).encode([default])
+                start = 1
+                while record[start] & 0x80:
+                    start += 1
+                entry = record[start + 1 :]
+            out.append((name_bytes, key_bytes, spec.type.value, required, entry))
+        return tuple(out)
 
     def encode_csv(self, row: Mapping[str, Any]) -> bytes:
         """Serialize the ``Example`` for one CSV row: header name → field text.
