@@ -268,7 +268,7 @@ static int decode_escaped(const unsigned char *p, const unsigned char *end, Buf 
         case 'r': *o++ = '\r'; break;
         case 't': *o++ = '\t'; break;
         default: { /* 'u', validated by scan_string */
-            uint32_t u, lo;
+            uint32_t u = 0, lo = 0; /* read_hex4 always sets them: the escape was validated */
             read_hex4(p, end, &u);
             p += 4;
             if (u >= 0xD800 && u <= 0xDBFF) {
