@@ -59,7 +59,8 @@ def run(ctx: Context) -> list[Row]:
                     n / base if base else None,
                     "TFRecordWriter.write of the same bytes",
                     TARGET,
-                    f"{size:.0f}-byte records; ours parses each one, TensorFlow checks nothing"
+                    f"{size:.0f}-byte records; ours checks each one (a walk of the wire format in"
+                    " C, protobuf for any it cannot vouch for), TensorFlow checks nothing"
                     if unknown == "reject" and compression is Compression.NONE
                     else "",
                 )

@@ -42,7 +42,8 @@ class PassthroughEncoderConfig(EncoderConfig):
     unknown_fields: Literal["reject", "keep"] = "reject"
     """``reject``: a payload that parses but holds fields its message does not declare (another
     message type, damage) is a dead letter. ``keep``: only bytes that do not parse at all are
-    refused; about three times faster."""
+    refused. Without the compiled check (``tfrecordd._cframe``) ``keep`` is about three times
+    faster; with it, ordinary payloads cost the same either way."""
 
     def build(self) -> PassthroughEncoder:
         return PassthroughEncoder(self)
