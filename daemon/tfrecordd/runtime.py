@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import signal
@@ -165,6 +166,23 @@ def _unship(shipment: _Shipment) -> list[RawEvent]:
     return events
 
 
+def _widen_pipes() -> None:
+    """Give the pipes a worker is fed and answers through room for a whole batch (Linux).
+
+    With the default 64 KiB, a batch crosses in pieces, and the daemon's event loop wakes for
+    each piece the worker reads: that, not encoding, was what held two workers back."""
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        return
+    # File descriptors 0 and 1: the worker has pointed sys.stdin and sys.stdout elsewhere.
+    for fd in (0, 1):
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+
+
+_PIPE_BYTES = 1 << 20
+"""Linux's default cap for an unprivileged process (``/proc/sys/fs/pipe-max-size``)."""
+
+
 def _encode_in_worker(
     config: EncoderConfig, shipment: _Shipment, compression: Compression, level: int | None
 ) -> tuple[list[bytes] | Packed, _Failures]:
@@ -173,6 +191,8 @@ def _encode_in_worker(
     key = f"{type(config).__module__}.{type(config).__qualname__}:{config.model_dump_json()}"
     encoder = _worker_encoders.get(key)
     if encoder is None:
+        if not _worker_encoders:
+            _widen_pipes()
         encoder = _worker_encoders[key] = config.build()
     result = encoder.encode_batch(_unship(shipment))
     return _packed(result, compression, level)
@@ -211,6 +231,11 @@ class _SourceContext(SourceContext):
             self._send.send_nowait(batch)
         except anyio.WouldBlock:
             await self._send_when_room(batch)
+        else:
+            # A source that finds room keeps making batches without waiting: let the other stages
+            # run between two batches (the workers' results, the writer's trips to its thread),
+            # or a source with a big chunk of input holds the event loop for all of it.
+            await anyio.lowlevel.checkpoint()
         self._received.inc(len(batch.events))
 
     async def _send_when_room(self, batch: RawBatch) -> None:
