@@ -31,6 +31,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=None, help="default: the current time")
     p.add_argument("--max-delay", type=float, default=1.5, help="kill within [0, this) seconds")
     p.add_argument("--keep", type=Path, default=None, help="work here and keep it (default: tmp)")
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="batches of 1000 events, packed into units by two encode workers",
+    )
     args = p.parse_args()
     seed = args.seed if args.seed is not None else int(time.time())
     print(f"seed {seed}", flush=True)
@@ -55,6 +60,7 @@ def main() -> int:
                 max_delay=args.max_delay,
                 redis_url=url,
                 progress=lambda s: print(s, flush=True),
+                packed=args.packed,
             )
         finally:
             if server is not None:

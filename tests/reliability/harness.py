@@ -416,14 +416,21 @@ class Figures:
         )
 
 
-def harness_config(root: Path, source: str, compression: str, redis_url: str | None) -> Path:
+def harness_config(
+    root: Path, source: str, compression: str, redis_url: str | None, packed: bool = False
+) -> Path:
+    """Small shards and batches, so commits come every few milliseconds; ``packed``: batches of
+    1000 events (about 170 KiB, so encode workers frame and compress them as units of their
+    own), two encode workers, and shards of 5000 records."""
     output = {
         "compression": compression,
-        "max_shard_records": 50,
+        "max_shard_records": 5000 if packed else 50,
         "max_shard_age": "100ms",
         "min_free_bytes": 0,
     }
-    daemon = {"max_batch_events": 10, "drain_timeout": "30s"}
+    daemon: dict[str, Any] = {"max_batch_events": 10, "drain_timeout": "30s"}
+    if packed:
+        daemon |= {"max_batch_events": 1000, "encode_workers": 2}
     if source == "directory":
         return write_config(root, output=output, daemon=daemon)
     from tests.redis_server import write_redis_config
@@ -456,15 +463,17 @@ def run_crash_trials(
     max_delay: float = 1.5,
     redis_url: str | None = None,
     progress: Callable[[str], None] | None = None,
+    packed: bool = False,
 ) -> Figures:
     """SIGKILL a daemon ``kills`` times while producers write, then drain and audit."""
     rng = random.Random(seed)
     t0 = time.monotonic()
-    cfg = harness_config(root, source, compression, redis_url)
+    cfg = harness_config(root, source, compression, redis_url, packed)
     figs = Figures(source, compression)
     producer: Producer
+    per_file = 1000 if packed else 100
     if source == "directory":
-        producer = SpoolProducer(root / "spool", batch=100, interval=0.05)
+        producer = SpoolProducer(root / "spool", batch=per_file, interval=0.05)
         drained: Callable[[], bool] = lambda: spool_drained(root / "spool")  # noqa: E731
     else:
         assert redis_url is not None

@@ -61,6 +61,15 @@ def test_sigkill_spool_directory(tmp_path: Path) -> None:
     check(run_crash_trials(tmp_path, source="directory", kills=30, seed=1), 30)
 
 
+def test_sigkill_spool_directory_packed_units_two_workers(tmp_path: Path) -> None:
+    # Batches large enough to be framed and compressed in the encode workers, appended to the
+    # shard's zlib stream as they come (header and Adler-32 written by the shard itself).
+    figs = run_crash_trials(
+        tmp_path, source="directory", kills=15, seed=4, compression="zlib", packed=True
+    )
+    check(figs, 15)
+
+
 def test_sigkill_redis_stream(tmp_path: Path, redis_server: RedisServer) -> None:
     figs = run_crash_trials(
         tmp_path,
