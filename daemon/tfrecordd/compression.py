@@ -278,6 +278,9 @@ class Compressor:
         """Compress ``pieces`` (concatenated) into one complete :class:`Unit`, independent of any
         stream: encode workers make these, and the shard's stream appends them unchanged."""
         c = Compressor(compression, level)
+        if c.compression is Compression.NONE:
+            data = b"".join(pieces)
+            return Unit(c.compression, data, len(data))
         parts: list[bytes] = []
         raw = 0
         adler = 1
