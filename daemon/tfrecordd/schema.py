@@ -53,6 +53,7 @@ from tfrecordd.wire import (
     SequenceExampleWriter,
     clipped,
     describe,
+    map_entries,
 )
 
 __all__ = [
@@ -582,12 +583,8 @@ class ExampleSchema:
                 return None
             entry = None
             if default is not None:
-                # Encoded alone, the Example's body is exactly this feature's map field.
-                record = ExampleWriter([(name, spec.type)]).encode([default])
-                start = 1
-                while record[start] & 0x80:
-                    start += 1
-                entry = record[start + 1 :]
+                # Encoded alone, the Example holds exactly this feature's map entry.
+                entry = map_entries(ExampleWriter([(name, spec.type)]).encode([default]))
             out.append((name_bytes, key_bytes, spec.type.value, required, entry))
         return tuple(out)
 

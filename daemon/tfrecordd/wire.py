@@ -32,6 +32,8 @@ __all__ = [
     "SequenceExampleWriter",
     "clipped",
     "describe",
+    "map_entries",
+    "varint",
 ]
 
 INT64_MIN = -(2**63)
@@ -61,9 +63,21 @@ _SMALL: tuple[bytes, ...] = tuple(_varint_slow(n) for n in range(_SMALL_LIMIT))
 """Every one- and two-byte varint: lengths and small ints are looked up, not computed."""
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     """The varint of a non-negative ``n``."""
     return _SMALL[n] if n < _SMALL_LIMIT else _varint_slow(n)
+
+
+_varint = varint
+
+
+def map_entries(example: bytes) -> bytes:
+    """The ``feature`` map entries of a serialized ``Example`` that has any: what follows its
+    ``features`` field's tag and length (the way to splice one writer's entries into a record)."""
+    i = 1
+    while example[i] & 0x80:
+        i += 1
+    return example[i + 1 :]
 
 
 _FLOAT_PACKERS: tuple[Callable[..., bytes], ...] = tuple(

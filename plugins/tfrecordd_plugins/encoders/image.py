@@ -42,7 +42,14 @@ from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from tfrecordd.errors import EncodeError, TfrecorddError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
-from tfrecordd.wire import INT64_MAX, INT64_MIN, ExampleWriter, FeatureType
+from tfrecordd.wire import (
+    INT64_MAX,
+    INT64_MIN,
+    ExampleWriter,
+    FeatureType,
+    map_entries,
+    varint,
+)
 
 __all__ = ["ImageEncoder", "ImageEncoderConfig", "channels_of", "jpeg_header", "png_header"]
 
@@ -376,44 +383,21 @@ class ImageEncoderConfig(EncoderConfig):
         return out
 
 
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return bytes((n,))
-    if n < 0x4000:
-        return bytes(((n & 0x7F) | 0x80, n >> 7))
-    if n < 0x200000:
-        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _entries(message: bytes) -> bytes:
-    """The map entries of a serialized ``Example``: what follows its ``features`` tag and length."""
-    i = 1
-    while message[i] & 0x80:
-        i += 1
-    return message[i + 1 :]
-
-
-_ENCODED_KEY = b"\x0a" + _varint(len(ENCODED.encode())) + ENCODED.encode()
+_ENCODED_KEY = b"\x0a" + varint(len(ENCODED.encode())) + ENCODED.encode()
 
 
 def _encoded_head(n: int) -> bytes:
     """What precedes the ``n`` bytes of a file in the ``image/encoded`` map entry: entry tag and
     length, key, ``Feature`` tag and length, ``BytesList`` tag and length, value tag and length,
     as :class:`~tfrecordd.wire.ExampleWriter` writes them."""
-    value = _varint(n)
-    bytes_list = _varint(1 + len(value) + n)
-    feature = _varint(2 + len(bytes_list) + len(value) + n)
+    value = varint(n)
+    bytes_list = varint(1 + len(value) + n)
+    feature = varint(2 + len(bytes_list) + len(value) + n)
     entry = len(_ENCODED_KEY) + 3 + len(feature) + len(bytes_list) + len(value) + n
     return b"".join(
         (
             b"\x0a",
-            _varint(entry),
+            varint(entry),
             _ENCODED_KEY,
             b"\x12",
             feature,
@@ -481,7 +465,7 @@ class ImageEncoder(Encoder):
         before = self._before_cache.get(key) if folder.__class__ is str else None
         if before is None:
             label_value = None if label is None else [label]
-            before = _entries(self._before.encode([[channels], [folder], label_value]))
+            before = map_entries(self._before.encode([[channels], [folder], label_value]))
             if folder.__class__ is str:
                 if len(self._before_cache) >= _CACHED:
                     self._before_cache.clear()
@@ -489,14 +473,14 @@ class ImageEncoder(Encoder):
         size_key = (fmt, height, width)
         after = self._after_cache.get(size_key)
         if after is None:
-            after = _entries(self._after.encode([[fmt], [height], [width]]))
+            after = map_entries(self._after.encode([[fmt], [height], [width]]))
             if len(self._after_cache) >= _CACHED:
                 self._after_cache.clear()
             self._after_cache[size_key] = after
-        name = _entries(self._name.encode([[filename]]))
+        name = map_entries(self._name.encode([[filename]]))
         head = _encoded_head(len(data))
         size = len(before) + len(head) + len(data) + len(name) + len(after)
-        return b"".join((b"\x0a", _varint(size), before, head, data, name, after))
+        return b"".join((b"\x0a", varint(size), before, head, data, name, after))
 
     def _read(self, ev: RawEvent) -> tuple[bytes, str, int, int, int, str, str, int | None]:
         """The file's bytes, format, width, height and channels, name, folder and label."""
