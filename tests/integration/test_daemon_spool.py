@@ -8,7 +8,7 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import anyio
 import pytest
@@ -27,6 +27,7 @@ from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
 from tfrecordd.runtime import Daemon
+from tfrecordd.writer import Packed, pack
 from tfrecordd_plugins.sources.directory import CLAIM_DIR, DirectorySource
 
 pytestmark = pytest.mark.anyio
@@ -148,6 +149,33 @@ async def test_rotation_by_bytes_never_exceeds_the_cap(tmp_path: Path, compressi
     assert len(shards) > 2
     assert max(sizes) <= cap
     # Shards are filled, not cut early: all but the last use at least half the cap.
+    assert min(sizes[:-1]) >= cap // 2
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "zlib", "zstd"])
+async def test_packed_batches_keep_the_cap_too(
+    tmp_path: Path, compression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches of about 128 KiB (a quarter of the cap) are compressed as units of their own
+    # before the writer sees them; the cap still holds, and shards are still filled.
+    packed: list[int] = []
+
+    def counting_pack(records: list[bytes], *args: Any) -> Packed:
+        packed.append(len(records))
+        return pack(records, *args)
+
+    monkeypatch.setattr(runtime, "pack", counting_pack)
+    cap = 512 << 10
+    n = 20_000 if compression == "none" else 200_000
+    cfg = write_config(tmp_path, output={"max_shard_bytes": cap, "compression": compression})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(n)])
+    await run_until_drained(tmp_path, Daemon(load_config(cfg), handle_signals=False), n)
+    shards = shard_files(tmp_path / "shards")
+    sizes = [p.stat().st_size for p in shards]
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(n), 1)
+    assert sum(packed) > n // 2, "most batches were packed"
+    assert len(shards) > 2
+    assert max(sizes) <= cap
     assert min(sizes[:-1]) >= cap // 2
 
 
