@@ -81,14 +81,6 @@ class EncodedBatch:
         r = self.records
         return r.records if isinstance(r, Packed) else len(r)
 
-    @property
-    def raw_bytes(self) -> int:
-        """Their framed size before compression."""
-        r = self.records
-        if isinstance(r, Packed):
-            return r.unit.raw_size
-        return sum(len(x) for x in r) + OVERHEAD * len(r)
-
 
 @dataclass(slots=True)
 class _Slot:
@@ -629,7 +621,7 @@ class Daemon:
         records = batch.records
         count = batch.count
         if count:
-            await self._wait_for_space(batch.raw_bytes)
+            await self._wait_for_space(batch)
             limit = self.config.output.max_shard_records
             shard = self._unit.shard
             if shard is not None and limit and shard.records + count > limit:
@@ -651,13 +643,18 @@ class Daemon:
             # once rather than held until max_shard_age: they cost one journal fsync.
             await self._commit()
 
-    async def _wait_for_space(self, raw: int) -> None:
+    async def _wait_for_space(self, batch: EncodedBatch) -> None:
         """Hold the writer (and so, by backpressure, the sources) while the output's file
-        system lacks room for ``raw`` more bytes above ``min_free_bytes``."""
+        system lacks room for the batch above ``min_free_bytes``."""
         reserve = self.config.output.min_free_bytes
         if not reserve:
             return
-        needed = reserve + Compressor.bound(self.config.output.compression, raw)
+        records = batch.records
+        if isinstance(records, Packed):
+            needed = reserve + len(records.unit.data)
+        else:
+            raw = sum(len(r) for r in records) + OVERHEAD * len(records)
+            needed = reserve + Compressor.bound(self.config.output.compression, raw)
         paused_at: float | None = None
         while (free := self._free_bytes()) is not None and free < needed:
             if paused_at is None:
