@@ -425,6 +425,25 @@ static int number_to_double(Parser *ps, const Number *num, double *out) {
     return ENC_OK;
 }
 
+/* After an item of an array or object: consume the ',' that announces another item (ITEM_MORE)
+ * or the `close` that ends the container (ITEM_DONE); anything else is not JSON. */
+enum { ITEM_MORE = -1, ITEM_DONE = -2 };
+
+static int after_item(Parser *ps, unsigned char close) {
+    skip_ws(ps);
+    if (ps->p >= ps->end) return ENC_FALLBACK;
+    if (*ps->p == ',') {
+        ps->p++;
+        skip_ws(ps);
+        return ITEM_MORE;
+    }
+    if (*ps->p == close) {
+        ps->p++;
+        return ITEM_DONE;
+    }
+    return ENC_FALLBACK;
+}
+
 static int skip_value(Parser *ps, int depth);
 
 static int skip_container(Parser *ps, int depth) {
@@ -450,18 +469,8 @@ static int skip_container(Parser *ps, int depth) {
             skip_ws(ps);
         }
         if ((r = skip_value(ps, depth + 1)) != ENC_OK) return r;
-        skip_ws(ps);
-        if (ps->p >= ps->end) return ENC_FALLBACK;
-        if (*ps->p == ',') {
-            ps->p++;
-            skip_ws(ps);
-            continue;
-        }
-        if (*ps->p == close) {
-            ps->p++;
-            return ENC_OK;
-        }
-        return ENC_FALLBACK;
+        if ((r = after_item(ps, close)) == ITEM_MORE) continue;
+        return r == ITEM_DONE ? ENC_OK : r;
     }
 }
 
@@ -579,18 +588,9 @@ static int encode_feature(Parser *ps, const Feature *f, Py_ssize_t i) {
         } else {
             for (;;) {
                 if ((r = encode_element(ps, f->kind)) != ENC_OK) return r;
-                skip_ws(ps);
-                if (ps->p >= ps->end) return ENC_FALLBACK;
-                if (*ps->p == ',') {
-                    ps->p++;
-                    skip_ws(ps);
-                    continue;
-                }
-                if (*ps->p == ']') {
-                    ps->p++;
-                    break;
-                }
-                return ENC_FALLBACK;
+                if ((r = after_item(ps, ']')) == ITEM_MORE) continue;
+                if (r == ITEM_DONE) break;
+                return r;
             }
         }
     } else if ((r = encode_element(ps, f->kind)) != ENC_OK) {
@@ -671,18 +671,9 @@ static int encode_record(const PlanObject *plan, Parser *ps, const unsigned char
                 r = skip_value(ps, 1);
             }
             if (r != ENC_OK) return r;
-            skip_ws(ps);
-            if (ps->p >= ps->end) return ENC_FALLBACK;
-            if (*ps->p == ',') {
-                ps->p++;
-                skip_ws(ps);
-                continue;
-            }
-            if (*ps->p == '}') {
-                ps->p++;
-                break;
-            }
-            return ENC_FALLBACK;
+            if ((r = after_item(ps, '}')) == ITEM_MORE) continue;
+            if (r == ITEM_DONE) break;
+            return r;
         }
     }
     skip_ws(ps);
