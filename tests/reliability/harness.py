@@ -400,6 +400,15 @@ class Figures:
     def ok(self) -> bool:
         return self.audit is not None and self.audit.ok and self.dead_letters_missing == 0
 
+    def count_recovery(self, log: str) -> None:
+        """Count what a restart's recovery line in ``log`` says it found, if there is one."""
+        m = _RECOVERED.search(log)
+        if m:
+            redone, dropped, discarded = map(int, m.groups())
+            self.recovered_redone += redone > 0
+            self.recovered_dropped += dropped > 0
+            self.recovered_discarded += discarded > 0
+
     def summary(self) -> str:
         a = self.audit
         assert a is not None
@@ -488,12 +497,7 @@ def run_crash_trials(
             figs.kills += 1
             out = d.output()
             figs.killed_before_ready += " started: " not in out
-            m = _RECOVERED.search(out)
-            if m:
-                redone, dropped, discarded = map(int, m.groups())
-                figs.recovered_redone += redone > 0
-                figs.recovered_dropped += dropped > 0
-                figs.recovered_discarded += discarded > 0
+            figs.count_recovery(out)
             figs.torn_journal += "journal tail torn" in out
             if progress and (n + 1) % 10 == 0:
                 progress(f"{source}: {n + 1}/{kills} kills")
@@ -503,13 +507,7 @@ def run_crash_trials(
     d = DaemonProcess(cfg)
     try:
         d.wait_started(60)
-        out = d.output()
-        m = _RECOVERED.search(out)
-        if m:
-            redone, dropped, discarded = map(int, m.groups())
-            figs.recovered_redone += redone > 0
-            figs.recovered_dropped += dropped > 0
-            figs.recovered_discarded += discarded > 0
+        figs.count_recovery(d.output())
         wait_for(drained, timeout=600, interval=0.2)
         rc = d.stop(120)
         if rc != 0:
