@@ -283,17 +283,15 @@ class Compressor:
             return Unit(c.compression, data, len(data))
         parts: list[bytes] = []
         raw = 0
-        adler = 1
         for piece in pieces:
             raw += memoryview(piece).nbytes
-            if c.compression is Compression.ZLIB:
-                adler = zlib.adler32(piece, adler)
             parts.append(c.compress(piece))
         parts.append(c.sync())
         data = b"".join(parts)
         if c.compression is Compression.ZLIB and data:
             data = data[2:]  # the stream header: the shard's own stream writes it once
-        return Unit(c.compression, data, raw, adler)
+        # compress() kept the Adler-32 of the raw bytes (zlib only; 1, of nothing, otherwise).
+        return Unit(c.compression, data, raw, c._adler)
 
     def append_unit(self, unit: Unit) -> bytes:
         """Append a complete unit made by :meth:`unit`; returns the bytes for the stream.
