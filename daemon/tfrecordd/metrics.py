@@ -32,7 +32,10 @@ class Metrics:
         self.build_info = Info("tfrecordd_build", "Version of the running daemon.", registry=r)
         self.build_info.info({"version": __version__})
         self.events_received = Counter(
-            "tfrecordd_events_received_total", "Events read by sources.", ["source"], registry=r
+            "tfrecordd_events_received_total",
+            "Events read by sources (JSON lines read in bulk: counted as they are split).",
+            ["source"],
+            registry=r,
         )
         self.events_invalid = Counter(
             "tfrecordd_events_invalid_total",

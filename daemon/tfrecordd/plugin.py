@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from itertools import accumulate
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,6 +51,83 @@ class RawEvent:
 
 
 @dataclass(slots=True)
+class Lines:
+    """Events that are the lines of one buffer (JSON lines), left for the encode stage to split.
+
+    A source that reads newline-delimited JSON in bulk sends its lines this way, so the daemon's
+    own process does no work per event: the split happens where the events are encoded (in an
+    encode worker process, with ``encode_workers > 1``). An empty or whitespace-only line is no
+    event; a line longer than ``max_line`` is an event with ``error`` set, carrying its first
+    ``max_line`` bytes.
+    """
+
+    data: bytes
+    """Whole lines, each ended by ``\\n`` except perhaps the last (at the end of the input)."""
+    where: str
+    """Where the lines come from (a file name); an event's ``where`` is ``{where}:{offset}``."""
+    offset: int
+    """The position of ``data[0]`` in its stream."""
+    max_line: int
+    """A longer line is refused (dead-lettered with its first ``max_line`` bytes)."""
+
+    def split(self) -> tuple[list[bytes], list[RawEvent]]:
+        """``(payloads, refused)``: the events' payloads in order (each is one JSON value), and
+        the refused lines as events, their ``where`` set. Where an event came from is found
+        only when needed, by :meth:`offsets`."""
+        lines = self._lines()
+        if self._plain(lines):
+            return lines, []
+        payloads: list[bytes] = []
+        refused: list[RawEvent] = []
+        limit = self.max_line
+        for line, at in zip(lines, self._starts(lines), strict=False):
+            if len(line) > limit:
+                error = f"record longer than max_line_bytes ({limit}); first bytes kept"
+                refused.append(RawEvent(line[:limit], self.at(at), error=error))
+            elif line and not line.isspace():
+                payloads.append(line)
+        return payloads, refused
+
+    def offsets(self) -> list[int]:
+        """The stream offset of each payload :meth:`split` gives, in the same order."""
+        lines = self._lines()
+        starts = self._starts(lines)
+        if self._plain(lines):
+            return starts[:-1]
+        limit = self.max_line
+        return [
+            at
+            for line, at in zip(lines, starts, strict=False)
+            if len(line) <= limit and line and not line.isspace()
+        ]
+
+    def at(self, offset: int) -> str:
+        """The ``where`` of the event at ``offset``."""
+        return f"{self.where}:{offset}"
+
+    def _lines(self) -> list[bytes]:
+        lines = self.data.split(b"\n")
+        if not lines[-1]:
+            lines.pop()  # after the last newline (or all of an empty buffer)
+        return lines
+
+    def _starts(self, lines: list[bytes]) -> list[int]:
+        # Where each line starts, and where one after the last would: running sums in C of the
+        # lines' lengths, plus one newline per line before.
+        sums = accumulate(map(len, lines), initial=self.offset)
+        return [s + i for i, s in enumerate(sums)]
+
+    def _plain(self, lines: list[bytes]) -> bool:
+        """No line is blank or too long (checked without a Python step per line)."""
+        if not lines or max(map(len, lines)) > self.max_line:
+            return False
+        # The least line starts with its least first byte: when that is no whitespace, no line
+        # is blank (JSON values start with one of `{["-0123456789tfn`).
+        least = min(lines)
+        return (bool(least) and least[0] > 32) or not any(not x or x.isspace() for x in lines)
+
+
+@dataclass(slots=True)
 class RawBatch:
     """A batch of events from one source, with the token that acknowledges all of them."""
 
@@ -57,6 +135,20 @@ class RawBatch:
     events: list[RawEvent]
     token: Token
     """Positions covered; may cover no events (an empty file's end, say) and still needs acking."""
+    lines: Lines | None = None
+    """More events, as lines to split (after ``events``, in order)."""
+
+    def expand(self) -> list[RawEvent]:
+        """Every event of the batch, ``lines`` split, each with its ``where`` (for tests and
+        tools: the daemon splits ``lines`` only where it encodes them)."""
+        lines = self.lines
+        if lines is None:
+            return list(self.events)
+        payloads, refused = lines.split()
+        offsets = lines.offsets()
+        placed = [(at, RawEvent(p, lines.at(at))) for p, at in zip(payloads, offsets, strict=True)]
+        placed += [(int(ev.where.rpartition(":")[2]), ev) for ev in refused]
+        return self.events + [ev for _, ev in sorted(placed, key=lambda p: p[0])]
 
 
 class SourceContext(abc.ABC):
@@ -149,6 +241,12 @@ class Encoder(abc.ABC):
     @abc.abstractmethod
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
         """Encode every event; a bad event is reported in ``failures``, never raised."""
+
+    def encode_lines(self, payloads: list[bytes]) -> EncodeResult:
+        """Encode events that are each one JSON value (the lines of a :class:`Lines`), as
+        :meth:`encode_batch` would; ``failures`` index ``payloads``. Override it to skip making
+        a :class:`RawEvent` per line."""
+        return self.encode_batch([RawEvent(p, "") for p in payloads])
 
 
 class EncoderConfig(BaseModel):

@@ -44,6 +44,7 @@ from tfrecordd.plugin import (
     Encoder,
     EncoderConfig,
     EncodeResult,
+    Lines,
     RawBatch,
     RawEvent,
     Source,
@@ -101,28 +102,62 @@ def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEve
 _Failures = list[tuple[int, str, str]]
 
 
-def _packed(
-    result: EncodeResult, compression: Compression, level: int | None
-) -> tuple[list[bytes] | Packed, _Failures]:
-    """The encoder's records, packed into a unit when they are worth one, and its failures."""
-    records = result.records
-    if sum(len(r) for r in records) + OVERHEAD * len(records) >= PACK_MIN_BYTES:
-        return pack(records, compression, level), result.failures
-    return records, result.failures
+@dataclass(slots=True)
+class _Outcome:
+    """What encoding a batch gave, as it travels back from an encode worker: records (packed
+    when worth it), failures of the events sent (by index), failures of the events split from
+    the batch's lines (with the event: the daemon's process never split them), and how many
+    events the lines held."""
+
+    records: list[bytes] | Packed
+    failures: _Failures
+    line_failures: list[tuple[RawEvent, str, str]]
+    line_events: int
+
+
+def _encode_events(
+    encoder: Encoder,
+    events: list[RawEvent],
+    lines: Lines | None,
+    compression: Compression,
+    level: int | None,
+) -> _Outcome:
+    """Encode ``events`` and then the events of ``lines``; frame and compress the records into
+    a unit of their own when they are large enough to be worth one."""
+    result = encoder.encode_batch(events) if events else EncodeResult()
+    records, failures = result.records, result.failures
+    line_failures: list[tuple[RawEvent, str, str]] = []
+    line_events = 0
+    if lines is not None:
+        payloads, refused = lines.split()
+        line_events = len(payloads) + len(refused)
+        line_failures = [(ev, "rejected", ev.error or "") for ev in refused]
+        result = encoder.encode_lines(payloads)
+        records = records + result.records if records else result.records
+        if result.failures:
+            offsets = lines.offsets()
+            line_failures += [
+                (RawEvent(payloads[i], lines.at(offsets[i])), reason, detail)
+                for i, reason, detail in result.failures
+            ]
+    packed: list[bytes] | Packed = records
+    if sum(map(len, records)) + OVERHEAD * len(records) >= PACK_MIN_BYTES:
+        packed = pack(records, compression, level)
+    return _Outcome(packed, failures, line_failures, line_events)
 
 
 def _encoded(
-    batch: RawBatch,
-    good: list[RawEvent],
-    rejected: list[RawEvent],
-    result: tuple[list[bytes] | Packed, _Failures] | None,
+    batch: RawBatch, good: list[RawEvent], rejected: list[RawEvent], outcome: _Outcome | None
 ) -> EncodedBatch:
     failures = [(ev, "rejected", ev.error or "") for ev in rejected]
     records: list[bytes] | Packed = []
-    if result is not None:
-        records, encode_failures = result
-        failures.extend((good[i], reason, detail) for i, reason, detail in encode_failures)
-    return EncodedBatch(batch.source, records, batch.token, len(batch.events), failures)
+    events = len(batch.events)
+    if outcome is not None:
+        records = outcome.records
+        failures.extend((good[i], reason, detail) for i, reason, detail in outcome.failures)
+        failures.extend(outcome.line_failures)
+        events += outcome.line_events
+    return EncodedBatch(batch.source, records, batch.token, events, failures)
 
 
 _worker_encoders: dict[str, Encoder] = {}
@@ -176,18 +211,21 @@ _PIPE_BYTES = 1 << 20
 
 
 def _encode_in_worker(
-    config: EncoderConfig, shipment: _Shipment, compression: Compression, level: int | None
-) -> tuple[list[bytes] | Packed, _Failures]:
-    """Runs in an encode worker process: build the encoder once, then encode a batch, and frame
-    and compress it when it is large enough to be a unit of its own."""
+    config: EncoderConfig,
+    shipment: _Shipment,
+    lines: Lines | None,
+    compression: Compression,
+    level: int | None,
+) -> _Outcome:
+    """Runs in an encode worker process: build the encoder once, then encode a batch (see
+    :func:`_encode_events`)."""
     key = f"{type(config).__module__}.{type(config).__qualname__}:{config.model_dump_json()}"
     encoder = _worker_encoders.get(key)
     if encoder is None:
         if not _worker_encoders:
             _widen_pipes()
         encoder = _worker_encoders[key] = config.build()
-    result = encoder.encode_batch(_unship(shipment))
-    return _packed(result, compression, level)
+    return _encode_events(encoder, _unship(shipment), lines, compression, level)
 
 
 @dataclass(slots=True)
@@ -531,19 +569,20 @@ class Daemon:
 
             async def encode(batch: RawBatch, slot: _Slot) -> None:
                 good, rejected = _split_rejected(batch.events)
-                result = None
-                if good:
+                outcome = None
+                if good or batch.lines is not None:
                     config = self.config.encoders[self._encoder_name[batch.source]]
                     out = self.config.output
-                    result = await anyio.to_process.run_sync(
+                    outcome = await anyio.to_process.run_sync(
                         _encode_in_worker,
                         config,
                         _ship(good),
+                        batch.lines,
                         out.compression,
                         out.level,
                         limiter=limiter,
                     )
-                slot.result = _encoded(batch, good, rejected, result)
+                slot.result = self._encoded(batch, good, rejected, outcome)
                 slot.done.set()
 
             async def forward() -> None:
@@ -564,12 +603,25 @@ class Daemon:
 
     def _encode(self, batch: RawBatch) -> EncodedBatch:
         good, rejected = _split_rejected(batch.events)
-        result = None
-        if good:
+        outcome = None
+        if good or batch.lines is not None:
             out = self.config.output
-            encoded = self.encoder_of[batch.source].encode_batch(good)
-            result = _packed(encoded, out.compression, out.level)
-        return _encoded(batch, good, rejected, result)
+            encoder = self.encoder_of[batch.source]
+            outcome = _encode_events(encoder, good, batch.lines, out.compression, out.level)
+        return self._encoded(batch, good, rejected, outcome)
+
+    def _encoded(
+        self,
+        batch: RawBatch,
+        good: list[RawEvent],
+        rejected: list[RawEvent],
+        outcome: _Outcome | None,
+    ) -> EncodedBatch:
+        encoded = _encoded(batch, good, rejected, outcome)
+        if outcome is not None and outcome.line_events:
+            # Events sent as lines are counted here, where they were first split.
+            self.metrics.events_received.labels(batch.source).inc(outcome.line_events)
+        return encoded
 
     async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         depth = self.metrics.stream_depth.labels("write")

@@ -51,7 +51,7 @@ class RecordingContext(SourceContext):
 
     def payloads(self) -> list[bytes]:
         """Every good event's payload, in arrival order."""
-        return [e.payload for b in self.batches for e in b.events if e.error is None]
+        return [e.payload for b in self.batches for e in b.expand() if e.error is None]
 
 
 class ContractError(AssertionError):
@@ -109,13 +109,14 @@ def _check_batches(ctx: RecordingContext, source: Source) -> None:
     for b in ctx.batches:
         if b.source != ctx.name:
             raise ContractError(f"batch names source {b.source!r}, not {ctx.name!r}")
-        if len(b.events) > ctx.max_batch_events:
-            raise ContractError(f"batch of {len(b.events)} events > {ctx.max_batch_events}")
+        events = b.expand()
+        if len(events) > ctx.max_batch_events:
+            raise ContractError(f"batch of {len(events)} events > {ctx.max_batch_events}")
         try:
             tokens.append(json.loads(json.dumps(b.token)))
         except (TypeError, ValueError) as e:
             raise ContractError(f"token {b.token!r} is not JSON-serializable: {e}") from e
-        for ev in b.events:
+        for ev in events:
             if not isinstance(ev.payload, bytes) or not isinstance(ev.where, str):
                 raise ContractError(f"event with payload {type(ev.payload)} / where {ev.where!r}")
     once = type(source).fold(None, tokens)

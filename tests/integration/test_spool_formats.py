@@ -47,11 +47,11 @@ async def run_until_files_done(
 
 
 def good(ctx: RecordingContext) -> list[Any]:
-    return [e for b in ctx.batches for e in b.events if e.error is None]
+    return [e for b in ctx.batches for e in b.expand() if e.error is None]
 
 
 def bad(ctx: RecordingContext) -> list[Any]:
-    return [e for b in ctx.batches for e in b.events if e.error is not None]
+    return [e for b in ctx.batches for e in b.expand() if e.error is not None]
 
 
 async def test_csv_rows_with_quotes_spanning_lines(tmp_path: Path) -> None:

@@ -141,7 +141,7 @@ def test_spool_files_of_any_bytes(case: tuple[str, str, bytes]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         spool = Path(tmp)
         ctx, _ = anyio.run(_read_spool, spool, name, body, {"format": fmt})
-        events = [e for b in ctx.batches for e in b.events]
+        events = [e for b in ctx.batches for e in b.expand()]
         account(events, EXAMPLE)
         last = ctx.batches[-1].token
         if last.get("bad"):
@@ -162,7 +162,7 @@ def test_whole_files_of_any_bytes(body: bytes, suffix: str) -> None:
             body,
             {"format": "whole-file", "max_file_bytes": 1024},
         )
-        events = [e for b in ctx.batches for e in b.events]
+        events = [e for b in ctx.batches for e in b.expand()]
         assert len(events) == 1
         account(events, IMAGE)
 
@@ -223,7 +223,7 @@ def test_decompression_bombs_are_rejected_with_a_reason(tmp_path: Path) -> None:
         spool = tmp_path / suffix.strip(".")
         spool.mkdir()
         ctx, _ = anyio.run(_read_spool, spool, "bomb.jsonl" + suffix, body, {})
-        (event,) = [e for b in ctx.batches for e in b.events if e.error]
+        (event,) = [e for b in ctx.batches for e in b.expand() if e.error]
         assert "input rejected: decompresses to more than" in (event.error or ""), event.error
         assert ctx.batches[-1].token.get("bad") is True
 

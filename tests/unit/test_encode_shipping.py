@@ -1,4 +1,5 @@
-"""What travels to an encode worker and back: events shipped as one payload, records packed."""
+"""What travels to an encode worker and back: events shipped as one payload, lines left unsplit,
+records packed."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import io
 
 from tfrecordd.compression import Compression, open_decompressed
 from tfrecordd.framing import frame_many
-from tfrecordd.plugin import RawEvent
+from tfrecordd.plugin import Lines, RawBatch, RawEvent
 from tfrecordd.runtime import PACK_MIN_BYTES, _encode_in_worker, _ship, _unship
 from tfrecordd.writer import Packed
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
@@ -40,8 +41,11 @@ def test_a_worker_gives_what_the_encoder_gives_in_process() -> None:
     for n in (10, 3000):  # below and above the size at which a batch is packed
         events = _events(n)
         expected = CONFIG.build().encode_batch(events)
-        records, failures = _encode_in_worker(CONFIG, _ship(events), Compression.GZIP, None)
+        outcome = _encode_in_worker(CONFIG, _ship(events), None, Compression.GZIP, None)
+        records, failures = outcome.records, outcome.failures
         assert failures == expected.failures
+        assert outcome.line_failures == []
+        assert outcome.line_events == 0
         assert any(reason == "schema" for _, reason, _ in failures)
         framed = frame_many(expected.records)
         assert (len(framed) >= PACK_MIN_BYTES) == (n == 3000)
@@ -53,3 +57,26 @@ def test_a_worker_gives_what_the_encoder_gives_in_process() -> None:
         assert records.unit.raw_size == len(framed)
         reader = open_decompressed(io.BytesIO(records.unit.data), Compression.GZIP, path="unit")
         assert reader.read() == framed
+
+
+def test_lines_are_split_encoded_and_their_failures_placed_by_the_worker() -> None:
+    good = [b'{"id": %d, "name": "n%d"}' % (i, i) for i in range(2000)]
+    data = b"\n".join(good[:5]) + b'\n\n  \r\n{"id": "x"}\n' + b"z" * 80 + b"\n"
+    data += b"\n".join(good[5:]) + b"\n{nope"
+    lines = Lines(data, "spool/a.jsonl", 1000, max_line=64)
+    events = _events(20)
+    batch = RawBatch("s", events, None, lines)
+    expected = CONFIG.build().encode_batch(batch.expand())
+    outcome = _encode_in_worker(CONFIG, _ship(events), lines, Compression.NONE, None)
+    assert isinstance(outcome.records, Packed)
+    assert list(outcome.records.lengths) == [len(r) for r in expected.records]
+    assert outcome.line_events == 2003  # blank lines are no events; the long one is refused
+    assert outcome.failures == [f for f in expected.failures if f[0] < 20]
+    at_schema = 1000 + sum(len(g) + 1 for g in good[:5]) + len(b"\n  \r\n")
+    at_long = at_schema + len(b'{"id": "x"}\n')
+    assert [(ev.where, ev.payload, reason) for ev, reason, _ in outcome.line_failures] == [
+        (f"spool/a.jsonl:{at_long}", b"z" * 64, "rejected"),
+        (f"spool/a.jsonl:{at_schema}", b'{"id": "x"}', "schema"),
+        (f"spool/a.jsonl:{1000 + len(data) - 5}", b"{nope", "malformed"),
+    ]
+    assert data[at_schema - 1000 :].startswith(b'{"id": "x"}')

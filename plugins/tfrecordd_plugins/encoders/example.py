@@ -62,18 +62,30 @@ class ExampleEncoder(Encoder):
         self._plan = _compiled_plan(self.schema)
 
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
-        result = EncodeResult()
-        records, failures = result.records, result.failures
-        encode, encode_csv, loads = self.schema.encode, self.schema.encode_csv, orjson.loads
         fast: list[bytes | None] | None = None
         if self._plan is not None:
             # b"" is never a record: events that are not JSON payloads come back as None.
             fast = self._plan.encode_batch(
                 [ev.payload if ev.format is None and ev.value is None else b"" for ev in events]
             )
-            if None not in fast:
-                records.extend(cast("list[bytes]", fast))
-                return result
+        return self._finish(events, fast)
+
+    def encode_lines(self, payloads: list[bytes]) -> EncodeResult:
+        if self._plan is None:
+            return super().encode_lines(payloads)
+        fast = self._plan.encode_batch(payloads)
+        if None not in fast:
+            return EncodeResult(cast("list[bytes]", fast))
+        return self._finish([RawEvent(p, "") for p in payloads], fast)
+
+    def _finish(self, events: Sequence[RawEvent], fast: list[bytes | None] | None) -> EncodeResult:
+        """The records: the compiled plan's where it gave one, the Python path's elsewhere."""
+        result = EncodeResult()
+        records, failures = result.records, result.failures
+        if fast is not None and None not in fast:
+            records.extend(cast("list[bytes]", fast))
+            return result
+        encode, encode_csv, loads = self.schema.encode, self.schema.encode_csv, orjson.loads
         for i, ev in enumerate(events):
             if fast is not None and (record := fast[i]) is not None:
                 records.append(record)

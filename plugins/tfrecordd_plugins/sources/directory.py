@@ -28,9 +28,8 @@ import logging
 import os
 import stat
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import aclosing
-from itertools import accumulate
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import quote, unquote
@@ -42,7 +41,7 @@ from pydantic import Field, field_validator
 from tfrecordd import crashpoints
 from tfrecordd.compression import Compression, open_decompressed
 from tfrecordd.errors import CompressionError
-from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
+from tfrecordd.plugin import Lines, RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
 from tfrecordd.units import Duration, Size
 
 log = logging.getLogger(__name__)
@@ -285,8 +284,10 @@ class DirectorySource(Source):
         try:
             if self.config.format == "whole-file":
                 await self._read_whole(ctx, claim, rel, reader)
+            elif self.config.format == "jsonl":
+                await self._read_lines(ctx, claim, rel, reader, start)
             else:
-                await self._read_records(ctx, claim, rel, reader, start)
+                await self._read_csv(ctx, claim, rel, reader, start)
         finally:
             with anyio.CancelScope(shield=True):
                 await reader.close()
@@ -316,13 +317,64 @@ class DirectorySource(Source):
         event = RawEvent(b"", f"{rel}:{offset}", error=f"input rejected: {reason}")
         await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, True, bad=True)))
 
-    async def _read_records(
+    async def _read_lines(
         self, ctx: SourceContext, claim: str, rel: str, reader: _Reader, offset: int
     ) -> None:
-        """Send the file's records from ``offset`` in batches whose tokens sit on record ends."""
+        """Send the file's JSON lines from ``offset`` as :class:`Lines` batches of whole lines.
+
+        Only whole buffers are handled here (a search for the last newline, a count of them): the
+        lines are split where they are encoded. A line that outgrows ``max_line_bytes`` before
+        its newline arrives is skipped as it is read, its first bytes kept for the dead letter.
+        """
+        max_line = self.config.max_line_bytes
+        max_events, max_bytes = ctx.max_batch_events, ctx.max_batch_bytes
+        buf = b""  # unread bytes, starting at stream position `offset`
+        head: bytes | None = None  # first bytes of an overlong line still being skipped
+        head_at = 0
+        eof = False
+        try:
+            async with aclosing(reader.chunks(offset)) as chunks:
+                while not eof:
+                    chunk = await anext(chunks, b"")
+                    eof = not chunk
+                    buf += chunk
+                    if head is not None:
+                        nl = buf.find(b"\n")
+                        if nl < 0 and not eof:
+                            offset, buf = offset + len(buf), b""
+                            continue
+                        end = nl + 1 if nl >= 0 else len(buf)
+                        buf, offset = buf[end:], offset + end
+                        event = _too_long(rel, head_at, head, max_line)
+                        last = eof and not buf
+                        await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, last)))
+                        head = None
+                        if last:
+                            return
+                    whole = len(buf) if eof else buf.rfind(b"\n") + 1
+                    start = 0
+                    for end in _cuts(buf, whole, max_events, max_bytes):
+                        lines = Lines(buf[start:end], rel, offset + start, max_line)
+                        token = _token(claim, offset + end, eof and end == whole)
+                        await ctx.send(RawBatch(ctx.name, [], token, lines))
+                        start = end
+                    buf, offset = buf[whole:], offset + whole
+                    if len(buf) > max_line:
+                        head, head_at = buf[:max_line], offset
+                        offset, buf = offset + len(buf), b""
+        except _Rejected as e:
+            await self._reject(ctx, claim, rel, str(e), offset)
+            return
+        if not whole:
+            await ctx.send(RawBatch(ctx.name, [], _token(claim, offset, True)))
+
+    async def _read_csv(
+        self, ctx: SourceContext, claim: str, rel: str, reader: _Reader, offset: int
+    ) -> None:
+        """Send the file's CSV records from ``offset`` in batches whose tokens sit on record
+        ends (the header row first, or read again when resuming past it)."""
         cfg = self.config
-        is_csv = cfg.format == "csv"
-        header = await self._csv_header(claim, rel) if is_csv and offset > 0 else None
+        header = await self._csv_header(claim, rel) if offset > 0 else None
         max_line = cfg.max_line_bytes
         max_events, max_bytes = ctx.max_batch_events, ctx.max_batch_bytes
         delimiter = cfg.csv_delimiter
@@ -337,7 +389,7 @@ class DirectorySource(Source):
                 while True:
                     chunk = await anext(chunks, b"")
                     buf += chunk
-                    records, nexts, consumed = _split(buf, not chunk, quotes if is_csv else None)
+                    records, nexts, consumed = _split(buf, not chunk, quotes)
                     quotes = 0
                     at = offset
                     for record, nxt in zip(records, nexts, strict=True):
@@ -349,13 +401,10 @@ class DirectorySource(Source):
                             events.append(_too_long(rel, at, record[:max_line], max_line))
                         elif not n or record.isspace():
                             pass
-                        elif header is not None:
-                            events.append(_csv_event(record, f"{rel}:{at}", header, delimiter))
-                            batch_bytes += n
-                        elif is_csv:
+                        elif header is None:
                             header = _csv_row(record, delimiter)
                         else:
-                            events.append(RawEvent(record, f"{rel}:{at}"))
+                            events.append(_csv_event(record, f"{rel}:{at}", header, delimiter))
                             batch_bytes += n
                         at = offset + nxt
                         if len(events) >= max_events or batch_bytes >= max_bytes:
@@ -369,7 +418,7 @@ class DirectorySource(Source):
                     if len(buf) > max_line:
                         if head is None:
                             head, head_at = buf[:max_line], offset
-                        quotes = buf.count(b'"') if is_csv else 0
+                        quotes = buf.count(b'"')
                         offset, buf = offset + len(buf), b""
         except _Rejected as e:
             if events:
@@ -463,28 +512,17 @@ def _open_raw(path: str) -> Any:
     return open(path, "rb", buffering=0, opener=_nofollow)
 
 
-def _split(buf: bytes, final: bool, csv_quotes: int | None) -> tuple[list[bytes], list[int], int]:
-    """Complete records in ``buf``, where each next record starts, and the bytes they use.
+def _split(buf: bytes, final: bool, quotes: int) -> tuple[list[bytes], list[int], int]:
+    """Complete CSV records in ``buf``, where each next record starts, and the bytes they use.
 
-    A record ends at a newline; for CSV (``csv_quotes`` not None: the quote characters already
-    seen in the first record), only at a newline outside quotes, i.e. after an even number of
-    quote characters in the record. At the end of the input (``final``), what is left is the
-    last record.
+    A record ends at a newline outside quotes, i.e. after an even number of quote characters in
+    the record (``quotes``: those already seen in its skipped first part). At the end of the
+    input (``final``), what is left is the last record.
     """
     n = len(buf)
-    if csv_quotes is None:
-        # JSON lines: one split and running sums in C, no Python work per line.
-        records = buf.split(b"\n")
-        tail = records.pop()
-        nexts = list(accumulate(map((1).__add__, map(len, records))))
-        if final and tail:
-            records.append(tail)
-            nexts.append(n)
-        return records, nexts, nexts[-1] if nexts else 0
     out: list[bytes] = []
     ends: list[int] = []
     pos = scan = 0
-    quotes = csv_quotes
     while pos < n:
         nl = buf.find(b"\n", scan)
         if nl < 0:
@@ -502,6 +540,42 @@ def _split(buf: bytes, final: bool, csv_quotes: int | None) -> tuple[list[bytes]
         ends.append(nl + 1)
         pos = scan = nl + 1
     return out, ends, pos
+
+
+def _cuts(buf: bytes, whole: int, max_events: int, max_bytes: int) -> Iterator[int]:
+    """Where the batches of the first ``whole`` bytes of ``buf`` (whole lines) end: each holds
+    ``max_events`` lines (the last may hold fewer) and, unless one line is longer, at most
+    ``max_bytes`` bytes. Exact counts matter: a shard's record cap is filled by whole batches.
+    One at a time: the source sends each batch (and lets the event loop run) before the next."""
+    start = 0
+    per_line = 0  # bytes per line in the batch before: where to look for this one's end
+    while start < whole:
+        bound = whole
+        if bound - start > max_bytes:
+            bound = (
+                buf.rfind(b"\n", start, start + max_bytes) + 1
+                or buf.find(b"\n", start + max_bytes, whole) + 1
+                or whole
+            )
+        end = bound
+        # Counting newlines up to the end of a large buffer for every batch would cost more than
+        # the batches: look about as far as the batch before suggests.
+        if per_line and end - start > (reach := per_line * max_events * 5 // 4):
+            end = buf.rfind(b"\n", start, start + reach) + 1 or bound
+        lines = buf.count(b"\n", start, end) + (buf[end - 1] != 10)
+        if lines > max_events:
+            guess = start + (end - start) * max_events // lines
+            end = buf.rfind(b"\n", start, guess) + 1 or buf.find(b"\n", start, end) + 1
+            lines = buf.count(b"\n", start, end)
+            while lines > max_events:
+                end = buf.rfind(b"\n", start, end - 1) + 1
+                lines -= 1
+        while lines < max_events and end < bound:
+            end = buf.find(b"\n", end, bound) + 1 or bound
+            lines += 1
+        yield end
+        per_line = (end - start) // lines + 1
+        start = end
 
 
 def _csv_row(record: bytes, delimiter: str) -> list[str]:
