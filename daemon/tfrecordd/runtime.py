@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import signal
@@ -42,7 +41,6 @@ from tfrecordd.notify import SystemdNotifier
 from tfrecordd.output import LocalOutput, make_output
 from tfrecordd.plugin import (
     Encoder,
-    EncoderConfig,
     EncodeResult,
     Lines,
     RawBatch,
@@ -52,6 +50,7 @@ from tfrecordd.plugin import (
     Token,
 )
 from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer, inprogress_name
+from tfrecordd.workers import DEPTH, EncodeWorkers
 from tfrecordd.writer import Packed, pack
 
 log = logging.getLogger("tfrecordd")
@@ -160,9 +159,6 @@ def _encoded(
     return EncodedBatch(batch.source, records, batch.token, events, failures)
 
 
-_worker_encoders: dict[str, Encoder] = {}
-
-
 _Shipment = tuple[bytes, "array[int]", list[tuple[int, Any, str | None]]]
 
 
@@ -191,41 +187,6 @@ def _unship(shipment: _Shipment) -> list[RawEvent]:
     for i, value, fmt in extras:
         events[i].value, events[i].format = value, fmt
     return events
-
-
-def _widen_pipes() -> None:
-    """Give the pipes a worker is fed and answers through room for a whole batch (Linux).
-
-    With the default 64 KiB, a batch crosses in pieces, and the daemon's event loop wakes for
-    each piece the worker reads (two workers' throughput rose by about a quarter without it)."""
-    if not hasattr(fcntl, "F_SETPIPE_SZ"):
-        return
-    # File descriptors 0 and 1: the worker has pointed sys.stdin and sys.stdout elsewhere.
-    for fd in (0, 1):
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-
-
-_PIPE_BYTES = 1 << 20
-"""Linux's default cap for an unprivileged process (``/proc/sys/fs/pipe-max-size``)."""
-
-
-def _encode_in_worker(
-    config: EncoderConfig,
-    shipment: _Shipment,
-    lines: Lines | None,
-    compression: Compression,
-    level: int | None,
-) -> _Outcome:
-    """Runs in an encode worker process: build the encoder once, then encode a batch (see
-    :func:`_encode_events`)."""
-    key = f"{type(config).__module__}.{type(config).__qualname__}:{config.model_dump_json()}"
-    encoder = _worker_encoders.get(key)
-    if encoder is None:
-        if not _worker_encoders:
-            _widen_pipes()
-        encoder = _worker_encoders[key] = config.build()
-    return _encode_events(encoder, _unship(shipment), lines, compression, level)
 
 
 @dataclass(slots=True)
@@ -564,23 +525,18 @@ class Daemon:
                 return
             # Several batches encode at once in worker processes; a slot per batch, queued in
             # arrival order, keeps their order on the way out (offsets commit in order).
-            limiter = anyio.CapacityLimiter(workers)
-            order_send, order_recv = anyio.create_memory_object_stream[_Slot](workers)
+            pool = EncodeWorkers(workers, dict(self.config.encoders))
+            order_send, order_recv = anyio.create_memory_object_stream[_Slot](workers * DEPTH)
+            out = self.config.output
 
             async def encode(batch: RawBatch, slot: _Slot) -> None:
                 good, rejected = _split_rejected(batch.events)
                 outcome = None
                 if good or batch.lines is not None:
-                    config = self.config.encoders[self._encoder_name[batch.source]]
-                    out = self.config.output
-                    outcome = await anyio.to_process.run_sync(
-                        _encode_in_worker,
-                        config,
-                        _ship(good),
-                        batch.lines,
-                        out.compression,
-                        out.level,
-                        limiter=limiter,
+                    name = self._encoder_name[batch.source]
+                    shipment = _ship(good)
+                    outcome = await pool.call(
+                        name, shipment, batch.lines, out.compression, out.level
                     )
                 slot.result = self._encoded(batch, good, rejected, outcome)
                 slot.done.set()
@@ -592,14 +548,17 @@ class Daemon:
                         assert slot.result is not None
                         await send.send(slot.result)
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(forward)
-                async with order_send:
-                    async for batch in recv:
-                        depth.set(recv.statistics().current_buffer_used)
-                        slot = _Slot()
-                        await order_send.send(slot)
-                        tg.start_soon(encode, batch, slot)
+            async with anyio.create_task_group() as workers_tg:
+                await workers_tg.start(pool.run)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(forward)
+                    async with order_send:
+                        async for batch in recv:
+                            depth.set(recv.statistics().current_buffer_used)
+                            slot = _Slot()
+                            await order_send.send(slot)
+                            tg.start_soon(encode, batch, slot)
+                workers_tg.cancel_scope.cancel()
 
     def _encode(self, batch: RawBatch) -> EncodedBatch:
         good, rejected = _split_rejected(batch.events)

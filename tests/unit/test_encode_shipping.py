@@ -8,11 +8,12 @@ import io
 from tfrecordd.compression import Compression, open_decompressed
 from tfrecordd.framing import frame_many
 from tfrecordd.plugin import Lines, RawBatch, RawEvent
-from tfrecordd.runtime import PACK_MIN_BYTES, _encode_in_worker, _ship, _unship
+from tfrecordd.runtime import PACK_MIN_BYTES, _encode_events, _ship, _unship
 from tfrecordd.writer import Packed
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 CONFIG = ExampleEncoderConfig.model_validate({"features": {"id": "int64", "name": "bytes"}})
+ENCODER = CONFIG.build()
 
 
 def _events(n: int) -> list[RawEvent]:
@@ -37,11 +38,11 @@ def test_shipping_keeps_payloads_values_and_formats_in_order() -> None:
     ]
 
 
-def test_a_worker_gives_what_the_encoder_gives_in_process() -> None:
+def test_shipped_events_give_what_the_events_give() -> None:
     for n in (10, 3000):  # below and above the size at which a batch is packed
         events = _events(n)
         expected = CONFIG.build().encode_batch(events)
-        outcome = _encode_in_worker(CONFIG, _ship(events), None, Compression.GZIP, None)
+        outcome = _encode_events(ENCODER, _unship(_ship(events)), None, Compression.GZIP, None)
         records, failures = outcome.records, outcome.failures
         assert failures == expected.failures
         assert outcome.line_failures == []
@@ -59,7 +60,7 @@ def test_a_worker_gives_what_the_encoder_gives_in_process() -> None:
         assert reader.read() == framed
 
 
-def test_lines_are_split_encoded_and_their_failures_placed_by_the_worker() -> None:
+def test_lines_are_split_encoded_and_their_failures_placed() -> None:
     good = [b'{"id": %d, "name": "n%d"}' % (i, i) for i in range(2000)]
     data = b"\n".join(good[:5]) + b'\n\n  \r\n{"id": "x"}\n' + b"z" * 80 + b"\n"
     data += b"\n".join(good[5:]) + b"\n{nope"
@@ -67,7 +68,7 @@ def test_lines_are_split_encoded_and_their_failures_placed_by_the_worker() -> No
     events = _events(20)
     batch = RawBatch("s", events, None, lines)
     expected = CONFIG.build().encode_batch(batch.expand())
-    outcome = _encode_in_worker(CONFIG, _ship(events), lines, Compression.NONE, None)
+    outcome = _encode_events(ENCODER, _unship(_ship(events)), lines, Compression.NONE, None)
     assert isinstance(outcome.records, Packed)
     assert list(outcome.records.lengths) == [len(r) for r in expected.records]
     assert outcome.line_events == 2003  # blank lines are no events; the long one is refused

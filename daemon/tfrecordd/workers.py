@@ -1,0 +1,248 @@
+"""Encode worker processes (``encode_workers > 1``), each fed one batch ahead.
+
+A worker that gets its next batch only after the daemon has read its last answer waits, between
+every two batches, for the daemon's event loop to come round (to read the answer, hand out the
+next batch, write it to the pipe): measured, about a third of a worker's time. Here each worker
+holds up to :data:`DEPTH` batches: while it encodes one, the next already waits in its pipe, and
+answers come back in the order the batches went.
+
+A worker is ``python -m tfrecordd.workers``, in a session of its own: a Ctrl-C in a terminal
+reaches the daemon, which drains, and needs its workers for that (they ignore SIGINT and SIGTERM
+sent to them directly too). It is told the encoders' configs once, at start-up, answers that it
+is ready (so an import error shows at start, not at the first batch), builds each encoder on
+first use, and exits when its input closes: when the daemon stops, or dies.
+
+The protocol, on the worker's stdin and stdout: a request is an 8-byte little-endian length and
+a pickle; an answer is one status byte (``R`` a result, ``E`` an exception), a length, a pickle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import anyio
+from anyio.abc import Process, TaskStatus
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+if TYPE_CHECKING:
+    from tfrecordd.plugin import Encoder, EncoderConfig
+
+DEPTH = 2
+"""Batches a worker holds at once: the one it encodes and the next."""
+
+_LENGTH = struct.Struct("<Q")
+_ANSWER = struct.Struct("<cQ")
+
+_READY = b"ready\n"
+_START_TIMEOUT = 60.0
+"""Seconds a worker may take to import and start (a loaded machine, a cold disk)."""
+
+_PIPE_BYTES = 1 << 20
+"""Linux's default cap for an unprivileged process (``/proc/sys/fs/pipe-max-size``)."""
+
+
+class WorkerError(RuntimeError):
+    """An encode worker process exited or broke the protocol."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    ok: bool = False
+    value: Any = None
+
+
+@dataclass(slots=True)
+class _Worker:
+    process: Process
+    answers: BufferedByteReceiveStream
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    pending: deque[_Pending] = field(default_factory=deque)
+    broken: BaseException | None = None
+
+
+class EncodeWorkers:
+    """``count`` worker processes; :meth:`call` encodes a batch in one of them. Run
+    :meth:`run` in a task group (``await tg.start(pool.run)``); cancel it to stop them."""
+
+    def __init__(self, count: int, encoders: dict[str, EncoderConfig]) -> None:
+        self.count = count
+        self._encoders = encoders
+        self._workers: list[_Worker] = []
+        self._room = anyio.Condition()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start the workers, then read their answers until cancelled; stop them on the way out."""
+        try:
+            for _ in range(self.count):
+                self._workers.append(await self._start())
+            async with anyio.create_task_group() as tg:
+                for worker in self._workers:
+                    tg.start_soon(self._read_answers, worker)
+                task_status.started()
+        finally:
+            with anyio.CancelScope(shield=True):
+                for worker in self._workers:
+                    await self._stop(worker)
+
+    async def _start(self) -> _Worker:
+        process = await anyio.open_process(
+            [sys.executable, "-m", "tfrecordd.workers"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        assert process.stdin is not None
+        worker = _Worker(process, BufferedByteReceiveStream(process.stdout))
+        init = pickle.dumps((sys.path, self._encoders), pickle.HIGHEST_PROTOCOL)
+        await process.stdin.send(_LENGTH.pack(len(init)) + init)
+        try:
+            with anyio.fail_after(_START_TIMEOUT):
+                ready = await worker.answers.receive_exactly(len(_READY))
+        except (anyio.EndOfStream, anyio.IncompleteRead, TimeoutError) as e:
+            process.kill()
+            await process.aclose()
+            raise WorkerError(
+                f"encode worker {process.pid} did not start (its error is in the log above)"
+            ) from e
+        if ready != _READY:
+            raise WorkerError(f"encode worker {process.pid} answered {ready!r} at start")
+        return worker
+
+    async def _stop(self, worker: _Worker) -> None:
+        process = worker.process
+        with contextlib.suppress(Exception):
+            if process.stdin is not None:
+                await process.stdin.aclose()
+        with anyio.move_on_after(5):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+        await process.aclose()
+
+    async def _read_answers(self, worker: _Worker) -> None:
+        try:
+            while True:
+                try:
+                    head = await worker.answers.receive_exactly(_ANSWER.size)
+                    status, length = _ANSWER.unpack(head)
+                    body = await worker.answers.receive_exactly(length)
+                except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError) as e:
+                    raise WorkerError(
+                        f"encode worker {worker.process.pid} exited "
+                        f"(status {worker.process.returncode}); its batches replay after a restart"
+                    ) from e
+                if not worker.pending:
+                    raise WorkerError("encode worker answered a batch it was not given")
+                pending = worker.pending.popleft()
+                pending.ok, pending.value = status == b"R", pickle.loads(body)
+                pending.done.set()
+                async with self._room:
+                    self._room.notify()
+        except BaseException as e:
+            worker.broken = e
+            for pending in worker.pending:
+                pending.value = e
+                pending.done.set()
+            raise
+
+    async def call(self, *args: Any) -> Any:
+        """Encode a batch, ``args = (encoder name, shipment, lines, compression, level)`` (see
+        ``tfrecordd.runtime._encode_events``), in the worker with the fewest batches, waiting
+        while every worker holds :data:`DEPTH`."""
+        request = pickle.dumps(args, pickle.HIGHEST_PROTOCOL)
+        async with self._room:
+            while True:
+                worker = min(self._workers, key=lambda w: len(w.pending))
+                if len(worker.pending) < DEPTH:
+                    break
+                await self._room.wait()
+        if worker.broken is not None:
+            raise WorkerError("encode worker broken") from worker.broken
+        pending = _Pending()
+        # A request cut short by a cancel would leave the worker reading half a pickle: once
+        # queued, it is written whole.
+        with anyio.CancelScope(shield=True):
+            worker.pending.append(pending)
+            stdin = worker.process.stdin
+            assert stdin is not None
+            async with worker.lock:
+                await stdin.send(_LENGTH.pack(len(request)))
+                await stdin.send(request)
+        await pending.done.wait()
+        if not pending.ok:
+            raise pending.value
+        return pending.value
+
+
+def _widen_pipes() -> None:
+    """Give the worker's pipes room for a whole batch (Linux): with the default 64 KiB a batch
+    crosses in pieces, and the daemon's event loop wakes for each piece."""
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        return
+    for fd in (0, 1):
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+
+
+def _read(stream: BinaryIO) -> bytes | None:
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        return None
+    (length,) = _LENGTH.unpack(head)
+    body = stream.read(length)
+    if len(body) < length:
+        return None
+    return body
+
+
+def serve() -> None:
+    """The worker's main loop (``python -m tfrecordd.workers``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    inp = os.fdopen(os.dup(0), "rb")
+    out = os.fdopen(os.dup(1), "wb")
+    # Whatever encoder code prints must not reach the protocol's stream.
+    sys.stdin = open(os.devnull)  # noqa: SIM115
+    sys.stdout = sys.stderr
+    _widen_pipes()
+    init = _read(inp)
+    if init is None:
+        return
+    sys.path[:], configs = pickle.loads(init)
+    from tfrecordd.runtime import _encode_events, _unship
+
+    encoders: dict[str, Encoder] = {}
+
+    out.write(_READY)
+    out.flush()
+
+    while (request := _read(inp)) is not None:
+        try:
+            name, shipment, lines, compression, level = pickle.loads(request)
+            encoder = encoders.get(name)
+            if encoder is None:
+                encoder = encoders[name] = configs[name].build()
+            outcome = _encode_events(encoder, _unship(shipment), lines, compression, level)
+            status, answer = b"R", pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # handed to the daemon, which raises it
+            status, answer = b"E", pickle.dumps(e, pickle.HIGHEST_PROTOCOL)
+        out.write(_ANSWER.pack(status, len(answer)))
+        out.write(answer)
+        out.flush()
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,133 @@
+"""The encode worker processes: answers in order, errors carried back, a dead worker reported,
+no worker left behind, and each worker fed ahead (it holds the next batch while it encodes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import anyio
+import pytest
+
+from tfrecordd.compression import Compression
+from tfrecordd.plugin import Lines, RawEvent
+from tfrecordd.runtime import _encode_events, _Outcome, _ship
+from tfrecordd.workers import DEPTH, EncodeWorkers, WorkerError
+from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = ExampleEncoderConfig.model_validate({"features": {"id": "int64"}})
+
+
+def _lines(first: int, n: int) -> Lines:
+    data = b"".join(b'{"id": %d}\n' % i for i in range(first, first + n))
+    return Lines(data, "f.jsonl", 0, 1 << 20)
+
+
+def _ids(outcome: _Outcome) -> list[bytes]:
+    assert isinstance(outcome.records, list)
+    return outcome.records
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone as far as work goes.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def _call(pool: EncodeWorkers, lines: Lines, name: str = "e") -> Any:
+    return await pool.call(name, _ship([]), lines, Compression.NONE, None)
+
+
+async def test_answers_come_back_to_their_own_batches() -> None:
+    pool = EncodeWorkers(2, {"e": CONFIG})
+    results: dict[int, _Outcome] = {}
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+
+        async def one(k: int) -> None:
+            results[k] = await _call(pool, _lines(k * 100, 1 + k % 7))
+
+        async with anyio.create_task_group() as calls:
+            for k in range(40):
+                calls.start_soon(one, k)
+        tg.cancel_scope.cancel()
+    encoder = CONFIG.build()
+    for k, outcome in results.items():
+        expected = _encode_events(encoder, [], _lines(k * 100, 1 + k % 7), Compression.NONE, None)
+        assert _ids(outcome) == expected.records
+        assert outcome.line_events == 1 + k % 7
+    assert len(results) == 40
+
+
+async def test_each_worker_is_fed_ahead() -> None:
+    pool = EncodeWorkers(2, {"e": CONFIG})
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        async with anyio.create_task_group() as calls:
+            for k in range(2 * DEPTH):
+                calls.start_soon(_call, pool, _lines(k, 20_000))
+            # Every call is queued at once: each worker holds DEPTH batches, none waits.
+            with anyio.fail_after(10):
+                while sum(len(w.pending) for w in pool._workers) < 2 * DEPTH:
+                    await anyio.sleep(0.001)
+            assert [len(w.pending) for w in pool._workers] == [DEPTH, DEPTH]
+            assert DEPTH > 1  # the next batch waits in the pipe while one is encoded
+        tg.cancel_scope.cancel()
+
+
+async def test_an_encoder_error_is_raised_in_the_daemon() -> None:
+    pool = EncodeWorkers(1, {"e": CONFIG})
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        with pytest.raises(KeyError):
+            await _call(pool, _lines(0, 3), name="missing")
+        # The worker goes on.
+        assert len(_ids(await _call(pool, _lines(0, 3)))) == 3
+        tg.cancel_scope.cancel()
+
+
+async def _kill_one_and_call(pool: EncodeWorkers) -> None:
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        pool._workers[0].process.kill()
+        async with anyio.create_task_group() as calls:
+            for k in range(10):
+                calls.start_soon(_call, pool, _lines(k, 5000))
+
+
+async def test_a_killed_worker_fails_the_pool_instead_of_hanging() -> None:
+    pool = EncodeWorkers(2, {"e": CONFIG})
+    with anyio.fail_after(20), pytest.raises(BaseExceptionGroup) as caught:
+        await _kill_one_and_call(pool)
+    assert caught.group_contains(WorkerError, match="exited")
+
+
+async def test_workers_stop_with_the_pool_and_ignore_a_terminal_ctrl_c() -> None:
+    pool = EncodeWorkers(2, {"e": CONFIG})
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        pids = [w.process.pid for w in pool._workers]
+        for pid in pids:
+            os.kill(pid, signal.SIGINT)
+            os.kill(pid, signal.SIGTERM)
+        assert len(_ids(await _call(pool, _lines(0, 10)))) == 10
+        tg.cancel_scope.cancel()
+    assert not any(_alive(pid) for pid in pids)
+
+
+async def test_events_sent_one_by_one_travel_too() -> None:
+    pool = EncodeWorkers(1, {"e": CONFIG})
+    events = [RawEvent(b'{"id": 1}', "a"), RawEvent(b"{", "b")]
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        outcome = await pool.call("e", _ship(events), None, Compression.NONE, None)
+        tg.cancel_scope.cancel()
+    assert len(_ids(outcome)) == 1
+    assert [(i, reason) for i, reason, _ in outcome.failures] == [(1, "malformed")]
