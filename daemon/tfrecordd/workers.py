@@ -84,8 +84,11 @@ class EncodeWorkers:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start the workers, then read their answers until cancelled; stop them on the way out."""
         try:
+            # All spawned first: they import at the same time.
             for _ in range(self.count):
-                self._workers.append(await self._start())
+                self._workers.append(await self._spawn())
+            for worker in self._workers:
+                await self._ready(worker)
             async with anyio.create_task_group() as tg:
                 for worker in self._workers:
                     tg.start_soon(self._read_answers, worker)
@@ -95,7 +98,7 @@ class EncodeWorkers:
                 for worker in self._workers:
                     await self._stop(worker)
 
-    async def _start(self) -> _Worker:
+    async def _spawn(self) -> _Worker:
         process = await anyio.open_process(
             [sys.executable, "-m", "tfrecordd.workers"],
             stdin=subprocess.PIPE,
@@ -108,6 +111,10 @@ class EncodeWorkers:
         worker = _Worker(process, BufferedByteReceiveStream(process.stdout))
         init = pickle.dumps((sys.path, self._encoders), pickle.HIGHEST_PROTOCOL)
         await process.stdin.send(_LENGTH.pack(len(init)) + init)
+        return worker
+
+    async def _ready(self, worker: _Worker) -> None:
+        process = worker.process
         try:
             with anyio.fail_after(_START_TIMEOUT):
                 ready = await worker.answers.receive_exactly(len(_READY))
@@ -119,7 +126,6 @@ class EncodeWorkers:
             ) from e
         if ready != _READY:
             raise WorkerError(f"encode worker {process.pid} answered {ready!r} at start")
-        return worker
 
     async def _stop(self, worker: _Worker) -> None:
         process = worker.process

@@ -64,8 +64,16 @@ def test_sigkill_spool_directory(tmp_path: Path) -> None:
 def test_sigkill_spool_directory_packed_units_two_workers(tmp_path: Path) -> None:
     # Batches large enough to be framed and compressed in the encode workers, appended to the
     # shard's zlib stream as they come (header and Adler-32 written by the shard itself).
+    # Kills up to 2.5 s after start: the two workers start (and import) after the daemon does,
+    # and each kill should as often land while shards are written as during start-up.
     figs = run_crash_trials(
-        tmp_path, source="directory", kills=15, seed=4, compression="zlib", packed=True
+        tmp_path,
+        source="directory",
+        kills=15,
+        seed=4,
+        compression="zlib",
+        packed=True,
+        max_delay=2.5,
     )
     check(figs, 15)
 
