@@ -8,6 +8,7 @@ import os
 import random
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import zstandard
@@ -15,10 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfrecordd.compression import (
+    DEFAULT_LEVELS,
+    INCOMPRESSIBLE_LEVEL,
+    PROBE_MIN_BYTES,
     SUFFIXES,
     TF_COMPRESSION_TYPE,
     Compression,
     Compressor,
+    _incompressible,
     detect,
     open_decompressed,
 )
@@ -337,3 +342,56 @@ def test_detect_plain_header_check_uses_the_length_crc() -> None:
     assert detect(header + struct.pack("<I", masked_crc32c(header) ^ 1), "x.zst") is (
         Compression.ZSTD
     )
+
+
+def _json_like(n: int) -> bytes:
+    rng = random.Random(n)
+    out = bytearray()
+    while len(out) < n:
+        out += b'{"user": %d, "movie": ["title %d"], "rating": %d}\n' % (
+            rng.randrange(10**6),
+            rng.randrange(500),
+            rng.randrange(5),
+        )
+    return bytes(out[:n])
+
+
+def test_the_sample_tells_noise_from_text() -> None:
+    assert _incompressible(os.urandom(100_000), 3)
+    assert _incompressible(b"\x00" * 10_000 + os.urandom(90_000), 3)  # the middle is sampled
+    assert not _incompressible(_json_like(100_000), 3)
+    assert not _incompressible(_json_like(100_000), 19)
+
+
+def test_a_zstd_unit_that_does_not_compress_is_written_at_the_fast_level() -> None:
+    # zstd stores such data in raw blocks at any level: the fast level only gets there sooner,
+    # and the bytes are the same.
+    noise = os.urandom(100_000)
+    unit = Compressor.unit(Compression.ZSTD, None, [b"head", noise, b"tail"])
+    data = b"head" + noise + b"tail"
+    fast = zstandard.ZstdCompressor(level=INCOMPRESSIBLE_LEVEL, write_checksum=True)
+    assert unit.data == fast.compress(data)
+    assert len(unit.data) <= Compressor.bound(Compression.ZSTD, len(data))
+    assert _decompress(unit.data, Compression.ZSTD) == data
+
+
+@pytest.mark.parametrize("level", [None, 1, 19])
+def test_a_zstd_unit_that_compresses_keeps_its_level(level: int | None) -> None:
+    text = _json_like(100_000)
+    unit = Compressor.unit(Compression.ZSTD, level, [text])
+    chosen = DEFAULT_LEVELS[Compression.ZSTD] if level is None else level
+    assert unit.data == zstandard.ZstdCompressor(level=chosen, write_checksum=True).compress(text)
+    assert len(unit.data) < len(text) // 3
+
+
+def test_small_zstd_units_are_not_sampled() -> None:
+    noise = os.urandom(PROBE_MIN_BYTES - 1)
+    unit = Compressor.unit(Compression.ZSTD, None, [noise])
+    assert unit.data == zstandard.ZstdCompressor(level=3, write_checksum=True).compress(noise)
+
+
+def test_units_made_in_threads_at_once_are_each_whole() -> None:
+    pieces = [os.urandom(80_000) if i % 2 else _json_like(80_000) for i in range(16)]
+    with ThreadPoolExecutor(4) as pool:
+        units = list(pool.map(lambda p: Compressor.unit(Compression.ZSTD, None, [p]), pieces * 4))
+    assert [_decompress(u.data, Compression.ZSTD) for u in units] == pieces * 4
