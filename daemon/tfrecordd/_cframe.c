@@ -1,5 +1,5 @@
-/* The compiled hot path of TFRecord writing: CRC32C, record framing, and a certifying check of
- * serialized tf.train.Example / SequenceExample messages.
+/* The compiled hot path of TFRecord writing: CRC32C, record framing, a certifying check of
+ * serialized tf.train.Example / SequenceExample messages, and finding line ends.
  *
  * crc32c       CRC32C continued from a previous value, as the crc32c package computes it. On
  *              x86-64 with SSE4.2 the crc32 instruction (three interleaved streams for large
@@ -10,6 +10,7 @@
  *              SequenceExample) that protobuf parses with no unknown field at any depth. The
  *              check is one-sided: a certified payload is valid, a flagged one may be valid too
  *              (the caller hands it to protobuf, which decides).
+ * line_end     Where a batch of whole lines ends: memchr from newline to newline.
  *
  * The GIL is released around the copying and checking of large batches; the pointers are taken
  * first, from objects this code holds references to (bytes are immutable; other buffers are held
@@ -709,6 +710,45 @@ static PyObject *py_check_messages(PyObject *self, PyObject *args, PyObject *kwa
 
 /* --------------------------------------------------------------------------------------------- */
 
+/* line_end(data, start, stop, lines): where a batch of whole lines starting at start ends, by
+ * memchr from newline to newline (bytes.count walks every byte in Python's own loop). */
+static PyObject *py_line_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "line_end() takes 4 arguments");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t stop = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t want = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (start < 0 || stop < start || stop > view.len || want < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "line_end(): need 0 <= start <= stop <= len(data)");
+        return NULL;
+    }
+    const char *base = view.buf;
+    const char *at = base + start;
+    const char *end = base + stop;
+    Py_ssize_t found = 0;
+    while (found < want && at < end) {
+        const char *nl = memchr(at, '\n', (size_t)(end - at));
+        if (!nl) break;
+        at = nl + 1;
+        found++;
+    }
+    Py_ssize_t pos = found == want ? (Py_ssize_t)(at - base) : stop;
+    PyBuffer_Release(&view);
+    return Py_BuildValue("nn", pos, found);
+}
+
+/* --------------------------------------------------------------------------------------------- */
+
 static PyMethodDef methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))py_crc32c, METH_FASTCALL | METH_KEYWORDS,
      "crc32c(data, value=0)\n--\n\n"
@@ -729,6 +769,10 @@ static PyMethodDef methods[] = {
      "tf.train.Example (sequence false) or SequenceExample (sequence true) that protobuf parses\n"
      "with no unknown field at any depth. Every other payload is certified; a flagged one may\n"
      "still be valid (protobuf decides). Items that are not bytes are always flagged."},
+    {"line_end", (PyCFunction)(void (*)(void))py_line_end, METH_FASTCALL,
+     "line_end(data, start, stop, lines, /)\n--\n\n"
+     "(end, found): with found newlines in data[start:stop], up to lines; end is just past the\n"
+     "last of them when found == lines, else stop."},
     {NULL, NULL, 0, NULL},
 };
 

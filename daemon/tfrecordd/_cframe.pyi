@@ -21,3 +21,7 @@ def check_messages(payloads: Iterable[bytes], sequence: bool) -> list[int]:
     """Indices, ascending, of the payloads not certified as a serialized ``Example``
     (``SequenceExample`` if ``sequence``) that protobuf parses with no unknown field; items that
     are not exactly ``bytes`` are always among them."""
+
+def line_end(data: Buffer, start: int, stop: int, lines: int, /) -> tuple[int, int]:
+    """``(end, found)``: ``found`` newlines in ``data[start:stop]``, up to ``lines``; ``end`` is
+    just past the last of them when ``found == lines``, else ``stop``."""

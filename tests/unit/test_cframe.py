@@ -727,3 +727,24 @@ def test_passthrough_results_are_the_same_without_the_extension(
     slow = [encode(c, events) for c in configs]
     assert [(r.records, r.failures) for r in fast] == [(r.records, r.failures) for r in slow]
     assert encode(configs[0], []) == EncodeResult()
+
+
+# --- line_end ----------------------------------------------------------------------------------
+
+
+def test_line_end_counts_newlines_up_to_the_limit() -> None:
+    data = b"a\nbb\nccc\n\ndd"
+    assert _cframe.line_end(data, 0, len(data), 2) == (5, 2)
+    assert _cframe.line_end(data, 0, len(data), 4) == (10, 4)
+    # Fewer newlines than asked for: the end is stop (an unterminated last line included).
+    assert _cframe.line_end(data, 0, len(data), 9) == (len(data), 4)
+    assert _cframe.line_end(data, 2, 5, 1) == (5, 1)
+    assert _cframe.line_end(data, 2, 4, 1) == (4, 0)
+    assert _cframe.line_end(data, 3, 3, 0) == (3, 0)
+    assert _cframe.line_end(memoryview(data), 0, len(data), 1) == (2, 1)
+
+
+@pytest.mark.parametrize(("start", "stop"), [(-1, 3), (4, 3), (0, 99)])
+def test_line_end_refuses_a_range_outside_the_data(start: int, stop: int) -> None:
+    with pytest.raises(ValueError, match="start <= stop"):
+        _cframe.line_end(b"a\nb\n", start, stop, 1)

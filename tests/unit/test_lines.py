@@ -3,10 +3,15 @@ splits a batch back into events (the same events the per-line reading always mad
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfrecordd.plugin import Lines, RawBatch
+from tfrecordd_plugins.sources import directory
 from tfrecordd_plugins.sources.directory import _cuts
 
 LINE = st.sampled_from(
@@ -52,6 +57,10 @@ def test_split_gives_the_events_line_by_line_reading_gives(
     assert all("max_line_bytes" in (ev.error or "") for ev in refused)
 
 
+COMPILED = [False, True] if directory._cframe is not None else [False]
+
+
+@pytest.mark.parametrize("compiled", COMPILED, ids=lambda c: "compiled" if c else "python")
 @settings(max_examples=500)
 @given(
     st.lists(st.sampled_from([0, 1, 5, 30, 200]), min_size=1, max_size=80),
@@ -60,8 +69,23 @@ def test_split_gives_the_events_line_by_line_reading_gives(
     st.sampled_from([1, 10, 100, 1 << 20]),
 )
 def test_cuts_make_batches_of_whole_lines_within_both_limits(
-    lengths: list[int], newline_at_end: bool, max_events: int, max_bytes: int
+    compiled: bool, lengths: list[int], newline_at_end: bool, max_events: int, max_bytes: int
 ) -> None:
+    with _compiled(compiled):
+        _check_cuts(lengths, newline_at_end, max_events, max_bytes)
+
+
+@contextmanager
+def _compiled(on: bool) -> Iterator[None]:
+    saved = directory._cframe
+    directory._cframe = saved if on else None
+    try:
+        yield
+    finally:
+        directory._cframe = saved
+
+
+def _check_cuts(lengths: list[int], newline_at_end: bool, max_events: int, max_bytes: int) -> None:
     buf = b"\n".join(b"x" * n for n in lengths) + (b"\n" if newline_at_end else b"")
     start = 0
     for end in _cuts(buf, len(buf), max_events, max_bytes):
@@ -79,8 +103,10 @@ def test_cuts_make_batches_of_whole_lines_within_both_limits(
     assert start == len(buf)
 
 
-def test_cuts_of_a_large_buffer_hold_max_events_each() -> None:
+@pytest.mark.parametrize("compiled", COMPILED, ids=lambda c: "compiled" if c else "python")
+def test_cuts_of_a_large_buffer_hold_max_events_each(compiled: bool) -> None:
     buf = b"".join(b'{"n": %d}\n' % i for i in range(100_000))
-    ends = list(_cuts(buf, len(buf), 1000, 1 << 20))
+    with _compiled(compiled):
+        ends = list(_cuts(buf, len(buf), 1000, 1 << 20))
     assert len(ends) == 100
     assert all(buf[:end].count(b"\n") == 1000 * (i + 1) for i, end in enumerate(ends))

@@ -38,13 +38,15 @@ import aiofiles
 import anyio
 from pydantic import Field, field_validator
 
-from tfrecordd import crashpoints
+from tfrecordd import crashpoints, speedups
 from tfrecordd.compression import Compression, open_decompressed
 from tfrecordd.errors import CompressionError
 from tfrecordd.plugin import Lines, RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
 from tfrecordd.units import Duration, Size
 
 log = logging.getLogger(__name__)
+
+_cframe = speedups.load("_cframe")
 
 CLAIM_DIR = ".tfrecordd-claimed"
 REJECT_DIR = ".tfrecordd-rejected"
@@ -557,6 +559,11 @@ def _cuts(buf: bytes, whole: int, max_events: int, max_bytes: int) -> Iterator[i
                 or buf.find(b"\n", start + max_bytes, whole) + 1
                 or whole
             )
+        if _cframe is not None:
+            end, _ = _cframe.line_end(buf, start, bound, max_events)
+            yield end
+            start = end
+            continue
         end = bound
         # Counting newlines up to the end of a large buffer for every batch would cost more than
         # the batches: look about as far as the batch before suggests.
