@@ -43,9 +43,8 @@ class Run:
 
 
 def _command() -> list[str]:
-    """The installed ``tfrecordd`` script. ``python -m tfrecordd`` is not used: its
-    ``__main__`` has no ``if __name__ == "__main__"`` guard, so the worker processes of
-    ``encode_workers > 1``, which import the main module again, exit at start-up."""
+    """The installed ``tfrecordd`` script, as users run it (``python -m tfrecordd`` where the
+    script is missing)."""
     script = Path(sys.executable).parent / "tfrecordd"
     return [str(script)] if script.exists() else [sys.executable, "-m", "tfrecordd"]
 
@@ -147,8 +146,8 @@ def run_daemon(
 ) -> Run:
     """One daemon run on ``events`` events; returns its timing and memory.
 
-    With ``warmup``, one shard's worth of other events goes through first, untimed: worker
-    processes start on the first batch they are given, and that start-up is not measured.
+    With ``warmup``, one shard's worth of other events goes through first, untimed: the start of
+    the pipeline (encode worker processes included) is not measured.
     """
     with ctx.tmpdir(f"daemon-w{workers}") as root:
         (root / "spool").mkdir()

@@ -214,6 +214,14 @@ def _read(stream: BinaryIO) -> bytes | None:
     return body
 
 
+def _pickled_error(e: Exception) -> bytes:
+    try:
+        return pickle.dumps(e, pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an exception that does not pickle still reaches the daemon, as text
+        error = WorkerError(f"in an encode worker: {type(e).__name__}: {e}")
+        return pickle.dumps(error, pickle.HIGHEST_PROTOCOL)
+
+
 def serve() -> None:
     """The worker's main loop (``python -m tfrecordd.workers``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -244,7 +252,7 @@ def serve() -> None:
             outcome = _encode_events(encoder, _unship(shipment), lines, compression, level)
             status, answer = b"R", pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # handed to the daemon, which raises it
-            status, answer = b"E", pickle.dumps(e, pickle.HIGHEST_PROTOCOL)
+            status, answer = b"E", _pickled_error(e)
         out.write(_ANSWER.pack(status, len(answer)))
         out.write(answer)
         out.flush()

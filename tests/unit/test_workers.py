@@ -4,6 +4,7 @@ no worker left behind, and each worker fed ahead (it holds the next batch while 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from tfrecordd.compression import Compression
 from tfrecordd.plugin import Lines, RawEvent
 from tfrecordd.runtime import _encode_events, _Outcome, _ship
-from tfrecordd.workers import DEPTH, EncodeWorkers, WorkerError
+from tfrecordd.workers import DEPTH, EncodeWorkers, WorkerError, _pickled_error
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 pytestmark = pytest.mark.anyio
@@ -131,3 +132,13 @@ async def test_events_sent_one_by_one_travel_too() -> None:
         tg.cancel_scope.cancel()
     assert len(_ids(outcome)) == 1
     assert [(i, reason) for i, reason, _ in outcome.failures] == [(1, "malformed")]
+
+
+def test_an_error_that_does_not_pickle_arrives_as_text() -> None:
+    class Unpicklable(Exception):
+        def __reduce__(self) -> Any:
+            raise TypeError("no")
+
+    answer = pickle.loads(_pickled_error(Unpicklable("bad value")))
+    assert isinstance(answer, WorkerError)
+    assert "Unpicklable: bad value" in str(answer)
