@@ -13,6 +13,7 @@ told to stop: the daemon's and, with ``encode_workers > 1``, its largest worker'
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..data import MOVIE_FEATURES, movie_lines
 from ..harness import Context, Row, ratio_row
@@ -222,6 +224,45 @@ def run_daemon(
     return Run(total, seconds, rss, worker_rss, shards - done)
 
 
+CEILING_BATCHES = 300
+"""Batches of 1000 events each process encodes for the parallel-ceiling row (about a second)."""
+
+
+def _encode_loop(seed: int, batches: int, start: Any, results: Any) -> None:
+    """One encode worker's work (split the lines, encode, frame and gzip them into a unit) on the
+    same batch over and over, with nothing else: its events per second go to ``results``."""
+    from tfrecordd.compression import Compression
+    from tfrecordd.plugin import Lines
+    from tfrecordd.runtime import _encode_events
+    from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
+
+    lines = Lines(b"\n".join(movie_lines(1000, seed)) + b"\n", "bench.jsonl", 0, 1 << 20)
+    encoder = ExampleEncoderConfig.model_validate({"features": MOVIE_FEATURES}).build()
+    _encode_events(encoder, [], lines, Compression.GZIP, None)
+    start.wait()
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        _encode_events(encoder, [], lines, Compression.GZIP, None)
+    results.put(batches * 1000 / (time.perf_counter() - t0))
+
+
+def _parallel_rate(seed: int, batches: int, processes: int) -> float:
+    """Events per second of :func:`_encode_loop` in ``processes`` processes at once, summed."""
+    mp = multiprocessing.get_context("spawn")
+    start = mp.Barrier(processes)
+    results = mp.Queue()
+    procs = [
+        mp.Process(target=_encode_loop, args=(seed, batches, start, results))
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    total = sum(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(60)
+    return float(total)
+
+
 def run(ctx: Context) -> list[Row]:
     n = ctx.daemon_events
     small = max(n // 5, min(LINES_PER_FILE, n))
@@ -250,9 +291,26 @@ def run(ctx: Context) -> list[Row]:
             one.events / one.seconds,
             "encode_workers=1",
             WORKERS_TARGET,
-            f"{os.cpu_count()} cores; the daemon's own process also reads, compresses, writes",
+            f"{os.cpu_count()} cores; the daemon's own process reads, moves batches to and from "
+            "the workers, writes and commits",
         ),
     ]
+    batches = 20 if ctx.quick else CEILING_BATCHES
+    one_loop = max(_parallel_rate(ctx.seed, batches, 1) for _ in range(2))
+    two_loops = max(_parallel_rate(ctx.seed, batches, 2) for _ in range(2))
+    rows.append(
+        ratio_row(
+            case,
+            "the encode loop alone, two processes at once",
+            "events/s",
+            two_loops,
+            one_loop,
+            "one process",
+            None,
+            "a worker's work with no daemon around it (split, encode, gzip): what the machine's "
+            "cores give two workers at best",
+        )
+    )
     big = run_daemon(ctx, n, 1, n, warmup=False)
     long = run_daemon(ctx, 3 * n, 1, small)
     memory = [
