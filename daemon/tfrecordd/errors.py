@@ -87,6 +87,11 @@ class DurabilityError(TfrecorddError):
     exit_code = EXIT_IO
 
 
+class WorkerError(TfrecorddError):
+    """An encode worker process exited or broke its protocol: the daemon stops (its batches are
+    in no published shard, so they replay after a restart)."""
+
+
 class InputError(TfrecorddError):
     """An input cannot be read as a file: it is missing, a directory, or not a regular file."""
 

@@ -34,6 +34,8 @@ import anyio
 from anyio.abc import Process, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from tfrecordd.errors import WorkerError
+
 if TYPE_CHECKING:
     from tfrecordd.plugin import Encoder, EncoderConfig
 
@@ -49,10 +51,6 @@ _START_TIMEOUT = 60.0
 
 _PIPE_BYTES = 1 << 20
 """Linux's default cap for an unprivileged process (``/proc/sys/fs/pipe-max-size``)."""
-
-
-class WorkerError(RuntimeError):
-    """An encode worker process exited or broke the protocol."""
 
 
 @dataclass(slots=True)
@@ -146,9 +144,12 @@ class EncodeWorkers:
                     status, length = _ANSWER.unpack(head)
                     body = await worker.answers.receive_exactly(length)
                 except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError) as e:
+                    with anyio.move_on_after(1):
+                        await worker.process.wait()
                     raise WorkerError(
                         f"encode worker {worker.process.pid} exited "
-                        f"(status {worker.process.returncode}); its batches replay after a restart"
+                        f"({_status(worker.process.returncode)}); the events it held replay after "
+                        "a restart"
                     ) from e
                 if not worker.pending:
                     raise WorkerError("encode worker answered a batch it was not given")
@@ -176,7 +177,7 @@ class EncodeWorkers:
                     break
                 await self._room.wait()
         if worker.broken is not None:
-            raise WorkerError("encode worker broken") from worker.broken
+            raise WorkerError(f"encode worker {worker.process.pid}: {worker.broken}")
         pending = _Pending()
         # A request cut short by a cancel would leave the worker reading half a pickle: once
         # queued, it is written whole.
@@ -191,6 +192,14 @@ class EncodeWorkers:
         if not pending.ok:
             raise pending.value
         return pending.value
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
 
 
 def _widen_pipes() -> None:

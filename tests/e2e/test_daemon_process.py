@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -202,6 +203,37 @@ def test_encode_workers_as_a_subprocess(tmp_path: Path) -> None:
     expected = fill_spool(tmp_path, 3, 200)
     run_clean_until(cfg, lambda: drained(tmp_path), 60)
     assert_exactly_once(tmp_path, expected)
+
+
+def test_a_killed_encode_worker_stops_the_daemon_and_nothing_is_lost(tmp_path: Path) -> None:
+    """SIGKILL one encode worker mid-stream: the daemon exits with an error naming it (systemd
+    restarts it), and the restarted daemon delivers every event exactly once."""
+    cfg = write_config(
+        tmp_path,
+        daemon={"encode_workers": 2, "max_batch_events": 50},
+        output={"max_shard_records": 500},
+    )
+    expected = fill_spool(tmp_path, 40, 500)
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: len(_children(d.proc.pid)) == 2, 30)
+        wait_for(lambda: bool(shard_files(tmp_path / "shards")), 30)
+        os.kill(_children(d.proc.pid)[0], signal.SIGKILL)
+        assert d.wait(60) == 1
+        assert "exited (killed by SIGKILL)" in d.output()
+        assert not drained(tmp_path), "the kill came before the spool was read"
+    finally:
+        d.kill()
+    run_clean_until(cfg, lambda: drained(tmp_path), 120)
+    assert_exactly_once(tmp_path, expected)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def test_a_file_is_acked_soon_after_its_last_shard(tmp_path: Path) -> None:

@@ -12,9 +12,10 @@ import anyio
 import pytest
 
 from tfrecordd.compression import Compression
+from tfrecordd.errors import WorkerError
 from tfrecordd.plugin import Lines, RawEvent
 from tfrecordd.runtime import _encode_events, _Outcome, _ship
-from tfrecordd.workers import DEPTH, EncodeWorkers, WorkerError, _pickled_error
+from tfrecordd.workers import DEPTH, EncodeWorkers, _pickled_error
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 pytestmark = pytest.mark.anyio
