@@ -332,8 +332,8 @@ class Compressor:
 
         A zstd unit of :data:`PROBE_MIN_BYTES` or more whose largest piece does not compress (a
         sample of it, at the unit's level, saves under 3%: JPEG and PNG images, say) is written at
-        :data:`INCOMPRESSIBLE_LEVEL`: the same format and about the same size, in a third of the
-        time."""
+        :data:`INCOMPRESSIBLE_LEVEL`: the same format and about the same size, in about half
+        the time."""
         if Compression(compression) is Compression.ZSTD:
             return _zstd_unit(DEFAULT_LEVELS[Compression.ZSTD] if level is None else level, pieces)
         c = Compressor(compression, level)
