@@ -334,6 +334,7 @@ class DirectorySource(Source):
         head: bytes | None = None  # first bytes of an overlong line still being skipped
         head_at = 0
         eof = False
+        whole = 0  # bytes of whole lines in the last buffer: none at the end sends the end alone
         try:
             async with aclosing(reader.chunks(offset)) as chunks:
                 while not eof:
