@@ -116,6 +116,10 @@ async def test_workers_stop_with_the_pool_and_ignore_a_terminal_ctrl_c() -> None
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
         pids = [w.process.pid for w in pool._workers]
+        # Each leads a session of its own: a terminal's Ctrl-C (sent to the daemon's process
+        # group) does not reach it.
+        assert [os.getsid(pid) for pid in pids] == pids
+        assert all(os.getpgid(pid) != os.getpgid(0) for pid in pids)
         for pid in pids:
             os.kill(pid, signal.SIGINT)
             os.kill(pid, signal.SIGTERM)
