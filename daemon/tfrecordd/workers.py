@@ -144,13 +144,7 @@ class EncodeWorkers:
                     status, length = _ANSWER.unpack(head)
                     body = await worker.answers.receive_exactly(length)
                 except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError) as e:
-                    with anyio.move_on_after(1):
-                        await worker.process.wait()
-                    raise WorkerError(
-                        f"encode worker {worker.process.pid} exited "
-                        f"({_status(worker.process.returncode)}); the events it held replay after "
-                        "a restart"
-                    ) from e
+                    raise await _gone(worker) from e
                 if not worker.pending:
                     raise WorkerError("encode worker answered a batch it was not given")
                 pending = worker.pending.popleft()
@@ -185,13 +179,27 @@ class EncodeWorkers:
             worker.pending.append(pending)
             stdin = worker.process.stdin
             assert stdin is not None
-            async with worker.lock:
-                await stdin.send(_LENGTH.pack(len(request)))
-                await stdin.send(request)
+            try:
+                async with worker.lock:
+                    await stdin.send(_LENGTH.pack(len(request)))
+                    await stdin.send(request)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
+                # The worker died before its reader saw it: the same error either way.
+                raise await _gone(worker) from e
         await pending.done.wait()
         if not pending.ok:
             raise pending.value
         return pending.value
+
+
+async def _gone(worker: _Worker) -> WorkerError:
+    """The error for a worker whose pipe broke, with how its process ended."""
+    with anyio.move_on_after(1):
+        await worker.process.wait()
+    return WorkerError(
+        f"encode worker {worker.process.pid} exited ({_status(worker.process.returncode)}); "
+        "the events it held replay after a restart"
+    )
 
 
 def _status(code: int | None) -> str:
