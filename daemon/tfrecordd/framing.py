@@ -13,7 +13,7 @@ framing, used when it is not.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 import crc32c as _crc32c
@@ -67,6 +67,11 @@ _HEADERS_CACHED = 1 << 14
 _HEADERS: dict[int, bytes] = {}
 """Headers by record length: most records are small and their lengths repeat, so a header is a
 dict lookup rather than two packs and a CRC (about half the time of framing a small record)."""
+
+
+def framed_size(records: Sequence[bytes]) -> int:
+    """The bytes ``records`` take once framed."""
+    return sum(map(len, records)) + OVERHEAD * len(records)
 
 
 def frame(record: bytes) -> bytes:

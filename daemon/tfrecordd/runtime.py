@@ -33,7 +33,7 @@ from tfrecordd.compression import Compression, Compressor
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError, UploadError
-from tfrecordd.framing import OVERHEAD
+from tfrecordd.framing import framed_size
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.journal import Intent, Journal
 from tfrecordd.metrics import Metrics, Stopwatch, serve
@@ -140,23 +140,9 @@ def _encode_events(
                 for i, reason, detail in result.failures
             ]
     packed: list[bytes] | Packed = records
-    if sum(map(len, records)) + OVERHEAD * len(records) >= PACK_MIN_BYTES:
+    if framed_size(records) >= PACK_MIN_BYTES:
         packed = pack(records, compression, level)
     return _Outcome(packed, failures, line_failures, line_events)
-
-
-def _encoded(
-    batch: RawBatch, good: list[RawEvent], rejected: list[RawEvent], outcome: _Outcome | None
-) -> EncodedBatch:
-    failures = [(ev, "rejected", ev.error or "") for ev in rejected]
-    records: list[bytes] | Packed = []
-    events = len(batch.events)
-    if outcome is not None:
-        records = outcome.records
-        failures.extend((good[i], reason, detail) for i, reason, detail in outcome.failures)
-        failures.extend(outcome.line_failures)
-        events += outcome.line_events
-    return EncodedBatch(batch.source, records, batch.token, events, failures)
 
 
 _Shipment = tuple[bytes, "array[int]", list[tuple[int, Any, str | None]]]
@@ -576,11 +562,19 @@ class Daemon:
         rejected: list[RawEvent],
         outcome: _Outcome | None,
     ) -> EncodedBatch:
-        encoded = _encoded(batch, good, rejected, outcome)
-        if outcome is not None and outcome.line_events:
-            # Events sent as lines are counted here, where they were first split.
-            self.metrics.events_received.labels(batch.source).inc(outcome.line_events)
-        return encoded
+        """The batch for the writer: its records, and every failure with its event."""
+        failures = [(ev, "rejected", ev.error or "") for ev in rejected]
+        records: list[bytes] | Packed = []
+        events = len(batch.events)
+        if outcome is not None:
+            records = outcome.records
+            failures.extend((good[i], reason, detail) for i, reason, detail in outcome.failures)
+            failures.extend(outcome.line_failures)
+            if outcome.line_events:
+                # Events sent as lines are counted here, where they were first split.
+                self.metrics.events_received.labels(batch.source).inc(outcome.line_events)
+                events += outcome.line_events
+        return EncodedBatch(batch.source, records, batch.token, events, failures)
 
     async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         depth = self.metrics.stream_depth.labels("write")
@@ -664,7 +658,7 @@ class Daemon:
         if isinstance(records, Packed):
             needed = reserve + len(records.unit.data)
         else:
-            raw = sum(len(r) for r in records) + OVERHEAD * len(records)
+            raw = framed_size(records)
             needed = reserve + Compressor.bound(self.config.output.compression, raw)
         paused_at: float | None = None
         while (free := self._free_bytes()) is not None and free < needed:

@@ -32,7 +32,7 @@ import crc32c
 
 from tfrecordd.compression import SUFFIXES, Compression, Compressor
 from tfrecordd.errors import DurabilityError
-from tfrecordd.framing import OVERHEAD
+from tfrecordd.framing import OVERHEAD, framed_size
 from tfrecordd.fsys import FileSystem
 from tfrecordd.writer import Packed, RecordWriter
 
@@ -141,7 +141,7 @@ class OpenShard:
                 return True
             self._writer.sync()
             return self.file_bytes + incoming <= self.max_bytes
-        raw = sum(len(r) for r in batch) + OVERHEAD * len(batch)
+        raw = framed_size(batch)
         if self.file_bytes + bound(c, self._writer.pending_raw + raw) <= self.max_bytes:
             return True
         self._writer.sync()

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tfrecordd.compression import Compression, Compressor, Unit
-from tfrecordd.framing import OVERHEAD, frame_many, frame_parts
+from tfrecordd.framing import frame_many, frame_parts, framed_size
 from tfrecordd.fsys import LOCAL, FileSystem
 
 _LARGE_RECORD = 64 << 10
@@ -27,7 +27,7 @@ _LARGE_RECORD = 64 << 10
 def _framed(records: Sequence[bytes]) -> tuple[list[bytes], int]:
     """The framed bytes of ``records`` as pieces to compress, and their total size: one joined
     piece, or header/record/footer pieces when records are large (sparing a copy of each)."""
-    size = sum(len(r) for r in records) + OVERHEAD * len(records)
+    size = framed_size(records)
     if size >= _LARGE_RECORD * len(records):
         return frame_parts(records), size
     return [frame_many(records)], size

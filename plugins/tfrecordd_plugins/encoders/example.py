@@ -74,9 +74,9 @@ class ExampleEncoder(Encoder):
         if self._plan is None:
             return super().encode_lines(payloads)
         fast = self._plan.encode_batch(payloads)
-        if None not in fast:
-            return EncodeResult(cast("list[bytes]", fast))
-        return self._finish([RawEvent(p, "") for p in payloads], fast)
+        # Events are made only for the Python path to name failures by: when one is needed.
+        events = [] if None not in fast else [RawEvent(p, "") for p in payloads]
+        return self._finish(events, fast)
 
     def _finish(self, events: Sequence[RawEvent], fast: list[bytes | None] | None) -> EncodeResult:
         """The records: the compiled plan's where it gave one, the Python path's elsewhere."""
