@@ -160,7 +160,11 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> N
 class DaemonProcess:
     """``tfrecordd run`` as a subprocess."""
 
-    def __init__(self, config: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Path, env: Mapping[str, str] | None = None, *, own_group: bool = False
+    ) -> None:
+        """``own_group``: in a process group of its own, as a shell's foreground job is (see
+        :meth:`interrupt_group`)."""
         self.config = config
         self.log = config.parent / "daemon.log"
         full_env = {k: v for k, v in os.environ.items() if k != "TFRECORDD_CRASH_AT"}
@@ -172,7 +176,12 @@ class DaemonProcess:
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 env=full_env,
+                start_new_session=own_group,
             )
+
+    def interrupt_group(self) -> None:
+        """What a terminal's Ctrl-C does: SIGINT to every process of the foreground group."""
+        os.killpg(self.proc.pid, signal.SIGINT)
 
     def wait_started(self, timeout: float = 30.0) -> None:
         """Wait until the daemon logged that its pipeline runs (signal handlers installed)."""

@@ -229,6 +229,33 @@ def test_a_killed_encode_worker_stops_the_daemon_and_nothing_is_lost(tmp_path: P
     assert_exactly_once(tmp_path, expected)
 
 
+def test_ctrl_c_with_encode_workers_drains_and_exits_cleanly(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the daemon's whole process group: the workers, in sessions of
+    their own, keep working while the daemon drains, then exit with it."""
+    cfg = write_config(
+        tmp_path,
+        daemon={"encode_workers": 2, "max_batch_events": 50},
+        output={"max_shard_records": 500, "max_shard_age": "1s"},
+    )
+    expected = fill_spool(tmp_path, 40, 500)
+    d = DaemonProcess(cfg, own_group=True)
+    try:
+        d.wait_started()
+        wait_for(lambda: len(_children(d.proc.pid)) == 2, 30)
+        workers = _children(d.proc.pid)
+        wait_for(lambda: bool(shard_files(tmp_path / "shards")), 30)
+        d.interrupt_group()
+        assert d.wait(60) == 0, d.output()
+        assert "SIGINT received" in d.output()
+        assert "stopped" in d.output()
+        assert "encode worker" not in d.output()
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 10)
+    finally:
+        d.kill()
+    run_clean_until(cfg, lambda: drained(tmp_path), 120)
+    assert_exactly_once(tmp_path, expected)
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
