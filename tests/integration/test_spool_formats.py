@@ -138,6 +138,47 @@ async def test_gzip_and_zstd_inputs(tmp_path: Path) -> None:
     assert not bad(ctx)
 
 
+@pytest.mark.parametrize("ending", [b"\n", b""], ids=["newline", "no-final-newline"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+async def test_a_files_last_batch_carries_its_end(
+    tmp_path: Path, suffix: str, ending: bytes
+) -> None:
+    """No batch of its own for a file's end: the batch with the last lines says it (a batch with
+    no events would cost a commit of its own). Three read chunks, so the end is found by a read
+    after the one that brought the last lines."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    lines = [b'{"id": %d, "pad": "%s"}' % (i, b"x" * 40) for i in range(180)]
+    body = b"\n".join(lines) + ending
+    assert 2 * 4096 < len(body) < 3 * 4096
+    (spool / f"a{suffix}").write_bytes(gzip.compress(body) if suffix.endswith(".gz") else body)
+    source = make(spool, pattern="a.jsonl*", read_size=4096)
+    ctx = await run_until_files_done(source, 1, RecordingContext(name="spool", max_batch_events=30))
+    batches = ctx.batches
+    assert [b.token["eof"] for b in batches] == [False] * (len(batches) - 1) + [True]
+    assert all(b.lines is not None and b.expand() for b in batches)
+    assert batches[-1].token["o"] == len(body)
+    assert [e.payload for e in good(ctx)] == lines
+    offsets = [int(e.where.rsplit(":", 1)[1]) for e in good(ctx)]
+    assert offsets == [sum(len(x) + 1 for x in lines[:i]) for i in range(len(lines))]
+
+
+async def test_lines_before_damage_are_delivered_before_the_reject(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    head = b"".join(b'{"id": %d}\n' % i for i in range(3000))
+    whole = gzip.compress(head + bytes(range(256)) * 4000, compresslevel=1)
+    (spool / "cut.jsonl.gz").write_bytes(whole[: len(whole) - 1000])
+    source = make(spool, pattern="*.jsonl.gz", read_size=4096)
+    ctx = await run_until_files_done(source, 1)
+    payloads = [e.payload for e in good(ctx)]
+    assert payloads[:3000] == head.splitlines()
+    last = ctx.batches[-1].token
+    assert last["eof"]
+    assert last["bad"]
+    assert [b.token["o"] for b in ctx.batches] == sorted(b.token["o"] for b in ctx.batches)
+
+
 async def test_decompression_bomb_and_damage_are_rejected(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()

@@ -327,6 +327,10 @@ class DirectorySource(Source):
         Only whole buffers are handled here (a search for the last newline, a count of them): the
         lines are split where they are encoded. A line that outgrows ``max_line_bytes`` before
         its newline arrives is skipped as it is read, its first bytes kept for the dead letter.
+
+        A buffer's last batch waits for the next read: when that read finds the end of the file,
+        the batch carries the file's end, instead of a batch of its own after it (which would
+        cost a commit of its own when it arrives between two shards).
         """
         max_line = self.config.max_line_bytes
         max_events, max_bytes = ctx.max_batch_events, ctx.max_batch_bytes
@@ -335,11 +339,24 @@ class DirectorySource(Source):
         head_at = 0
         eof = False
         whole = 0  # bytes of whole lines in the last buffer: none at the end sends the end alone
+        held: tuple[Lines, int] | None = None  # the last batch cut, and the offset after it
+
+        async def send_held(last: bool) -> None:
+            nonlocal held
+            if held is not None:
+                lines, end = held
+                held = None
+                await ctx.send(RawBatch(ctx.name, [], _token(claim, end, last), lines))
+
         try:
             async with aclosing(reader.chunks(offset)) as chunks:
                 while not eof:
                     chunk = await anext(chunks, b"")
                     eof = not chunk
+                    if held is not None and eof and not buf and head is None:
+                        await send_held(True)
+                        return
+                    await send_held(False)
                     buf += chunk
                     if head is not None:
                         nl = buf.find(b"\n")
@@ -357,15 +374,17 @@ class DirectorySource(Source):
                     whole = len(buf) if eof else buf.rfind(b"\n") + 1
                     start = 0
                     for end in _cuts(buf, whole, max_events, max_bytes):
-                        lines = Lines(buf[start:end], rel, offset + start, max_line)
-                        token = _token(claim, offset + end, eof and end == whole)
-                        await ctx.send(RawBatch(ctx.name, [], token, lines))
+                        await send_held(False)
+                        held = Lines(buf[start:end], rel, offset + start, max_line), offset + end
                         start = end
+                    if eof:
+                        await send_held(True)
                     buf, offset = buf[whole:], offset + whole
                     if len(buf) > max_line:
                         head, head_at = buf[:max_line], offset
                         offset, buf = offset + len(buf), b""
         except _Rejected as e:
+            await send_held(False)
             await self._reject(ctx, claim, rel, str(e), offset)
             return
         if not whole:
