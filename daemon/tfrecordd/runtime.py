@@ -593,8 +593,9 @@ class Daemon:
                         ended = True
                 self._beat = time.monotonic()
                 if batch is not None:
-                    depth.set(recv.statistics().current_buffer_used)
-                    await self._write_batch(batch)
+                    waiting = recv.statistics().current_buffer_used
+                    depth.set(waiting)
+                    await self._write_batch(batch, more=waiting > 0)
                 self._update_open_gauges()
                 if self._unit.empty():
                     self._flush_requested = False
@@ -620,7 +621,9 @@ class Daemon:
         first = self._unit.first_at
         m.open_shard_age.set(time.monotonic() - first if first is not None else 0)
 
-    async def _write_batch(self, batch: EncodedBatch) -> None:
+    async def _write_batch(self, batch: EncodedBatch, *, more: bool = False) -> None:
+        """Write a batch to the open shard and commit when the shard is full. ``more``: other
+        batches are waiting, so positions with no records yet wait for the next commit."""
         if batch.failures:
             await anyio.to_thread.run_sync(self._dead_letter, batch)
         records = batch.records
@@ -643,9 +646,10 @@ class Daemon:
         limit = self.config.output.max_shard_records
         if limit and unit.shard is not None and unit.shard.records >= limit:
             await self._commit()
-        elif unit.shard is None:
+        elif unit.shard is None and not more:
             # Positions without records (a file's end, a batch of bad events) are committed at
-            # once rather than held until max_shard_age: they cost one journal fsync.
+            # once rather than held until max_shard_age (they cost one journal fsync), unless
+            # more batches wait: then they go with the shard those open.
             await self._commit()
 
     async def _wait_for_space(self, batch: EncodedBatch) -> None:
