@@ -84,10 +84,15 @@ class EncodedBatch:
 
 @dataclass(slots=True)
 class _Slot:
-    """One batch's place in the encode stage's output order."""
+    """One worker request's place in the encode stage's output order."""
 
     done: anyio.Event = field(default_factory=anyio.Event)
-    result: EncodedBatch | None = None
+    results: list[EncodedBatch] = field(default_factory=list)
+
+
+GROUP_BATCHES = 4
+"""The most batches that go to an encode worker in one request (those already waiting): fewer
+trips between the daemon and its workers when the pipeline is full, none held back when not."""
 
 
 def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEvent]]:
@@ -509,30 +514,46 @@ class Daemon:
                     depth.set(recv.statistics().current_buffer_used)
                     await send.send(await anyio.to_thread.run_sync(self._encode, batch))
                 return
-            # Several batches encode at once in worker processes; a slot per batch, queued in
-            # arrival order, keeps their order on the way out (offsets commit in order).
+            # Several requests encode at once in worker processes; a slot per request, queued
+            # in arrival order, keeps their batches in order on the way out (offsets commit in
+            # order). Batches already waiting go to a worker together, up to GROUP_BATCHES.
             pool = EncodeWorkers(workers, dict(self.config.encoders))
             order_send, order_recv = anyio.create_memory_object_stream[_Slot](workers * DEPTH)
             out = self.config.output
 
-            async def encode(batch: RawBatch, slot: _Slot) -> None:
-                good, rejected = _split_rejected(batch.events)
-                outcome = None
-                if good or batch.lines is not None:
-                    name = self._encoder_name[batch.source]
-                    shipment = _ship(good)
-                    outcome = await pool.call(
-                        name, shipment, batch.lines, out.compression, out.level
+            async def encode(batches: list[RawBatch], slot: _Slot) -> None:
+                splits = [_split_rejected(b.events) for b in batches]
+                sent = [
+                    i
+                    for i, (b, (good, _)) in enumerate(zip(batches, splits, strict=True))
+                    if good or b.lines is not None
+                ]
+                requests = [
+                    (
+                        self._encoder_name[batches[i].source],
+                        _ship(splits[i][0]),
+                        batches[i].lines,
+                        out.compression,
+                        out.level,
                     )
-                slot.result = self._encoded(batch, good, rejected, outcome)
+                    for i in sent
+                ]
+                outcomes: list[_Outcome | None] = [None] * len(batches)
+                answers = await pool.call_many(requests) if sent else []
+                for i, outcome in zip(sent, answers, strict=True):
+                    outcomes[i] = outcome
+                slot.results = [
+                    self._encoded(b, good, rejected, outcome)
+                    for b, (good, rejected), outcome in zip(batches, splits, outcomes, strict=True)
+                ]
                 slot.done.set()
 
             async def forward() -> None:
                 async with order_recv:
                     async for slot in order_recv:
                         await slot.done.wait()
-                        assert slot.result is not None
-                        await send.send(slot.result)
+                        for result in slot.results:
+                            await send.send(result)
 
             async with anyio.create_task_group() as workers_tg:
                 await workers_tg.start(pool.run)
@@ -540,10 +561,16 @@ class Daemon:
                     tg.start_soon(forward)
                     async with order_send:
                         async for batch in recv:
+                            group = [batch]
+                            while len(group) < GROUP_BATCHES:
+                                try:
+                                    group.append(recv.receive_nowait())
+                                except (anyio.WouldBlock, anyio.EndOfStream):
+                                    break
                             depth.set(recv.statistics().current_buffer_used)
                             slot = _Slot()
                             await order_send.send(slot)
-                            tg.start_soon(encode, batch, slot)
+                            tg.start_soon(encode, group, slot)
                 workers_tg.cancel_scope.cancel()
 
     def _encode(self, batch: RawBatch) -> EncodedBatch:

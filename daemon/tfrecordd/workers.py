@@ -3,8 +3,10 @@
 A worker that gets its next batch only after the daemon has read its last answer waits, between
 every two batches, for the daemon's event loop to come round (to read the answer, hand out the
 next batch, write it to the pipe): measured, about a third of a worker's time. Here each worker
-holds up to :data:`DEPTH` batches: while it encodes one, the next already waits in its pipe, and
-answers come back in the order the batches went.
+holds up to :data:`DEPTH` requests: while it encodes one, the next already waits in its pipe, and
+answers come back in the order the requests went. A request may hold several batches
+(:meth:`EncodeWorkers.call_many`): each trip costs the daemon's process a pickle, a pipe write, an
+answer and a wake-up, whatever its size, and that process is the pipeline's narrow part.
 
 A worker is ``python -m tfrecordd.workers``, in a session of its own: a Ctrl-C in a terminal
 reaches the daemon, which drains, and needs its workers for that (they ignore SIGINT and SIGTERM
@@ -13,7 +15,8 @@ is ready (so an import error shows at start, not at the first batch), builds eac
 first use, and exits when its input closes: when the daemon stops, or dies.
 
 The protocol, on the worker's stdin and stdout: a request is an 8-byte little-endian length and
-a pickle; an answer is one status byte (``R`` a result, ``E`` an exception), a length, a pickle.
+a pickle of a list of batches; an answer is one status byte (``R`` a list of results, one per
+batch, ``E`` an exception), a length, a pickle.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
     from tfrecordd.plugin import Encoder, EncoderConfig
 
 DEPTH = 2
-"""Batches a worker holds at once: the one it encodes and the next."""
+"""Requests a worker holds at once: the one it encodes and the next."""
 
 _LENGTH = struct.Struct("<Q")
 _ANSWER = struct.Struct("<cQ")
@@ -161,9 +164,15 @@ class EncodeWorkers:
 
     async def call(self, *args: Any) -> Any:
         """Encode a batch, ``args = (encoder name, shipment, lines, compression, level)`` (see
-        ``tfrecordd.runtime._encode_events``), in the worker with the fewest batches, waiting
+        ``tfrecordd.runtime._encode_events``), in the worker with the fewest requests, waiting
         while every worker holds :data:`DEPTH`."""
-        request = pickle.dumps(args, pickle.HIGHEST_PROTOCOL)
+        (result,) = await self.call_many([args])
+        return result
+
+    async def call_many(self, requests: list[tuple[Any, ...]]) -> list[Any]:
+        """Encode several batches (each as :meth:`call` takes it) in one trip to one worker: one
+        pipe write, one answer and one wake-up of the daemon for all of them."""
+        request = pickle.dumps(requests, pickle.HIGHEST_PROTOCOL)
         async with self._room:
             while True:
                 worker = min(self._workers, key=lambda w: len(w.pending))
@@ -189,7 +198,8 @@ class EncodeWorkers:
         await pending.done.wait()
         if not pending.ok:
             raise pending.value
-        return pending.value
+        results: list[Any] = pending.value
+        return results
 
 
 async def _gone(worker: _Worker) -> WorkerError:
@@ -262,12 +272,14 @@ def serve() -> None:
 
     while (request := _read(inp)) is not None:
         try:
-            name, shipment, lines, compression, level = pickle.loads(request)
-            encoder = encoders.get(name)
-            if encoder is None:
-                encoder = encoders[name] = configs[name].build()
-            outcome = _encode_events(encoder, _unship(shipment), lines, compression, level)
-            status, answer = b"R", pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL)
+            outcomes = []
+            for name, shipment, lines, compression, level in pickle.loads(request):
+                encoder = encoders.get(name)
+                if encoder is None:
+                    encoder = encoders[name] = configs[name].build()
+                events = _unship(shipment)
+                outcomes.append(_encode_events(encoder, events, lines, compression, level))
+            status, answer = b"R", pickle.dumps(outcomes, pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # handed to the daemon, which raises it
             status, answer = b"E", _pickled_error(e)
         out.write(_ANSWER.pack(status, len(answer)))

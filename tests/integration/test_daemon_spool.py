@@ -26,7 +26,8 @@ from tfrecordd import manifest, runtime
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
-from tfrecordd.runtime import Daemon
+from tfrecordd.runtime import GROUP_BATCHES, Daemon
+from tfrecordd.workers import EncodeWorkers
 from tfrecordd.writer import Packed, pack
 from tfrecordd_plugins.sources.directory import CLAIM_DIR, DirectorySource
 
@@ -62,8 +63,8 @@ async def run_until_drained(root: Path, daemon: Daemon, events: int, timeout: fl
             ),
             timeout,
         )
-        # A file is acked once its end, sent after its last event, is published: wait until
-        # the source has sent every file's end, so that the drain publishes and acks them all.
+        # A file is acked once the batch carrying its end is published: wait until the source
+        # has sent every file's end, so that the drain publishes and acks them all.
         source = daemon.sources["spool"]
         assert isinstance(source, DirectorySource)
         claims = root / "spool" / CLAIM_DIR
@@ -297,7 +298,17 @@ def ex_id(record: bytes) -> int:
     return int(parse_example(record)["id"][0])
 
 
-async def test_encode_workers_keep_order_and_exactly_once(tmp_path: Path) -> None:
+async def test_encode_workers_keep_order_and_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    call_many = EncodeWorkers.call_many
+
+    async def counted(pool: EncodeWorkers, requests: list[tuple[Any, ...]]) -> list[Any]:
+        sizes.append(len(requests))
+        return await call_many(pool, requests)
+
+    monkeypatch.setattr(EncodeWorkers, "call_many", counted)
     cfg = write_config(
         tmp_path,
         daemon={"encode_workers": 2, "max_batch_events": 25},
@@ -312,6 +323,9 @@ async def test_encode_workers_keep_order_and_exactly_once(tmp_path: Path) -> Non
     ids = [i for shard in shard_files(tmp_path / "shards") for i in read_ids_file(shard)]
     assert ids == list(range(2100)), "batches reach the shards in the order they were read"
     assert [d["reason"] for d in dead_letters(tmp_path / "state")] == ["malformed"]
+    # 2000 and 101 lines in batches of 25: 80 + 5 requests, those waiting sent together.
+    assert sum(sizes) == 80 + 5
+    assert max(sizes) == GROUP_BATCHES
 
 
 async def test_a_failed_start_releases_everything(tmp_path: Path) -> None:

@@ -68,6 +68,27 @@ async def test_answers_come_back_to_their_own_batches() -> None:
     assert len(results) == 40
 
 
+async def test_batches_sent_together_come_back_each_to_its_own() -> None:
+    pool = EncodeWorkers(2, {"e": CONFIG})
+    events = [RawEvent(b'{"id": %d}' % i, f"x:{i}") for i in range(5)]
+    requests: list[tuple[Any, ...]] = [
+        ("e", _ship([]), _lines(k * 100, 1 + k), Compression.NONE, None) for k in range(5)
+    ]
+    requests.insert(2, ("e", _ship(events), None, Compression.NONE, None))
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        outcomes = await pool.call_many(requests)
+        tg.cancel_scope.cancel()
+    encoder = CONFIG.build()
+    expected = [
+        _encode_events(encoder, [], _lines(k * 100, 1 + k), Compression.NONE, None)
+        for k in range(5)
+    ]
+    expected.insert(2, _encode_events(encoder, events, None, Compression.NONE, None))
+    assert [_ids(o) for o in outcomes] == [e.records for e in expected]
+    assert [o.line_events for o in outcomes] == [1, 2, 0, 3, 4, 5]
+
+
 async def test_each_worker_is_fed_ahead() -> None:
     pool = EncodeWorkers(2, {"e": CONFIG})
     async with anyio.create_task_group() as tg:
