@@ -59,6 +59,10 @@ PAUSE_LOG_AFTER = 5.0
 """A source held back longer than this by a full pipeline is logged as paused (and resumed)."""
 
 
+WRITE_RUN_BATCHES = 16
+"""The most waiting batches the write stage takes at once: written in one trip to its thread
+where the shard's caps allow (each trip costs the event loop and the thread a hand-off)."""
+
 PACK_MIN_BYTES = 64 * 1024
 """Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
 of their own: a trickle of small batches still compresses as one stream."""
@@ -620,9 +624,15 @@ class Daemon:
                         ended = True
                 self._beat = time.monotonic()
                 if batch is not None:
+                    batches = [batch]
+                    while len(batches) < WRITE_RUN_BATCHES:
+                        try:
+                            batches.append(recv.receive_nowait())
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
                     waiting = recv.statistics().current_buffer_used
                     depth.set(waiting)
-                    await self._write_batch(batch, more=waiting > 0)
+                    await self._write_batches(batches, more=waiting > 0)
                 self._update_open_gauges()
                 if self._unit.empty():
                     self._flush_requested = False
@@ -648,36 +658,41 @@ class Daemon:
         first = self._unit.first_at
         m.open_shard_age.set(time.monotonic() - first if first is not None else 0)
 
-    async def _write_batch(self, batch: EncodedBatch, *, more: bool = False) -> None:
-        """Write a batch to the open shard and commit when the shard is full. ``more``: other
-        batches are waiting, so positions with no records yet wait for the next commit."""
-        if batch.failures:
-            await anyio.to_thread.run_sync(self._dead_letter, batch)
-        records = batch.records
-        count = batch.count
-        if count:
-            await self._wait_for_space(batch)
-            limit = self.config.output.max_shard_records
-            shard = self._unit.shard
-            if shard is not None and limit and shard.records + count > limit:
-                await self._commit()
-            # One trip to a worker thread per batch: it checks the size cap and writes.
-            if not await anyio.to_thread.run_sync(self._write_records, records, count):
-                await self._commit()
-                await anyio.to_thread.run_sync(self._write_records, records, count)
-        unit = self._unit
-        unit.tokens.setdefault(batch.source, []).append(batch.token)
-        unit.events[batch.source] = unit.events.get(batch.source, 0) + batch.events
-        if unit.first_at is None:
-            unit.first_at = time.monotonic()
+    async def _write_batches(self, batches: list[EncodedBatch], *, more: bool = False) -> None:
+        """Write batches in order, in as few trips to a worker thread as the shard's caps allow,
+        committing each shard that fills. ``more``: other batches are waiting, so positions with
+        no records yet wait for the next commit."""
+        failed = [b for b in batches if b.failures]
+        if failed:
+            await anyio.to_thread.run_sync(self._dead_letter, failed)
         limit = self.config.output.max_shard_records
-        if limit and unit.shard is not None and unit.shard.records >= limit:
-            await self._commit()
-        elif unit.shard is None and not more:
-            # Positions without records (a file's end, a batch of bad events) are committed at
-            # once rather than held until max_shard_age (they cost one journal fsync), unless
-            # more batches wait: then they go with the shard those open.
-            await self._commit()
+        # The free-space check holds back one batch at a time.
+        step = 1 if self.config.output.min_free_bytes else len(batches)
+        at = 0
+        while at < len(batches):
+            run = batches[at : at + step]
+            if any(b.count for b in run):
+                await self._wait_for_space(run[0])
+                written = await anyio.to_thread.run_sync(self._write_run, run)
+                if not written:
+                    await self._commit()
+                    written = await anyio.to_thread.run_sync(self._write_run, run)
+            else:
+                written = len(run)
+            unit = self._unit
+            for batch in run[:written]:
+                unit.tokens.setdefault(batch.source, []).append(batch.token)
+                unit.events[batch.source] = unit.events.get(batch.source, 0) + batch.events
+            if unit.first_at is None:
+                unit.first_at = time.monotonic()
+            at += written
+            if limit and unit.shard is not None and unit.shard.records >= limit:
+                await self._commit()
+            elif unit.shard is None and not more and at == len(batches):
+                # Positions without records (a file's end, a batch of bad events) are committed
+                # at once rather than held until max_shard_age (they cost one journal fsync),
+                # unless more batches wait: then they go with the shard those open.
+                await self._commit()
 
     async def _wait_for_space(self, batch: EncodedBatch) -> None:
         """Hold the writer (and so, by backpressure, the sources) while the output's file
@@ -715,15 +730,33 @@ class Daemon:
         self.metrics.output_free_bytes.set(free)
         return free
 
-    def _dead_letter(self, batch: EncodedBatch) -> None:
+    def _dead_letter(self, batches: list[EncodedBatch]) -> None:
         discarded = 0
-        for ev, reason, detail in batch.failures:
-            discarded += self.dead_letters.write(batch.source, ev.where, reason, detail, ev.payload)
-            self.metrics.events_invalid.labels(batch.source, reason).inc()
-        self.metrics.events_dead_lettered.labels(batch.source).inc(len(batch.failures))
+        for batch in batches:
+            for ev, reason, detail in batch.failures:
+                where, payload = ev.where, ev.payload
+                discarded += self.dead_letters.write(batch.source, where, reason, detail, payload)
+                self.metrics.events_invalid.labels(batch.source, reason).inc()
+            self.metrics.events_dead_lettered.labels(batch.source).inc(len(batch.failures))
         if discarded:
             self.metrics.dead_letters_discarded.inc(discarded)
             log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
+
+    def _write_run(self, run: list[EncodedBatch]) -> int:
+        """Write the first batches of ``run`` to the open shard (opening one if none is), up to
+        one that would take it past its size or record cap, or through one that fills it to the
+        record cap; the count written, ``0`` when the first does not fit."""
+        limit = self.config.output.max_shard_records
+        for n, batch in enumerate(run):
+            shard = self._unit.shard
+            if shard is not None and limit and shard.records + batch.count > limit:
+                return n
+            if batch.count and not self._write_records(batch.records, batch.count):
+                return n
+            shard = self._unit.shard
+            if limit and shard is not None and shard.records >= limit:
+                return n + 1
+        return len(run)
 
     def _write_records(self, records: list[bytes] | Packed, count: int) -> bool:
         """Write a batch to the open shard (opening one if none is); ``False``, with nothing
