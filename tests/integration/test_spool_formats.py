@@ -163,6 +163,21 @@ async def test_a_files_last_batch_carries_its_end(
     assert offsets == [sum(len(x) + 1 for x in lines[:i]) for i in range(len(lines))]
 
 
+async def test_a_file_of_whole_read_chunks_ends_once(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    line = b'{"pad": "' + b"x" * 1012 + b'"}'
+    assert len(line) + 1 == 1024
+    (spool / "a.jsonl").write_bytes((line + b"\n") * 8)
+    source = make(spool, read_size=4096)
+    ctx = await run_until_files_done(source, 1, RecordingContext(name="spool", max_batch_events=3))
+    assert [e.payload for e in good(ctx)] == [line] * 8
+    # Two reads of four lines each, cut 3 + 1 by the batch size; the last batch ends the file.
+    assert [len(b.expand()) for b in ctx.batches] == [3, 1, 3, 1]
+    assert [b.token["eof"] for b in ctx.batches] == [False, False, False, True]
+    assert ctx.batches[-1].token["o"] == 8 * 1024
+
+
 async def test_lines_before_damage_are_delivered_before_the_reject(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()

@@ -505,9 +505,14 @@ class _Reader:
         """The bytes from ``offset`` (in the decompressed stream) to the end."""
         size = self.config.read_size
         if self._plain is not None:
-            await self._plain.seek(offset)
+            if offset:
+                await self._plain.seek(offset)
             while chunk := await self._plain.read(size):
                 yield chunk
+                if len(chunk) < size:
+                    # A buffered read returns less than asked only at the end of the file: no
+                    # trip to a thread to hear that again.
+                    return
             return
         read = self._stream.read
         try:
