@@ -22,7 +22,7 @@ import signal
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
@@ -95,8 +95,22 @@ class _Slot:
 
 
 GROUP_BATCHES = 4
-"""The most batches that go to an encode worker in one request (those already waiting): fewer
-trips between the daemon and its workers when the pipeline is full, none held back when not."""
+"""The most batches encoded in one trip to the encode thread or to a worker process (those
+already waiting): fewer hand-offs when the pipeline is full, none held back when it is not."""
+
+
+_T = TypeVar("_T")
+
+
+def _take_waiting(recv: MemoryObjectReceiveStream[_T], first: _T, limit: int) -> list[_T]:
+    """``first`` and the items already waiting in ``recv`` behind it, up to ``limit`` in all."""
+    items = [first]
+    while len(items) < limit:
+        try:
+            items.append(recv.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            break
+    return items
 
 
 def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEvent]]:
@@ -515,8 +529,10 @@ class Daemon:
         async with recv, send:
             if workers == 1:
                 async for batch in recv:
+                    group = _take_waiting(recv, batch, GROUP_BATCHES)
                     depth.set(recv.statistics().current_buffer_used)
-                    await send.send(await anyio.to_thread.run_sync(self._encode, batch))
+                    for encoded in await anyio.to_thread.run_sync(self._encode_all, group):
+                        await send.send(encoded)
                 return
             # Several requests encode at once in worker processes; a slot per request, queued
             # in arrival order, keeps their batches in order on the way out (offsets commit in
@@ -565,17 +581,15 @@ class Daemon:
                     tg.start_soon(forward)
                     async with order_send:
                         async for batch in recv:
-                            group = [batch]
-                            while len(group) < GROUP_BATCHES:
-                                try:
-                                    group.append(recv.receive_nowait())
-                                except (anyio.WouldBlock, anyio.EndOfStream):
-                                    break
+                            group = _take_waiting(recv, batch, GROUP_BATCHES)
                             depth.set(recv.statistics().current_buffer_used)
                             slot = _Slot()
                             await order_send.send(slot)
                             tg.start_soon(encode, group, slot)
                 workers_tg.cancel_scope.cancel()
+
+    def _encode_all(self, batches: list[RawBatch]) -> list[EncodedBatch]:
+        return [self._encode(batch) for batch in batches]
 
     def _encode(self, batch: RawBatch) -> EncodedBatch:
         good, rejected = _split_rejected(batch.events)
@@ -624,12 +638,7 @@ class Daemon:
                         ended = True
                 self._beat = time.monotonic()
                 if batch is not None:
-                    batches = [batch]
-                    while len(batches) < WRITE_RUN_BATCHES:
-                        try:
-                            batches.append(recv.receive_nowait())
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
+                    batches = _take_waiting(recv, batch, WRITE_RUN_BATCHES)
                     waiting = recv.statistics().current_buffer_used
                     depth.set(waiting)
                     await self._write_batches(batches, more=waiting > 0)

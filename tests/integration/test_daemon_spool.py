@@ -328,6 +328,31 @@ async def test_encode_workers_keep_order_and_exactly_once(
     assert max(sizes) == GROUP_BATCHES
 
 
+async def test_the_encode_thread_takes_waiting_batches_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    encode_all = Daemon._encode_all
+
+    def counted(daemon: Daemon, batches: list[Any]) -> list[Any]:
+        sizes.append(len(batches))
+        return encode_all(daemon, batches)
+
+    monkeypatch.setattr(Daemon, "_encode_all", counted)
+    cfg = write_config(
+        tmp_path,
+        daemon={"max_batch_events": 25},
+        output={"compression": "none", "max_shard_records": 400},
+    )
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(2000)])
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    await run_until_drained(tmp_path, daemon, 2000, timeout=60)
+    ids = [i for shard in shard_files(tmp_path / "shards") for i in read_ids_file(shard)]
+    assert ids == list(range(2000))
+    assert sum(sizes) == 80
+    assert max(sizes) == GROUP_BATCHES
+
+
 async def test_a_failed_start_releases_everything(tmp_path: Path) -> None:
     spool = tmp_path / "not-a-dir"
     spool.write_text("a file where the spool directory should be")
