@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import abc
 import logging
+import pickle
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from itertools import accumulate
-from typing import Any, ClassVar
+from typing import Any, ClassVar, SupportsIndex
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -69,6 +70,11 @@ class Lines:
     """The position of ``data[0]`` in its stream."""
     max_line: int
     """A longer line is refused (dead-lettered with its first ``max_line`` bytes)."""
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        # With protocol 5 the bytes can travel out of band (to an encode worker, as they are).
+        data = pickle.PickleBuffer(self.data) if int(protocol) >= 5 else self.data
+        return (Lines, (data, self.where, self.offset, self.max_line))
 
     def split(self) -> tuple[list[bytes], list[RawEvent]]:
         """``(payloads, refused)``: the events' payloads in order (each is one JSON value), and

@@ -14,9 +14,11 @@ sent to them directly too). It is told the encoders' configs once, at start-up, 
 is ready (so an import error shows at start, not at the first batch), builds each encoder on
 first use, and exits when its input closes: when the daemon stops, or dies.
 
-The protocol, on the worker's stdin and stdout: a request is an 8-byte little-endian length and
-a pickle of a list of batches; an answer is one status byte (``R`` a list of results, one per
-batch, ``E`` an exception), a length, a pickle.
+The protocol, on the worker's stdin and stdout: a request is a header (the pickle's length, the
+number of out-of-band buffers and each one's length, little-endian), a pickle (protocol 5) of a
+list of batches, then those buffers: the bytes of each batch's lines, which cross the pipe as they
+are instead of being copied into the pickle and out of it. An answer is one status byte (``R`` a
+list of results, one per batch, ``E`` an exception), a length, a pickle.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ DEPTH = 2
 """Requests a worker holds at once: the one it encodes and the next."""
 
 _LENGTH = struct.Struct("<Q")
+_HEAD = struct.Struct("<QI")
 _ANSWER = struct.Struct("<cQ")
 
 _READY = b"ready\n"
@@ -110,8 +113,8 @@ class EncodeWorkers:
         assert process.stdout is not None
         assert process.stdin is not None
         worker = _Worker(process, BufferedByteReceiveStream(process.stdout))
-        init = pickle.dumps((sys.path, self._encoders), pickle.HIGHEST_PROTOCOL)
-        await process.stdin.send(_LENGTH.pack(len(init)) + init)
+        for part in _message((sys.path, self._encoders)):
+            await process.stdin.send(part)
         return worker
 
     async def _ready(self, worker: _Worker) -> None:
@@ -172,7 +175,7 @@ class EncodeWorkers:
     async def call_many(self, requests: list[tuple[Any, ...]]) -> list[Any]:
         """Encode several batches (each as :meth:`call` takes it) in one trip to one worker: one
         pipe write, one answer and one wake-up of the daemon for all of them."""
-        request = pickle.dumps(requests, pickle.HIGHEST_PROTOCOL)
+        request = _message(requests)
         async with self._room:
             while True:
                 worker = min(self._workers, key=lambda w: len(w.pending))
@@ -190,8 +193,8 @@ class EncodeWorkers:
             assert stdin is not None
             try:
                 async with worker.lock:
-                    await stdin.send(_LENGTH.pack(len(request)))
-                    await stdin.send(request)
+                    for part in request:
+                        await stdin.send(part)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
                 # The worker died before its reader saw it: the same error either way.
                 raise await _gone(worker) from e
@@ -230,15 +233,43 @@ def _widen_pipes() -> None:
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
 
 
-def _read(stream: BinaryIO) -> bytes | None:
-    head = stream.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
+def _message(obj: Any) -> list[bytes]:
+    """``obj`` as a request's parts: header, pickle, then the buffers pickled out of band."""
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(obj, 5, buffer_callback=buffers.append)
+    parts = [_whole(b.raw()) for b in buffers]
+    head = _HEAD.pack(len(body), len(parts)) + b"".join(_LENGTH.pack(len(p)) for p in parts)
+    return [head, body, *parts]
+
+
+def _whole(view: memoryview) -> bytes:
+    """The bytes object a buffer views, when it views one whole (no copy), else a copy."""
+    obj = view.obj
+    return obj if isinstance(obj, bytes) and len(obj) == view.nbytes else view.tobytes()
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
+    data = stream.read(n)
+    return data if len(data) == n else None
+
+
+def _read(stream: BinaryIO) -> tuple[bytes, list[bytes]] | None:
+    """A request's pickle and its out-of-band buffers; ``None`` at the end of the input."""
+    head = _read_exactly(stream, _HEAD.size)
+    if head is None:
         return None
-    (length,) = _LENGTH.unpack(head)
-    body = stream.read(length)
-    if len(body) < length:
+    length, count = _HEAD.unpack(head)
+    sizes = _read_exactly(stream, count * _LENGTH.size)
+    body = _read_exactly(stream, length)
+    if sizes is None or body is None:
         return None
-    return body
+    buffers = []
+    for (size,) in _LENGTH.iter_unpack(sizes):
+        buffer = _read_exactly(stream, size)
+        if buffer is None:
+            return None
+        buffers.append(buffer)
+    return body, buffers
 
 
 def _pickled_error(e: Exception) -> bytes:
@@ -262,7 +293,7 @@ def serve() -> None:
     init = _read(inp)
     if init is None:
         return
-    sys.path[:], configs = pickle.loads(init)
+    sys.path[:], configs = pickle.loads(init[0], buffers=init[1])
     from tfrecordd.runtime import _encode_events, _unship
 
     encoders: dict[str, Encoder] = {}
@@ -273,7 +304,8 @@ def serve() -> None:
     while (request := _read(inp)) is not None:
         try:
             outcomes = []
-            for name, shipment, lines, compression, level in pickle.loads(request):
+            body, buffers = request
+            for name, shipment, lines, compression, level in pickle.loads(body, buffers=buffers):
                 encoder = encoders.get(name)
                 if encoder is None:
                     encoder = encoders[name] = configs[name].build()

@@ -3,6 +3,7 @@ no worker left behind, and each worker fed ahead (it holds the next batch while 
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import signal
@@ -15,7 +16,7 @@ from tfrecordd.compression import Compression
 from tfrecordd.errors import WorkerError
 from tfrecordd.plugin import Lines, RawEvent
 from tfrecordd.runtime import _encode_events, _Outcome, _ship
-from tfrecordd.workers import DEPTH, EncodeWorkers, _pickled_error
+from tfrecordd.workers import DEPTH, EncodeWorkers, _message, _pickled_error, _read
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 pytestmark = pytest.mark.anyio
@@ -158,6 +159,21 @@ async def test_events_sent_one_by_one_travel_too() -> None:
         tg.cancel_scope.cancel()
     assert len(_ids(outcome)) == 1
     assert [(i, reason) for i, reason, _ in outcome.failures] == [(1, "malformed")]
+
+
+def test_lines_cross_to_a_worker_out_of_band_and_unchanged() -> None:
+    lines = _lines(0, 50)
+    for protocol in (4, 5):
+        assert pickle.loads(pickle.dumps(lines, protocol)) == lines
+    parts = _message([("e", _ship([]), lines, Compression.NONE, None), ("e", None, None)])
+    # The lines' bytes are sent as the very object the batch holds, not copied into the pickle.
+    assert parts[2] is lines.data
+    assert len(parts[1]) < 500
+    got = _read(io.BytesIO(b"".join(parts)))
+    assert got is not None
+    body, buffers = got
+    assert pickle.loads(body, buffers=buffers)[0][2] == lines
+    assert _read(io.BytesIO(b"".join(parts)[:-1])) is None
 
 
 def test_an_error_that_does_not_pickle_arrives_as_text() -> None:
