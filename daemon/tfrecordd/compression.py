@@ -234,7 +234,14 @@ def _zstd_unit(level: int, pieces: Iterable[ReadableBuffer]) -> Unit:
     cobj = _zstd_compressor(level).compressobj(size=raw)
     out = [cobj.compress(p) for p in parts]
     out.append(cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
-    return Unit(Compression.ZSTD, b"".join(out), raw)
+    return Unit(Compression.ZSTD, _joined(out), raw)
+
+
+def _joined(parts: list[bytes]) -> bytes:
+    """``parts`` joined; the one part itself when the rest are empty (a compressor buffers its
+    input and gives most of its output at the end): a unit is not copied once more for nothing."""
+    full = [p for p in parts if p]
+    return full[0] if len(full) == 1 else b"".join(full)
 
 
 class Compressor:
@@ -346,7 +353,7 @@ class Compressor:
             raw += memoryview(piece).nbytes
             parts.append(c.compress(piece))
         parts.append(c.sync())
-        data = b"".join(parts)
+        data = _joined(parts)
         if c.compression is Compression.ZLIB and data:
             data = data[2:]  # the stream header: the shard's own stream writes it once
         # compress() kept the Adler-32 of the raw bytes (zlib only; 1, of nothing, otherwise).
