@@ -59,6 +59,10 @@ PAUSE_LOG_AFTER = 5.0
 """A source held back longer than this by a full pipeline is logged as paused (and resumed)."""
 
 
+GROUP_BATCHES = 4
+"""The most batches encoded in one trip to the encode thread or to a worker process (those
+already waiting): fewer hand-offs when the pipeline is full, none held back when it is not."""
+
 WRITE_RUN_BATCHES = 16
 """The most waiting batches the write stage takes at once: written in one trip to its thread
 where the shard's caps allow (each trip costs the event loop and the thread a hand-off)."""
@@ -92,11 +96,6 @@ class _Slot:
 
     done: anyio.Event = field(default_factory=anyio.Event)
     results: list[EncodedBatch] = field(default_factory=list)
-
-
-GROUP_BATCHES = 4
-"""The most batches encoded in one trip to the encode thread or to a worker process (those
-already waiting): fewer hand-offs when the pipeline is full, none held back when it is not."""
 
 
 _T = TypeVar("_T")
