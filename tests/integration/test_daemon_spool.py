@@ -133,6 +133,34 @@ async def test_on_done_move_keeps_finished_files(tmp_path: Path) -> None:
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(10), 1)
 
 
+@pytest.fixture
+def write_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Each trip of the write stage to its thread: (batches offered, batches written)."""
+    runs: list[tuple[int, int]] = []
+    write_run = Daemon._write_run
+
+    def recorded(daemon: Daemon, run: list[Any]) -> int:
+        written = write_run(daemon, run)
+        runs.append((len(run), written))
+        return written
+
+    monkeypatch.setattr(Daemon, "_write_run", recorded)
+    return runs
+
+
+async def test_record_cap_stops_a_run_of_batches_at_a_whole_batch(
+    tmp_path: Path, write_runs: list[tuple[int, int]]
+) -> None:
+    cfg = write_config(tmp_path, daemon={"max_batch_events": 25}, output={"max_shard_records": 64})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(1000)])
+    await run_until_drained(tmp_path, Daemon(load_config(cfg), handle_signals=False), 1000)
+    counts = [sum(1 for _ in read_ids_file(p)) for p in shard_files(tmp_path / "shards")]
+    assert sum(counts) == 1000
+    # Two batches of 25 fit under 64 and a third would not: every full shard holds 50.
+    assert counts[:-1] == [50] * (len(counts) - 1)
+    assert any(0 < written < offered for offered, written in write_runs), "a run was cut"
+
+
 async def test_rotation_by_records(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, output={"max_shard_records": 64})
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(1000)])
@@ -150,7 +178,9 @@ def read_ids_file(path: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip", "zlib", "zstd"])
-async def test_rotation_by_bytes_never_exceeds_the_cap(tmp_path: Path, compression: str) -> None:
+async def test_rotation_by_bytes_never_exceeds_the_cap(
+    tmp_path: Path, compression: str, write_runs: list[tuple[int, int]]
+) -> None:
     cap = 8192
     cfg = write_config(tmp_path, output={"max_shard_bytes": cap, "compression": compression})
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(3000)])
@@ -162,6 +192,8 @@ async def test_rotation_by_bytes_never_exceeds_the_cap(tmp_path: Path, compressi
     assert max(sizes) <= cap
     # Shards are filled, not cut early: all but the last use at least half the cap.
     assert min(sizes[:-1]) >= cap // 2
+    # Batches written together in one trip stop at the cap too.
+    assert any(0 < written < offered for offered, written in write_runs)
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip", "zlib", "zstd"])
