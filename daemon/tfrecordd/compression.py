@@ -1,13 +1,13 @@
 """Stream compression for TFRecord shards: none, gzip, zlib (the three TensorFlow reads) and zstd.
 
 A shard is written as a sequence of *compression units*, each ended by :meth:`Compressor.sync`:
-a gzip member, a zstd frame (content checksum on), or a raw deflate segment ended by a full flush
-inside one zlib stream (TensorFlow's ZLIB reader stops at the end of the first zlib stream, so
-zlib units cannot be concatenated streams; the compressor writes the stream's header and its
-Adler-32 trailer itself). Since no unit refers to another, a unit can be compressed anywhere,
-an encode worker included (:meth:`Compressor.unit`), and appended to a shard's stream as it is.
-:meth:`Compressor.bound` is the worst-case size of one unit, which lets the shard writer promise a
-size cap before it compresses anything.
+a gzip member, a zstd frame (content checksum on, unless stored: see :meth:`Compressor.unit`), or
+a raw deflate segment ended by a full flush inside one zlib stream (TensorFlow's ZLIB reader stops
+at the end of the first zlib stream, so zlib units cannot be concatenated streams; the compressor
+writes the stream's header and its Adler-32 trailer itself). Since no unit refers to another, a
+unit can be compressed anywhere, an encode worker included (:meth:`Compressor.unit`), and appended
+to a shard's stream as it is. :meth:`Compressor.bound` is the worst-case size of one unit, which
+lets the shard writer promise a size cap before it compresses anything.
 
 Reading is streaming and strict: :func:`open_decompressed` never holds a whole file in memory and
 raises :class:`~tfrecordd.errors.CompressionError` on damaged data, a stream cut short, bytes after
@@ -189,12 +189,11 @@ class Unit:
 PROBE_MIN_BYTES = 64 << 10
 """zstd units this large are sampled for compressibility (:meth:`Compressor.unit`)."""
 
-INCOMPRESSIBLE_LEVEL = -5
-"""The zstd level for units whose sample does not compress: zstd's fast levels still find what
-little there is to find, and leave the rest as raw blocks sooner."""
-
-_PROBE_BYTES = 8 << 10
+_PROBE_BYTES = 4 << 10
 _PROBE_SAVING = 0.03
+_PROBE_LEVEL = 1
+"""The highest level a sample is compressed at: level 1 entropy-codes as the higher ones do, so
+it finds data that only Huffman coding shrinks, in less time."""
 
 _zstd_local = threading.local()
 
@@ -213,12 +212,12 @@ def _zstd_compressor(level: int) -> Any:
 
 def _incompressible(piece: ReadableBuffer, level: int) -> bool:
     """Whether a sample from the middle of ``piece`` (where a file's headers and tables are not)
-    saves less than :data:`_PROBE_SAVING` at ``level``."""
+    saves less than :data:`_PROBE_SAVING` at ``level`` (or :data:`_PROBE_LEVEL`, if lower)."""
     view = memoryview(piece).cast("B")
     start = max(0, (len(view) - _PROBE_BYTES) // 2)
     sample = view[start : start + _PROBE_BYTES]
-    saved = 1 - len(_zstd_compressor(level).compress(sample)) / len(sample)
-    return saved < _PROBE_SAVING
+    compressed = _zstd_compressor(min(level, _PROBE_LEVEL)).compress(sample)
+    return 1 - len(compressed) / len(sample) < _PROBE_SAVING
 
 
 def _zstd_unit(level: int, pieces: Iterable[ReadableBuffer]) -> Unit:
@@ -227,14 +226,49 @@ def _zstd_unit(level: int, pieces: Iterable[ReadableBuffer]) -> Unit:
     raw = sum(sizes)
     if not raw:
         return Unit(Compression.ZSTD, b"", 0)
-    if raw >= PROBE_MIN_BYTES and level > INCOMPRESSIBLE_LEVEL:
+    if raw >= PROBE_MIN_BYTES:
         largest = parts[max(range(len(parts)), key=sizes.__getitem__)]
         if _incompressible(largest, level):
-            level = INCOMPRESSIBLE_LEVEL
-    cobj = _zstd_compressor(level).compressobj(size=raw)
-    out = [cobj.compress(p) for p in parts]
-    out.append(cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
-    return Unit(Compression.ZSTD, _joined(out), raw)
+            return Unit(Compression.ZSTD, _zstd_stored(parts, raw), raw)
+    # One call on one buffer: zstd's streaming API would copy the input into its window first,
+    # which costs more than joining the pieces (most units are one piece anyway).
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    return Unit(Compression.ZSTD, _zstd_compressor(level).compress(data), raw)
+
+
+_ZSTD_BLOCK_MAX = 128 << 10
+_ZSTD_WINDOW_128K = 7 << 3  # Window_Descriptor: 2 ** (10 + 7) bytes, no mantissa
+
+
+def _zstd_stored(parts: list[ReadableBuffer], raw: int) -> bytes:
+    """``parts`` (``raw`` bytes in all, at least one) as one zstd frame of raw blocks (RFC 8878,
+    3.1.1.2): stored, not compressed.
+
+    The frame carries its content size and a 128 KiB window (raw blocks refer to nothing before
+    them), and no content checksum: what it holds is framed records, whose own CRC-32Cs every
+    reader checks, so a damaged byte is caught all the same.
+    """
+    large = raw >= 1 << 32
+    out: list[ReadableBuffer] = [
+        _ZSTD_MAGIC + struct.pack("<BB", (3 if large else 2) << 6, _ZSTD_WINDOW_128K),
+        raw.to_bytes(8 if large else 4, "little"),
+    ]
+    left = raw
+    room = 0
+    for part in parts:
+        view = memoryview(part).cast("B")
+        start, end = 0, len(view)
+        while start < end:
+            if not room:
+                room = min(_ZSTD_BLOCK_MAX, left)
+                left -= room
+                # Block_Header: Last_Block, Block_Type 0 (raw), Block_Size.
+                out.append(((left == 0) | room << 3).to_bytes(3, "little"))
+            take = min(room, end - start)
+            out.append(view[start : start + take])
+            start += take
+            room -= take
+    return b"".join(out)
 
 
 def _joined(parts: list[bytes]) -> bytes:
@@ -338,9 +372,8 @@ class Compressor:
         stream: encode workers make these, and the shard's stream appends them unchanged.
 
         A zstd unit of :data:`PROBE_MIN_BYTES` or more whose largest piece does not compress (a
-        sample of it, at the unit's level, saves under 3%: JPEG and PNG images, say) is written at
-        :data:`INCOMPRESSIBLE_LEVEL`: the same format and about the same size, in about half
-        the time."""
+        sample of it saves under 3%: JPEG and PNG images, say) is stored: a frame of raw blocks,
+        which any zstd reader reads, at about the speed of a copy."""
         if Compression(compression) is Compression.ZSTD:
             return _zstd_unit(DEFAULT_LEVELS[Compression.ZSTD] if level is None else level, pieces)
         c = Compressor(compression, level)

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from tfrecordd.compression import (
     DEFAULT_LEVELS,
-    INCOMPRESSIBLE_LEVEL,
     PROBE_MIN_BYTES,
     SUFFIXES,
     TF_COMPRESSION_TYPE,
@@ -363,16 +362,72 @@ def test_the_sample_tells_noise_from_text() -> None:
     assert not _incompressible(_json_like(100_000), 19)
 
 
-def test_a_zstd_unit_that_does_not_compress_is_written_at_the_fast_level() -> None:
-    # zstd stores such data in raw blocks at any level: the fast level only gets there sooner,
-    # and the bytes are the same.
+def test_the_sample_finds_what_only_entropy_coding_saves() -> None:
+    # No repeats for a match finder, yet fewer than 8 bits a byte: zstd's negative levels leave
+    # such bytes as they are; the sample must still see that the unit's level would shrink them.
+    rng = random.Random(7)
+    hex_digits = bytes(rng.choice(b"0123456789abcdef") for _ in range(100_000))
+    floats = struct.pack("<25000f", *(rng.gauss(0, 1) for _ in range(25_000)))
+    for data in (hex_digits, floats):
+        assert not _incompressible(data, 3)
+        assert not _incompressible(data, 19)
+        unit = Compressor.unit(Compression.ZSTD, None, [data])
+        assert len(unit.data) < len(data) * 0.97
+
+
+def _zstd_frame_parts(data: bytes) -> tuple[int, bool, int | None, list[tuple[int, int]]]:
+    """(frame header descriptor, content checksum flag, content size, [(block type, size)]) of
+    the one zstd frame ``data`` holds, read by the format's rules (RFC 8878, 3.1.1)."""
+    assert data[:4] == b"\x28\xb5\x2f\xfd"
+    fhd = data[4]
+    single = fhd >> 5 & 1
+    fcs_bytes = (1 if single else 0, 2, 4, 8)[fhd >> 6]
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    size = int.from_bytes(data[pos : pos + fcs_bytes], "little") if fcs_bytes else None
+    if fcs_bytes == 2:
+        size = (size or 0) + 256
+    pos += fcs_bytes
+    blocks = []
+    while True:
+        header = int.from_bytes(data[pos : pos + 3], "little")
+        kind, n = header >> 1 & 3, header >> 3
+        blocks.append((kind, n))
+        pos += 3 + (1 if kind == 1 else n)
+        if header & 1:
+            break
+    checksum = bool(fhd & 4)
+    assert pos + (4 if checksum else 0) == len(data)
+    return fhd, checksum, size, blocks
+
+
+def test_a_zstd_unit_that_does_not_compress_is_stored_in_raw_blocks() -> None:
     noise = os.urandom(100_000)
-    unit = Compressor.unit(Compression.ZSTD, None, [b"head", noise, b"tail"])
-    data = b"head" + noise + b"tail"
-    fast = zstandard.ZstdCompressor(level=INCOMPRESSIBLE_LEVEL, write_checksum=True)
-    assert unit.data == fast.compress(data)
+    pieces = [b"head", noise, b"tail"]
+    data = b"".join(pieces)
+    unit = Compressor.unit(Compression.ZSTD, None, pieces)
+    _, checksum, size, blocks = _zstd_frame_parts(unit.data)
+    assert (checksum, size, blocks) == (False, len(data), [(0, len(data))])
+    assert unit.data.endswith(data)
+    assert unit.raw_size == len(data)
     assert len(unit.data) <= Compressor.bound(Compression.ZSTD, len(data))
     assert _decompress(unit.data, Compression.ZSTD) == data
+    assert zstandard.ZstdDecompressor().decompress(unit.data) == data
+
+
+def test_a_stored_unit_is_cut_into_blocks_of_at_most_128_kib_across_its_pieces() -> None:
+    block = 128 << 10
+    pieces = [os.urandom(block - 5), os.urandom(11), b"", os.urandom(2 * block + 3), b"x"]
+    data = b"".join(pieces)
+    unit = Compressor.unit(Compression.ZSTD, 19, pieces)
+    _, checksum, size, blocks = _zstd_frame_parts(unit.data)
+    assert (checksum, size) == (False, len(data))
+    assert blocks == [(0, block), (0, block), (0, block), (0, len(data) - 3 * block)]
+    assert len(unit.data) <= Compressor.bound(Compression.ZSTD, len(data))
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(unit.data) == data
+    # In a stream, between checksummed frames, as a shard holds them.
+    c = Compressor(Compression.ZSTD)
+    stream = c.compress(b"before") + c.append_unit(unit) + c.compress(b"after") + c.finish()
+    assert _decompress(stream, Compression.ZSTD) == b"before" + data + b"after"
 
 
 @pytest.mark.parametrize("level", [None, 1, 19])

@@ -20,6 +20,7 @@ from tfrecordd.errors import (
     DecodeError,
     DecompressionLimitError,
     InputError,
+    TfrecorddError,
     TruncatedRecordError,
     TruncatedStreamError,
 )
@@ -30,7 +31,7 @@ from tfrecordd.reader import (
     iter_records_with_offsets,
     iter_sequence_examples,
 )
-from tfrecordd.writer import RecordWriter, open_writer
+from tfrecordd.writer import RecordWriter, open_writer, pack
 
 # fsspec ships no type information.
 fsspec: Any = importlib.import_module("fsspec")
@@ -152,6 +153,43 @@ def test_truncated_and_corrupted_plain_files(tmp_path: Path) -> None:
     with pytest.raises(CorruptRecordError) as info:
         next(records)
     assert info.value.offset == len(RECORDS[0]) + OVERHEAD
+
+
+def test_damage_to_a_stored_zstd_unit_is_caught_by_the_record_crcs(tmp_path: Path) -> None:
+    # A unit that does not compress is stored without zstd's content checksum (its records
+    # carry their own CRCs): a flip anywhere in it, headers included, must fail the read or
+    # change nothing that is read.
+    records = [os.urandom(70_000), os.urandom(90_000)]
+    packed = pack(records, Compression.ZSTD)
+    out = io.BytesIO()
+    writer = RecordWriter(out.write, Compression.ZSTD)
+    writer.write(b"first")
+    writer.write_packed(packed)
+    writer.finish()
+    data = out.getvalue()
+    path = tmp_path / "s.tfrecord.zst"
+    path.write_bytes(data)
+    assert list(iter_records(path)) == [b"first", *records]
+    start = data.index(packed.unit.data)
+    frame_header = 10
+    headers = [start + frame_header, start + frame_header + 3 + (128 << 10)]
+    positions = [*range(start, start + frame_header)]
+    positions += [h + i for h in headers for i in range(3)]
+    positions += range(start, start + len(packed.unit.data), 997)
+    undetected = 0
+    for pos in positions:
+        flipped = bytearray(data)
+        flipped[pos] ^= 0x10
+        path.write_bytes(bytes(flipped))
+        try:
+            read = list(iter_records(path))
+        except TfrecorddError:
+            continue
+        # Header bits a decoder must ignore, or a larger window than the frame needs.
+        assert pos - start in (4, 5), pos - start
+        assert read == [b"first", *records]
+        undetected += 1
+    assert undetected < 4, undetected
 
 
 def test_gzip_cut_mid_member(tmp_path: Path) -> None:
