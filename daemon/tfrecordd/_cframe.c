@@ -749,6 +749,43 @@ static PyObject *py_line_end(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 /* --------------------------------------------------------------------------------------------- */
 
+/* record_starts(lengths, start, /): where each record starts in a framed stream, as the bytes of
+ * an array('Q'), given the records' lengths (a buffer of native uint64) and the first's start. */
+static PyObject *py_record_starts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "record_starts() takes 2 arguments");
+        return NULL;
+    }
+    unsigned long long at = PyLong_AsUnsignedLongLong(args[1]);
+    if (at == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const char *fmt = view.format ? view.format : "B";
+    if (fmt[0] == '@' || fmt[0] == '=') fmt++;
+    if (view.itemsize != 8 || (strcmp(fmt, "Q") != 0 && strcmp(fmt, "L") != 0)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "record_starts(): lengths must be unsigned 64-bit");
+        return NULL;
+    }
+    Py_ssize_t n = view.len / 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!out) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const uint64_t *len = view.buf;
+    uint64_t *start = (uint64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        start[i] = at;
+        at += len[i] + 16; /* uint64 length, uint32 CRC of it, the data, uint32 CRC of the data */
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* --------------------------------------------------------------------------------------------- */
+
 static PyMethodDef methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))py_crc32c, METH_FASTCALL | METH_KEYWORDS,
      "crc32c(data, value=0)\n--\n\n"
@@ -758,6 +795,11 @@ static PyMethodDef methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "_crc32c_portable(data, value=0)\n--\n\n"
      "crc32c computed with the table-driven code used where the CPU has no CRC32C instruction."},
+    {"record_starts", (PyCFunction)(void (*)(void))py_record_starts, METH_FASTCALL,
+     "record_starts(lengths, start, /)\n--\n\n"
+     "Where each record starts in a framed stream, as the bytes of an array('Q'): the first at\n"
+     "start, each next one after the previous one's length and 16 bytes of framing. lengths is\n"
+     "a buffer of unsigned 64-bit integers (an array('Q'))."},
     {"frame_many", py_frame_many, METH_O,
      "frame_many(records, /)\n--\n\n"
      "The records framed as TFRecord back to back: for each, uint64 length, uint32 masked CRC\n"

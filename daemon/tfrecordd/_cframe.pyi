@@ -14,6 +14,10 @@ def crc32c(data: Buffer, value: int = 0) -> int:
 def _crc32c_portable(data: Buffer, value: int = 0) -> int:
     """:func:`crc32c` by the table-driven code used where the CPU has no CRC32C instruction."""
 
+def record_starts(lengths: Buffer, start: int, /) -> bytes:
+    """Where each record starts in a framed stream, as the bytes of an ``array("Q")``, given
+    the records' lengths (unsigned 64-bit) and where the first starts."""
+
 def frame_many(records: Iterable[Buffer], /) -> bytes:
     """The records framed as TFRecord back to back, byte for byte ``framing.frame_many``."""
 

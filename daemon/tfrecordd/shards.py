@@ -23,16 +23,14 @@ import os
 import secrets
 import time
 from array import array
-from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import accumulate, islice
 from typing import BinaryIO
 
 import crc32c
 
 from tfrecordd.compression import SUFFIXES, Compression, Compressor
 from tfrecordd.errors import DurabilityError
-from tfrecordd.framing import OVERHEAD, framed_size
+from tfrecordd.framing import extend_record_starts, framed_size
 from tfrecordd.fsys import FileSystem
 from tfrecordd.writer import Packed, RecordWriter
 
@@ -149,14 +147,8 @@ class OpenShard:
 
     def write(self, batch: list[bytes] | Packed) -> None:
         """Append a batch: records, or records :func:`~tfrecordd.writer.pack` made into a unit."""
-        if isinstance(batch, Packed):
-            lengths: Iterable[int] = batch.lengths
-            count = batch.records
-        else:
-            lengths, count = map(len, batch), len(batch)
-        # Each record starts where the previous one's framing ends: running sums, in C.
-        starts = accumulate(map(OVERHEAD.__add__, lengths), initial=self._writer.raw_bytes)
-        self.offsets.extend(islice(starts, count))
+        lengths = batch.lengths if isinstance(batch, Packed) else array("Q", map(len, batch))
+        extend_record_starts(self.offsets, lengths, self._writer.raw_bytes)
         self.last_time = time.time()
         if not self.first_time:
             self.first_time = self.last_time

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import struct
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -138,6 +139,36 @@ def test_framing_uses_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
     fast = framing.frame_many(records)
     monkeypatch.setattr(framing, "_cframe", None)
     assert framing.frame_many(records) == fast
+
+
+@FUZZ
+@given(st.lists(st.integers(0, 1 << 40), max_size=50), st.integers(0, 1 << 50))
+def test_record_starts_are_the_running_sums_of_the_framed_lengths(
+    lengths: list[int], start: int
+) -> None:
+    expected = []
+    at = start
+    for n in lengths:
+        expected.append(at)
+        at += n + framing.OVERHEAD
+    assert array("Q", _cframe.record_starts(array("Q", lengths), start)).tolist() == expected
+    for use_c in (True, False):
+        starts = array("Q", [7])
+        with pytest.MonkeyPatch.context() as mp:
+            if not use_c:
+                mp.setattr(framing, "_cframe", None)
+            framing.extend_record_starts(starts, array("Q", lengths), start)
+        assert starts.tolist() == [7, *expected]
+
+
+def test_record_starts_refuses_lengths_that_are_not_unsigned_64_bit() -> None:
+    for bad in (array("I", [1, 2]), array("q", [1]), b"\x00" * 8, array("d", [1.0])):
+        with pytest.raises(TypeError):
+            _cframe.record_starts(bad, 0)
+    with pytest.raises(TypeError):
+        _cframe.record_starts(5, 0)  # type: ignore[arg-type]
+    with pytest.raises(OverflowError):
+        _cframe.record_starts(array("Q"), -1)
 
 
 # --- protobuf, the oracle -------------------------------------------------------------------------
