@@ -29,7 +29,6 @@ import os
 import pickle
 import signal
 import struct
-import subprocess
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,7 +36,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import anyio
 from anyio.abc import Process, TaskStatus
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from tfrecordd.errors import WorkerError
 
@@ -58,6 +56,9 @@ _START_TIMEOUT = 60.0
 _PIPE_BYTES = 1 << 20
 """Linux's default cap for an unprivileged process (``/proc/sys/fs/pipe-max-size``)."""
 
+_IOV_MAX = 1024
+"""The most buffers one ``writev`` takes (Linux's ``IOV_MAX``)."""
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -69,7 +70,10 @@ class _Pending:
 @dataclass(slots=True)
 class _Worker:
     process: Process
-    answers: BufferedByteReceiveStream
+    requests: int
+    """The write end of the worker's stdin (non-blocking)."""
+    answers: int
+    """The read end of the worker's stdout (non-blocking)."""
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     pending: deque[_Pending] = field(default_factory=deque)
     broken: BaseException | None = None
@@ -90,7 +94,11 @@ class EncodeWorkers:
         try:
             # All spawned first: they import at the same time.
             for _ in range(self.count):
-                self._workers.append(await self._spawn())
+                worker = await self._spawn()
+                self._workers.append(worker)
+                # A worker that died at once breaks the pipe: _ready() says so, with its status.
+                with contextlib.suppress(BrokenPipeError):
+                    await _send_all(worker.requests, _message((sys.path, self._encoders)))
             for worker in self._workers:
                 await self._ready(worker)
             async with anyio.create_task_group() as tg:
@@ -103,53 +111,64 @@ class EncodeWorkers:
                     await self._stop(worker)
 
     async def _spawn(self) -> _Worker:
-        process = await anyio.open_process(
-            [sys.executable, "-m", "tfrecordd.workers"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,
-            start_new_session=True,
-        )
-        assert process.stdout is not None
-        assert process.stdin is not None
-        worker = _Worker(process, BufferedByteReceiveStream(process.stdout))
-        for part in _message((sys.path, self._encoders)):
-            await process.stdin.send(part)
-        return worker
+        # The daemon's ends of the pipes are its own file descriptors, read and written as the
+        # event loop finds them ready: an answer lands in one buffer of its size, where asyncio's
+        # stream reader would copy it through its buffer several times and pause reading twice.
+        request_r, request_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        try:
+            process = await anyio.open_process(
+                [sys.executable, "-m", "tfrecordd.workers"],
+                stdin=request_r,
+                stdout=answer_w,
+                stderr=None,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(request_w)
+            os.close(answer_r)
+            raise
+        finally:
+            os.close(request_r)
+            os.close(answer_w)
+        for fd in (request_w, answer_r):
+            os.set_blocking(fd, False)
+            _widen_pipe(fd)
+        return _Worker(process, request_w, answer_r)
 
     async def _ready(self, worker: _Worker) -> None:
         process = worker.process
         try:
             with anyio.fail_after(_START_TIMEOUT):
-                ready = await worker.answers.receive_exactly(len(_READY))
-        except (anyio.EndOfStream, anyio.IncompleteRead, TimeoutError) as e:
+                ready = await _receive_exactly(worker.answers, len(_READY))
+        except (EOFError, TimeoutError) as e:
             process.kill()
-            await process.aclose()
             raise WorkerError(
                 f"encode worker {process.pid} did not start (its error is in the log above)"
             ) from e
         if ready != _READY:
-            raise WorkerError(f"encode worker {process.pid} answered {ready!r} at start")
+            raise WorkerError(f"encode worker {process.pid} answered {bytes(ready)!r} at start")
 
     async def _stop(self, worker: _Worker) -> None:
         process = worker.process
-        with contextlib.suppress(Exception):
-            if process.stdin is not None:
-                await process.stdin.aclose()
+        with contextlib.suppress(OSError):
+            os.close(worker.requests)  # the worker's end of input: it exits
         with anyio.move_on_after(5):
             await process.wait()
         if process.returncode is None:
             process.kill()
         await process.aclose()
+        with contextlib.suppress(OSError):
+            os.close(worker.answers)
 
     async def _read_answers(self, worker: _Worker) -> None:
         try:
             while True:
                 try:
-                    head = await worker.answers.receive_exactly(_ANSWER.size)
+                    head = await _receive_exactly(worker.answers, _ANSWER.size)
                     status, length = _ANSWER.unpack(head)
-                    body = await worker.answers.receive_exactly(length)
-                except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError) as e:
+                    body = await _receive_exactly(worker.answers, length)
+                except (EOFError, OSError) as e:
                     raise await _gone(worker) from e
                 if not worker.pending:
                     raise WorkerError("encode worker answered a batch it was not given")
@@ -189,13 +208,10 @@ class EncodeWorkers:
         # queued, it is written whole.
         with anyio.CancelScope(shield=True):
             worker.pending.append(pending)
-            stdin = worker.process.stdin
-            assert stdin is not None
             try:
                 async with worker.lock:
-                    for part in request:
-                        await stdin.send(part)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as e:
+                    await _send_all(worker.requests, request)
+            except OSError as e:
                 # The worker died before its reader saw it: the same error either way.
                 raise await _gone(worker) from e
         await pending.done.wait()
@@ -223,14 +239,48 @@ def _status(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _widen_pipes() -> None:
-    """Give the worker's pipes room for a whole batch (Linux): with the default 64 KiB a batch
-    crosses in pieces, and the daemon's event loop wakes for each piece."""
-    if not hasattr(fcntl, "F_SETPIPE_SZ"):
-        return
-    for fd in (0, 1):
+def _widen_pipe(fd: int) -> None:
+    """Give a pipe room for a whole batch (Linux): with the default 64 KiB a batch crosses in
+    pieces, and the reader wakes for each piece."""
+    if hasattr(fcntl, "F_SETPIPE_SZ"):
         with contextlib.suppress(OSError):
             fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+
+
+async def _send_all(fd: int, parts: list[bytes]) -> None:
+    """Write ``parts`` to the non-blocking ``fd``, in order and whole, with as few system calls
+    as the pipe's room allows (no copy of them is made)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        try:
+            sent = os.writev(fd, views[:_IOV_MAX])
+        except BlockingIOError:
+            await anyio.wait_writable(fd)
+            continue
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+async def _receive_exactly(fd: int, n: int) -> bytearray:
+    """Exactly ``n`` bytes from the non-blocking ``fd``, read into one buffer of that size;
+    :class:`EOFError` if the input ends first."""
+    data = bytearray(n)
+    view = memoryview(data)
+    got = 0
+    while got < n:
+        try:
+            count = os.readv(fd, [view[got:]])
+        except BlockingIOError:
+            await anyio.wait_readable(fd)
+            continue
+        if not count:
+            raise EOFError(f"the pipe closed after {got} of {n} bytes")
+        got += count
+    return data
 
 
 def _message(obj: Any) -> list[bytes]:
@@ -289,7 +339,8 @@ def serve() -> None:
     # Whatever encoder code prints must not reach the protocol's stream.
     sys.stdin = open(os.devnull)  # noqa: SIM115
     sys.stdout = sys.stderr
-    _widen_pipes()
+    for fd in (0, 1):
+        _widen_pipe(fd)
     init = _read(inp)
     if init is None:
         return
