@@ -14,6 +14,7 @@ import base64
 import contextlib
 import errno
 import os
+import threading
 import time
 from typing import Any, BinaryIO
 
@@ -25,7 +26,8 @@ NAME = "dead-letters.jsonl"
 
 
 class DeadLetters:
-    """Appends dead letters; :meth:`sync` makes them durable."""
+    """Appends dead letters; :meth:`sync` makes them durable. Safe to call from several threads
+    (a commit syncs while the next batches' dead letters are written)."""
 
     def __init__(self, state_dir: str, fs: FileSystem, max_bytes: int, *, fsync: bool = True):
         self.path = os.path.join(state_dir, NAME)
@@ -38,6 +40,7 @@ class DeadLetters:
         self._dirty = False
         self._created = False
         self._failed = False
+        self._lock = threading.RLock()
 
     def _open(self) -> BinaryIO:
         if self._failed:
@@ -65,14 +68,15 @@ class DeadLetters:
             entry["raw_base64"] = base64.b64encode(raw).decode("ascii")
         line = orjson.dumps(entry) + b"\n"
         discarded = 0
-        f = self._open()
-        if self._size and self._size + len(line) > self.max_bytes:
-            discarded = self._rotate()
+        with self._lock:
             f = self._open()
-        self.fs.write(f, line)
-        self._size += len(line)
-        self._lines += 1
-        self._dirty = True
+            if self._size and self._size + len(line) > self.max_bytes:
+                discarded = self._rotate()
+                f = self._open()
+            self.fs.write(f, line)
+            self._size += len(line)
+            self._lines += 1
+            self._dirty = True
         return discarded
 
     def _rotate(self) -> int:
@@ -93,25 +97,27 @@ class DeadLetters:
     def sync(self) -> None:
         """Make every dead letter written so far durable. A failed fsync is final: the file is
         never fsynced again (what it held may be gone), and later writes fail."""
-        if self._dirty and self._file is not None:
-            self._dirty = False
-            if self.fsync_enabled:
-                try:
-                    self.fs.fsync(self._file)
-                    if self._created:
-                        self.fs.fsync_dir(os.path.dirname(self.path))
-                        self._created = False
-                except OSError:
-                    self._failed = True
-                    raise
+        with self._lock:
+            if self._dirty and self._file is not None:
+                self._dirty = False
+                if self.fsync_enabled:
+                    try:
+                        self.fs.fsync(self._file)
+                        if self._created:
+                            self.fs.fsync_dir(os.path.dirname(self.path))
+                            self._created = False
+                    except OSError:
+                        self._failed = True
+                        raise
 
     def close(self) -> None:
         """Sync (unless an fsync failed before) and close."""
-        try:
-            if not self._failed:
-                self.sync()
-        finally:
-            if self._file is not None:
-                f, self._file = self._file, None
-                with contextlib.suppress(OSError):
-                    f.close()
+        with self._lock:
+            try:
+                if not self._failed:
+                    self.sync()
+            finally:
+                if self._file is not None:
+                    f, self._file = self._file, None
+                    with contextlib.suppress(OSError):
+                        f.close()

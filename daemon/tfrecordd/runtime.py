@@ -10,6 +10,9 @@ A batch large enough (:data:`PACK_MIN_BYTES` framed) is framed and compressed wh
 (the encode thread, or an encode worker process) into a compression unit of its own, which the
 shard appends as it is: the writer then only writes bytes, and compression grows with
 ``encode_workers`` like encoding does.
+
+A shard is committed (fsync, journal, publish, acks) in a task of its own while the writer fills
+the next one; commits run one at a time, in order (:meth:`Daemon._commit`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tfrecordd import crashpoints, manifest
@@ -297,6 +300,8 @@ class Daemon:
         )
         self.metrics_port: int | None = None
         self._unit = _Unit()
+        self._committer: TaskGroup | None = None
+        self._committed: anyio.Event | None = None
         self._sources_scope: anyio.CancelScope | None = None
         self._pipeline_scope: anyio.CancelScope | None = None
         self._flush_requested = False
@@ -395,7 +400,12 @@ class Daemon:
                 await src.aclose()
             except Exception:
                 log.exception("source %s: error while closing", name)
-        await anyio.to_thread.run_sync(self.dead_letters.close)
+        try:
+            await anyio.to_thread.run_sync(self.dead_letters.close)
+        except OSError as e:
+            # Only dead letters of uncommitted batches can be unsynced here: their events were
+            # not acknowledged and replay. Raising would hide the error that stopped the daemon.
+            log.error("dead letters: fsync at close failed: %s", e.strerror or e)
         self.journal.close()
 
     async def _signals(self) -> None:
@@ -621,9 +631,16 @@ class Daemon:
         return EncodedBatch(batch.source, records, batch.token, events, failures)
 
     async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
+        try:
+            await self._write_loop(recv)
+        finally:
+            self._committer = None
+
+    async def _write_loop(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         depth = self.metrics.stream_depth.labels("write")
         max_age = self.config.output.max_shard_age
-        async with recv:
+        # Leaving the committer's group waits for the last commit.
+        async with recv, anyio.create_task_group() as self._committer:
             ended = False
             while not ended:
                 wait = 1.0
@@ -802,7 +819,30 @@ class Daemon:
         return True
 
     async def _commit(self) -> None:
+        """Close the current unit and commit it while the next one fills: its shard's fsync, the
+        journal's, the publish and the acks overlap the writing of the next shard's batches.
+
+        One commit at a time, in order: this waits for the previous one to end first. Outside
+        the write stage (no committer), the commit runs here, whole."""
+        if self._committed is not None:
+            # The unit stays the daemon's until then: if the previous commit fails, the clean-up
+            # discards its shard.
+            await self._committed.wait()
         unit, self._unit = self._unit, _Unit()
+        if self._committer is None:
+            await self._commit_unit(unit)
+            return
+        done = self._committed = anyio.Event()
+        self._committer.start_soon(self._commit_unit, unit, done)
+
+    async def _commit_unit(self, unit: _Unit, done: anyio.Event | None = None) -> None:
+        try:
+            await self._commit_steps(unit)
+        finally:
+            if done is not None:
+                done.set()
+
+    async def _commit_steps(self, unit: _Unit) -> None:
         positions = unit.tokens
         counted = unit.shard.file_bytes if unit.shard is not None else 0
         with Stopwatch(self.metrics.publish_duration):

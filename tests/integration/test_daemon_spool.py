@@ -161,6 +161,39 @@ async def test_record_cap_stops_a_run_of_batches_at_a_whole_batch(
     assert any(0 < written < offered for offered, written in write_runs), "a run was cut"
 
 
+async def test_the_next_shard_fills_while_a_commit_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first shard's publish is held until the writer has written past that shard (or 10 s
+    pass): with commits inline, nothing would be written meanwhile. Commits stay in order."""
+    cfg = write_config(tmp_path, daemon={"max_batch_events": 25}, output={"max_shard_records": 100})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(1000)])
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    output = type(daemon.output)
+    publish = output.publish
+    written_while_held: list[float] = []
+    published: list[str] = []
+
+    def held(self: Any, shard: Any) -> None:
+        if not published:
+            deadline = time.monotonic() + 10
+            while (
+                time.monotonic() < deadline
+                and metric(daemon.metrics, "tfrecordd_records_written_total") < 150
+            ):
+                time.sleep(0.01)
+            written_while_held.append(metric(daemon.metrics, "tfrecordd_records_written_total"))
+        published.append(shard.name)
+        publish(self, shard)
+
+    monkeypatch.setattr(output, "publish", held)
+    await run_until_drained(tmp_path, daemon, 1000)
+    assert written_while_held[0] >= 150
+    assert published == sorted(published)  # names carry a sequence number
+    assert [p.name for p in shard_files(tmp_path / "shards")] == published
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(1000), 1)
+
+
 async def test_rotation_by_records(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, output={"max_shard_records": 64})
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(1000)])
