@@ -357,7 +357,7 @@ class Daemon:
                         serve, host, port, self.metrics, self.healthy
                     )
                 if self.handle_signals:
-                    services.start_soon(self._signals)
+                    await services.start(self._signals)
                 services.start_soon(self._watchdog)
                 self._running = True
                 self.metrics.up.set(1)
@@ -408,8 +408,11 @@ class Daemon:
             log.error("dead letters: fsync at close failed: %s", e.strerror or e)
         self.journal.close()
 
-    async def _signals(self) -> None:
+    async def _signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            # Started only now: a SIGTERM sent as soon as "started" is logged (or READY=1 sent)
+            # drains, rather than killing the process with the default action.
+            task_status.started()
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     log.info("SIGHUP: publishing open shards")

@@ -194,6 +194,37 @@ async def test_the_next_shard_fills_while_a_commit_runs(
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(1000), 1)
 
 
+async def test_signals_are_handled_once_the_daemon_says_it_started(tmp_path: Path) -> None:
+    """A SIGTERM sent as soon as "started" is logged (or systemd is told READY=1) must drain,
+    not kill the process with the default action: the handler is in place by then."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen: list[object] = []
+
+    class AtStarted(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("started:"):
+                seen.append(signal.getsignal(signal.SIGTERM))
+
+    handler = AtStarted()
+    logger = logging.getLogger("tfrecordd")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        daemon = Daemon(load_config(write_config(tmp_path)), handle_signals=True)
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            daemon.request_stop()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert len(seen) == 1
+    assert seen[0] not in (signal.SIG_DFL, before)
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 async def test_rotation_by_records(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, output={"max_shard_records": 64})
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(1000)])
