@@ -133,7 +133,9 @@ def test_killed_around_an_upload_then_restarted_exactly_once(
         assert_objects_complete(s3_server, bucket)
     else:
         assert visible == [], "nothing is visible before the commit"
-        assert len(staged(tmp_path)) == 1, "the fsynced staged copy survives the crash"
+        # The fsynced staged copy survives the crash; beside it, at most the next shard, which
+        # was filling while this one was committed (discarded at the restart).
+        assert 1 <= len(staged(tmp_path)) <= 2, "the fsynced staged copy survives the crash"
     if point == "mid-upload":
         assert len(s3_server.incomplete_uploads(bucket)) == 1, "parts were sent, not committed"
 
