@@ -245,7 +245,7 @@ def _zstd_stored(parts: list[ReadableBuffer], raw: int) -> bytes:
     3.1.1.2): stored, not compressed.
 
     The frame carries its content size and a 128 KiB window (raw blocks refer to nothing before
-    them), and no content checksum: what it holds is framed records, whose own CRC-32Cs every
+    them), and no content checksum: what it holds is framed records, whose own CRC32Cs every
     reader checks, so a damaged byte is caught all the same.
     """
     large = raw >= 1 << 32
