@@ -72,6 +72,24 @@ async def test_csv_rows_with_quotes_spanning_lines(tmp_path: Path) -> None:
     assert not list(spool.iterdir()) or [p.name for p in spool.iterdir()] == [CLAIM_DIR]
 
 
+@pytest.mark.parametrize("rows", [60, 70, 0])
+async def test_a_csv_files_last_batch_carries_its_end(tmp_path: Path, rows: int) -> None:
+    """No batch of its own for a CSV file's end, even when its records end on a batch boundary
+    (60 rows in batches of 30); a file with only its header still sends its end."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    body = "k,v\n" + "".join(f"{i},{'x' * 90}\n" for i in range(rows)) + "\n"
+    (spool / "a.csv").write_text(body)
+    source = make(spool, pattern="*.csv", format="csv", read_size=4096)  # two or more reads
+    ctx = RecordingContext(name="spool", max_batch_events=30)
+    ctx = await run_until_files_done(source, 1, ctx)
+    sizes = [len(b.events) for b in ctx.batches]
+    assert sizes == ([30] * (rows // 30) + ([rows % 30] if rows % 30 else []) or [0])
+    assert [b.token["eof"] for b in ctx.batches] == [False] * (len(sizes) - 1) + [True]
+    assert ctx.batches[-1].token["o"] == len(body)
+    assert [e.value["k"] for e in good(ctx)] == [str(i) for i in range(rows)]
+
+
 async def test_csv_resumes_past_the_header(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()

@@ -406,6 +406,9 @@ class DirectorySource(Source):
         head: bytes | None = None  # first bytes of an overlong record still being skipped
         head_at = 0
         quotes = 0  # quote characters in the skipped part of an overlong CSV record
+        # The last full batch waits for the next one: if none comes, it carries the file's end
+        # (as the JSON-lines reader's last batch does), not an empty batch of its own.
+        held: RawBatch | None = None
         try:
             async with aclosing(reader.chunks(offset)) as chunks:
                 while True:
@@ -430,7 +433,9 @@ class DirectorySource(Source):
                             batch_bytes += n
                         at = offset + nxt
                         if len(events) >= max_events or batch_bytes >= max_bytes:
-                            await ctx.send(RawBatch(ctx.name, events, _token(claim, at, False)))
+                            if held is not None:
+                                await ctx.send(held)
+                            held = RawBatch(ctx.name, events, _token(claim, at, False))
                             events, batch_bytes = [], 0
                     buf, offset = buf[consumed:], offset + consumed
                     if not chunk:
@@ -443,10 +448,16 @@ class DirectorySource(Source):
                         quotes = buf.count(b'"')
                         offset, buf = offset + len(buf), b""
         except _Rejected as e:
+            if held is not None:
+                await ctx.send(held)
             if events:
                 await ctx.send(RawBatch(ctx.name, events, _token(claim, offset, False)))
             await self._reject(ctx, claim, rel, str(e), offset)
             return
+        if held is not None and not events:
+            events, held = held.events, None
+        if held is not None:
+            await ctx.send(held)
         await ctx.send(RawBatch(ctx.name, events, _token(claim, offset, True)))
 
     async def _csv_header(self, claim: str, rel: str) -> list[str] | None:
