@@ -3,7 +3,8 @@
 Baseline: the bare zstandard compressor (same level, same frame checksum) on the same image
 bytes, with nothing else to do. Ours: the image encoder (header read by Pillow, Example written),
 each file's batch packed into a unit as the daemon's encode stage packs it (a unit that does not
-compress is stored, as raw zstd blocks), and ``RecordWriter(zstd)`` appending the units.
+compress is stored, as raw zstd blocks, whose frame has no content checksum: the records' own
+CRC32Cs cover them), and ``RecordWriter(zstd)`` appending the units.
 """
 
 from __future__ import annotations

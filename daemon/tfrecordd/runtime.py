@@ -634,12 +634,6 @@ class Daemon:
         return EncodedBatch(batch.source, records, batch.token, events, failures)
 
     async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
-        try:
-            await self._write_loop(recv)
-        finally:
-            self._committer = None
-
-    async def _write_loop(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         depth = self.metrics.stream_depth.labels("write")
         max_age = self.config.output.max_shard_age
         # Leaving the committer's group waits for the last commit.
@@ -825,25 +819,22 @@ class Daemon:
         """Close the current unit and commit it while the next one fills: its shard's fsync, the
         journal's, the publish and the acks overlap the writing of the next shard's batches.
 
-        One commit at a time, in order: this waits for the previous one to end first. Outside
-        the write stage (no committer), the commit runs here, whole."""
+        One commit at a time, in order: this waits for the previous one to end first. Called
+        from the write stage only, whose task group the commit runs in."""
+        assert self._committer is not None
         if self._committed is not None:
             # The unit stays the daemon's until then: if the previous commit fails, the clean-up
             # discards its shard.
             await self._committed.wait()
         unit, self._unit = self._unit, _Unit()
-        if self._committer is None:
-            await self._commit_unit(unit)
-            return
         done = self._committed = anyio.Event()
         self._committer.start_soon(self._commit_unit, unit, done)
 
-    async def _commit_unit(self, unit: _Unit, done: anyio.Event | None = None) -> None:
+    async def _commit_unit(self, unit: _Unit, done: anyio.Event) -> None:
         try:
             await self._commit_steps(unit)
         finally:
-            if done is not None:
-                done.set()
+            done.set()
 
     async def _commit_steps(self, unit: _Unit) -> None:
         positions = unit.tokens

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import random
 import signal
 from typing import Any
 
@@ -16,7 +17,15 @@ from tfrecordd.compression import Compression
 from tfrecordd.errors import WorkerError
 from tfrecordd.plugin import Lines, RawEvent
 from tfrecordd.runtime import _encode_events, _Outcome, _ship
-from tfrecordd.workers import DEPTH, EncodeWorkers, _message, _pickled_error, _read
+from tfrecordd.workers import (
+    DEPTH,
+    EncodeWorkers,
+    _message,
+    _pickled_error,
+    _read,
+    _receive_exactly,
+    _send_all,
+)
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 pytestmark = pytest.mark.anyio
@@ -174,6 +183,34 @@ def test_lines_cross_to_a_worker_out_of_band_and_unchanged() -> None:
     body, buffers = got
     assert pickle.loads(body, buffers=buffers)[0][2] == lines
     assert _read(io.BytesIO(b"".join(parts)[:-1])) is None
+
+
+async def test_pipe_writes_resume_where_the_pipe_filled_and_reads_take_what_was_asked() -> None:
+    # A pipe of Linux's default 64 KiB: the parts (several times that) go out in many writes,
+    # each resumed mid-part, while the reader takes them in pieces of its own sizes.
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    rng = random.Random(3)
+    parts = [rng.randbytes(n) for n in (5, 0, 200_000, 70_001, 1, 130_000)]
+    whole = b"".join(parts)
+    got: list[bytearray] = []
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_send_all, w, parts)
+                for n in (3, 100_000, 1, len(whole) - 100_004):
+                    await anyio.sleep(0.001)
+                    got.append(await _receive_exactly(r, n))
+        assert b"".join(got) == whole
+        os.close(w)
+        w = -1
+        with pytest.raises(EOFError):
+            await _receive_exactly(r, 1)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
 
 
 def test_an_error_that_does_not_pickle_arrives_as_text() -> None:
