@@ -86,9 +86,22 @@ def _compiled(on: bool) -> Iterator[None]:
 
 
 def _check_cuts(lengths: list[int], newline_at_end: bool, max_events: int, max_bytes: int) -> None:
-    buf = b"\n".join(b"x" * n for n in lengths) + (b"\n" if newline_at_end else b"")
+    lines = b"\n".join(b"x" * n for n in lengths) + (b"\n" if newline_at_end else b"")
+    # The lines sit inside a larger buffer (the source's read buffer): what lies before and
+    # after them is never looked at.
+    before, after = b"\n\nx\n", b"yy\n\n"
+    inside = bytearray(before + lines + after)
+    cut = _check_cuts_in(inside, len(before), len(lines), max_events, max_bytes)
+    assert cut == _check_cuts_in(lines, 0, len(lines), max_events, max_bytes)
+
+
+def _check_cuts_in(
+    work: bytes | bytearray, at: int, size: int, max_events: int, max_bytes: int
+) -> list[int]:
+    buf = bytes(work[at : at + size])
+    ends = [end - at for end in _cuts(work, at, at + size, max_events, max_bytes)]
     start = 0
-    for end in _cuts(buf, len(buf), max_events, max_bytes):
+    for end in ends:
         assert start < end <= len(buf)
         assert end == len(buf) or buf[end - 1] == ord("\n")
         part = buf[start:end]
@@ -101,12 +114,13 @@ def _check_cuts(lengths: list[int], newline_at_end: bool, max_events: int, max_b
             assert lines == max_events
         start = end
     assert start == len(buf)
+    return ends
 
 
 @pytest.mark.parametrize("compiled", COMPILED, ids=lambda c: "compiled" if c else "python")
 def test_cuts_of_a_large_buffer_hold_max_events_each(compiled: bool) -> None:
     buf = b"".join(b'{"n": %d}\n' % i for i in range(100_000))
     with _compiled(compiled):
-        ends = list(_cuts(buf, len(buf), 1000, 1 << 20))
+        ends = list(_cuts(buf, 0, len(buf), 1000, 1 << 20))
     assert len(ends) == 100
     assert all(buf[:end].count(b"\n") == 1000 * (i + 1) for i, end in enumerate(ends))

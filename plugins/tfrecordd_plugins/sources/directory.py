@@ -88,7 +88,8 @@ class DirectorySourceConfig(SourceConfig):
     csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
     """``csv``: the field delimiter."""
     read_size: Size = Field(default=1 << 20, ge=4096)
-    """Bytes read from a file per read call."""
+    """Bytes read from a file per read call. ``jsonl`` files are read into one buffer the
+    source keeps, of ``read_size`` plus ``min(max_line_bytes, read_size)`` bytes."""
 
     delivery: ClassVar[str] = "exactly-once"
 
@@ -140,6 +141,7 @@ class DirectorySource(Source):
         self.committed: dict[str, int] = {}
         self._sent_eof: set[str] = set()
         self._refused: set[str] = set()
+        self._work = bytearray(_work_size(config))
 
     @staticmethod
     def fold(state: Any, tokens: Sequence[Token]) -> Any:
@@ -328,66 +330,86 @@ class DirectorySource(Source):
         lines are split where they are encoded. A line that outgrows ``max_line_bytes`` before
         its newline arrives is skipped as it is read, its first bytes kept for the dead letter.
 
+        The file is read into one buffer, the source's own, over and over: a new buffer per read
+        (a megabyte each, freed in another order than taken) fragments the allocator's heap, and
+        the daemon's memory would grow with its run. Only the batches are copied out of it.
+
         A buffer's last batch waits for the next read: when that read finds the end of the file,
         the batch carries the file's end, instead of a batch of its own after it (which would
         cost a commit of its own when it arrives between two shards).
         """
-        max_line = self.config.max_line_bytes
+        max_line, read_size = self.config.max_line_bytes, self.config.read_size
         max_events, max_bytes = ctx.max_batch_events, ctx.max_batch_bytes
-        buf = b""  # unread bytes, starting at stream position `offset`
+        work = self._work
+        kept = 0  # bytes at work[:kept] (a line's start), from stream position `offset`
         head: bytes | None = None  # first bytes of an overlong line still being skipped
         head_at = 0
         eof = False
-        whole = 0  # bytes of whole lines in the last buffer: none at the end sends the end alone
+        lines = False  # whether the last buffer held whole lines: if not, the end goes alone
         held: tuple[Lines, int] | None = None  # the last batch cut, and the offset after it
 
         async def send_held(last: bool) -> None:
             nonlocal held
             if held is not None:
-                lines, end = held
+                batch, end = held
                 held = None
-                await ctx.send(RawBatch(ctx.name, [], _token(claim, end, last), lines))
+                await ctx.send(RawBatch(ctx.name, [], _token(claim, end, last), batch))
 
         try:
-            async with aclosing(reader.chunks(offset)) as chunks:
-                while not eof:
-                    chunk = await anext(chunks, b"")
-                    eof = not chunk
-                    if held is not None and eof and not buf and head is None:
-                        await send_held(True)
+            await reader.seek(offset)
+            while not eof:
+                if len(work) < kept + read_size:
+                    # A new buffer, never a resize: a view of the old one may still be held by
+                    # the thread that read into it.
+                    grown = bytearray(kept + read_size)
+                    grown[:kept] = work[:kept]
+                    work = self._work = grown
+                with memoryview(work) as view:
+                    got = await reader.read_into(view[kept : kept + read_size])
+                eof = not got
+                if held is not None and eof and not kept and head is None:
+                    await send_held(True)
+                    return
+                await send_held(False)
+                n, at = kept + got, 0  # work[at:n] is unread, from stream position `offset`
+                if head is not None:
+                    nl = work.find(b"\n", 0, n)
+                    if nl < 0 and not eof:
+                        offset, kept = offset + n, 0
+                        continue
+                    at = nl + 1 if nl >= 0 else n
+                    offset += at
+                    event = _too_long(rel, head_at, head, max_line)
+                    last = eof and at == n
+                    await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, last)))
+                    head = None
+                    if last:
                         return
-                    await send_held(False)
-                    buf += chunk
-                    if head is not None:
-                        nl = buf.find(b"\n")
-                        if nl < 0 and not eof:
-                            offset, buf = offset + len(buf), b""
-                            continue
-                        end = nl + 1 if nl >= 0 else len(buf)
-                        buf, offset = buf[end:], offset + end
-                        event = _too_long(rel, head_at, head, max_line)
-                        last = eof and not buf
-                        await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, last)))
-                        head = None
-                        if last:
-                            return
-                    whole = len(buf) if eof else buf.rfind(b"\n") + 1
-                    start = 0
-                    for end in _cuts(buf, whole, max_events, max_bytes):
+                whole = n if eof else work.rfind(b"\n", at, n) + 1 or at
+                lines = whole > at
+                start = at
+                with memoryview(work) as view:
+                    for end in _cuts(work, start, whole, max_events, max_bytes):
                         await send_held(False)
-                        held = Lines(buf[start:end], rel, offset + start, max_line), offset + end
+                        batch = Lines(bytes(view[start:end]), rel, offset + start - at, max_line)
+                        held = batch, offset + end - at
                         start = end
-                    if eof:
-                        await send_held(True)
-                    buf, offset = buf[whole:], offset + whole
-                    if len(buf) > max_line:
-                        head, head_at = buf[:max_line], offset
-                        offset, buf = offset + len(buf), b""
+                if eof:
+                    await send_held(True)
+                offset, kept = offset + whole - at, n - whole
+                work[:kept] = work[whole:n]
+                if kept > max_line:
+                    head, head_at = bytes(work[:max_line]), offset
+                    offset, kept = offset + kept, 0
         except _Rejected as e:
             await send_held(False)
             await self._reject(ctx, claim, rel, str(e), offset)
             return
-        if not whole:
+        finally:
+            if len(work) > _work_size(self.config):
+                # A line longer than a read grew it: back to its usual size for the next file.
+                self._work = bytearray(_work_size(self.config))
+        if not lines:
             await ctx.send(RawBatch(ctx.name, [], _token(claim, offset, True)))
 
     async def _read_csv(
@@ -494,6 +516,7 @@ class _Reader:
         self._plain: Any = None
         self._raw: Any = None
         self._stream: Any = None
+        self._at_end = False
 
     async def open(self) -> None:
         if self.compression is Compression.NONE:
@@ -512,30 +535,59 @@ class _Reader:
             await self.close()
             raise _Rejected("not a regular file")
 
-    async def chunks(self, offset: int) -> AsyncGenerator[bytes, None]:
-        """The bytes from ``offset`` (in the decompressed stream) to the end."""
-        size = self.config.read_size
+    async def seek(self, offset: int) -> None:
+        """Read from ``offset`` (in the decompressed stream) on; a compressed stream is read up
+        to it."""
+        self._at_end = False
         if self._plain is not None:
             if offset:
                 await self._plain.seek(offset)
-            while chunk := await self._plain.read(size):
-                yield chunk
-                if len(chunk) < size:
-                    # A buffered read returns less than asked only at the end of the file: no
-                    # trip to a thread to hear that again.
-                    return
             return
-        read = self._stream.read
+        size = self.config.read_size
+        while offset > 0:
+            skipped = await self._decompressed(min(size, offset))
+            if not skipped:
+                self._at_end = True
+                return
+            offset -= len(skipped)
+
+    async def read(self) -> bytes:
+        """The next bytes, up to ``read_size``; ``b""`` at the end."""
+        size = self.config.read_size
+        if self._at_end:
+            return b""
+        if self._plain is None:
+            return await self._decompressed(size)
+        chunk: bytes = await self._plain.read(size)
+        # A buffered read returns less than asked only at the end of the file: no trip to a
+        # thread to hear that again.
+        self._at_end = len(chunk) < size
+        return chunk
+
+    async def read_into(self, target: memoryview) -> int:
+        """Read the next bytes into ``target``; how many (``0`` at the end)."""
+        if self._at_end:
+            return 0
+        if self._plain is None:
+            chunk = await self._decompressed(len(target))
+            target[: len(chunk)] = chunk
+            return len(chunk)
+        got: int = await self._plain.readinto(target)
+        self._at_end = got < len(target)
+        return got
+
+    async def chunks(self, offset: int) -> AsyncGenerator[bytes, None]:
+        """The bytes from ``offset`` (in the decompressed stream) to the end."""
+        await self.seek(offset)
+        while chunk := await self.read():
+            yield chunk
+
+    async def _decompressed(self, size: int) -> bytes:
         try:
-            while offset > 0:
-                skipped = await anyio.to_thread.run_sync(read, min(size, offset))
-                if not skipped:
-                    return
-                offset -= len(skipped)
-            while chunk := await anyio.to_thread.run_sync(read, size):
-                yield chunk
+            chunk: bytes = await anyio.to_thread.run_sync(self._stream.read, size)
         except CompressionError as e:
             raise _Rejected(e.detail) from e
+        return chunk
 
     async def close(self) -> None:
         if self._plain is not None:
@@ -544,6 +596,11 @@ class _Reader:
         if self._raw is not None:
             await anyio.to_thread.run_sync(self._raw.close)
             self._raw = self._stream = None
+
+
+def _work_size(config: DirectorySourceConfig) -> int:
+    """The read buffer's size: a read, after the start of a line left from the read before."""
+    return config.read_size + min(config.max_line_bytes, config.read_size)
 
 
 def _open_raw(path: str) -> Any:
@@ -580,12 +637,13 @@ def _split(buf: bytes, final: bool, quotes: int) -> tuple[list[bytes], list[int]
     return out, ends, pos
 
 
-def _cuts(buf: bytes, whole: int, max_events: int, max_bytes: int) -> Iterator[int]:
-    """Where the batches of the first ``whole`` bytes of ``buf`` (whole lines) end: each holds
+def _cuts(
+    buf: bytes | bytearray, start: int, whole: int, max_events: int, max_bytes: int
+) -> Iterator[int]:
+    """Where the batches of ``buf[start:whole]`` (whole lines) end: each holds
     ``max_events`` lines (the last may hold fewer) and, unless one line is longer, at most
     ``max_bytes`` bytes. Exact counts matter: a shard's record cap is filled by whole batches.
     One at a time: the source sends each batch (and lets the event loop run) before the next."""
-    start = 0
     per_line = 0  # bytes per line in the batch before: where to look for this one's end
     while start < whole:
         bound = whole
