@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, help="JSON events per in-process case (default 50000)")
     p.add_argument("--images", type=int, help="image files (default 300)")
     p.add_argument("--steps", type=int, default=50, help="steps per SequenceExample")
-    p.add_argument("--daemon-events", type=int, help="events per daemon run (default 200000)")
+    p.add_argument("--daemon-events", type=int, help="events per daemon run (default 1000000)")
     p.add_argument("--repeat", type=int, help="timed runs per measurement, best kept (default 5)")
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--no-tensorflow", action="store_true", help="skip TensorFlow's baselines")
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "events": args.events or (300 if quick else 50_000),
         "images": args.images or (6 if quick else 300),
         "steps": args.steps,
-        "daemon_events": args.daemon_events or (2_000 if quick else 200_000),
+        "daemon_events": args.daemon_events or (2_000 if quick else 1_000_000),
         "repeat": args.repeat or (1 if quick else 5),
     }
     tf = _load_tf(not args.no_tensorflow)

@@ -82,7 +82,6 @@ type = "directory"
 path = "{root / "spool"}"
 encoder = "movies"
 poll_interval = "20ms"
-read_size = "64MiB"
 
 [encoders.movies]
 type = "example"
