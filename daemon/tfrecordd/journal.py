@@ -84,8 +84,9 @@ class Journal:
     _file: Any = None
     _next_seq: int = 1
     _states: dict[str, Any] = field(default_factory=dict)
-    _finished: dict[str, list[Any]] = field(default_factory=dict)
+    """Per source: the checkpoint's state with every finished intent since folded in."""
     _finished_count: int = 0
+    _unfolded: set[str] = field(default_factory=set)
     _open: dict[int, Intent] = field(default_factory=dict)
     size: int = 0
 
@@ -138,26 +139,26 @@ class Journal:
         for seq in sorted(intents):
             if seq in done:
                 self._add_finished(intents[seq])
-        states = self._folded()
+        states = dict(self._states)
         unfinished = [intents[s] for s in sorted(intents) if s not in done and s not in dropped]
         self._open = {i.seq: i for i in unfinished}
         self._reopen()
         return Recovered(states=states, unfinished=unfinished, torn_at=torn_at)
 
     def _add_finished(self, intent: Intent) -> None:
+        # Folded at once, not kept until the next compaction: a shard of a million records can
+        # cover a thousand tokens, and hundreds of commits go by between two compactions.
         for source, tokens in intent.positions.items():
-            self._finished.setdefault(source, []).extend(tokens)
-        self._finished_count += 1
-
-    def _folded(self) -> dict[str, Any]:
-        states = dict(self._states)
-        for source, tokens in self._finished.items():
             fold = self.folds.get(source)
             if fold is None:
-                log.warning("journal: source %r is no longer configured; keeping its state", source)
+                if source not in self._unfolded:
+                    self._unfolded.add(source)
+                    log.warning(
+                        "journal: source %r is no longer configured; keeping its state", source
+                    )
                 continue
-            states[source] = fold(states.get(source), tokens)
-        return states
+            self._states[source] = fold(self._states.get(source), tokens)
+        self._finished_count += 1
 
     def _append(self, record: dict[str, Any], *, sync: bool) -> None:
         data = frame(orjson.dumps(record))
@@ -198,14 +199,13 @@ class Journal:
 
     def compact(self) -> None:
         """Fold finished intents into the checkpoint and restart the journal."""
-        states = self._folded()
-        ckpt = {"version": 1, "next_seq": self._next_seq, "sources": states}
+        ckpt = {"version": 1, "next_seq": self._next_seq, "sources": self._states}
         write_atomically(self.fs, os.path.join(self.state_dir, CHECKPOINT), orjson.dumps(ckpt))
         fresh = b"".join(frame(orjson.dumps(i.to_json())) for i in self._open.values())
         write_atomically(self.fs, self.path, fresh)
         self._file.close()
         self._reopen()
-        self._states, self._finished, self._finished_count = states, {}, 0
+        self._finished_count = 0
 
     def _reopen(self) -> None:
         self._file, created = self.fs.open_append(self.path)

@@ -203,7 +203,10 @@ class Source(abc.ABC):
 
     @staticmethod
     def fold(state: Any, tokens: Sequence[Token]) -> Any:
-        """Fold tokens of finished commits into a compact state (must be idempotent)."""
+        """Fold the tokens of a finished commit into a compact state. Called once per commit,
+        in commit order, so folding two commits one after the other must give what folding
+        their tokens together would; and idempotent (a commit may be folded again after a
+        crash)."""
         del tokens
         return state
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
+import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,8 @@ def recovered(path: Path) -> Recovered:
         j.close()
 
 
-def commit(j: Journal, shard: str, tokens: list[dict[str, Any]], done: bool = True) -> int:
-    intent = j.next_intent(shard, {"spool": tokens}, records=len(tokens))
+def commit(j: Journal, shard: str, tokens: Sequence[dict[str, Any]], done: bool = True) -> int:
+    intent = j.next_intent(shard, {"spool": list(tokens)}, records=len(tokens))
     j.write_intent(intent)
     if done:
         j.write_done(intent.seq)
@@ -133,6 +136,28 @@ def test_compaction_folds_into_a_checkpoint(tmp_path: Path) -> None:
     rec = recovered(tmp_path)
     assert rec.states == {"spool": {"a": 100}}
     assert [i.seq for i in rec.unfinished] == [open_seq]
+
+
+class Token(dict[str, Any]):
+    """A token a test can hold a weak reference to."""
+
+
+def test_a_finished_commits_tokens_are_folded_at_once_not_kept(tmp_path: Path) -> None:
+    """Memory does not grow with the tokens of the commits between two compactions (a big
+    shard covers many)."""
+    j = journal(tmp_path, compact_after=10_000)
+    j.recover()
+    refs = []
+    for i in range(50):
+        tokens = [Token(tok("a", i * 100 + k)) for k in range(100)]
+        refs += [weakref.ref(t) for t in tokens]
+        commit(j, f"s{i}", tokens)
+        del tokens
+    gc.collect()
+    assert not [r for r in refs if r() is not None]
+    j.compact()
+    j.close()
+    assert recovered(tmp_path).states == {"spool": {"a": 4999}}
 
 
 def test_a_crash_between_checkpoint_and_journal_rewrite_is_harmless(tmp_path: Path) -> None:
