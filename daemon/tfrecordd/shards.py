@@ -84,6 +84,29 @@ class ShardNamer:
         )
 
 
+class _Sink:
+    """Where a shard's writer puts its bytes: the file, its digests and its size.
+
+    An object of its own, not a method of the shard: a shard whose writer held the shard would
+    be a reference cycle, and every finished shard (its compressor's state, its record offsets:
+    megabytes) would wait for the garbage collector's rare full passes. Measured before this:
+    the daemon's memory grew from 45 to 120 MB over 9 million events."""
+
+    __slots__ = ("crc", "digest", "file", "fs", "size")
+
+    def __init__(self, fs: FileSystem, file: BinaryIO) -> None:
+        self.fs, self.file = fs, file
+        self.digest = hashlib.sha256()
+        self.crc = 0
+        self.size = 0
+
+    def __call__(self, data: bytes) -> None:
+        self.fs.write(self.file, data)
+        self.digest.update(data)
+        self.crc = crc32c.crc32c(data, self.crc)
+        self.size += len(data)
+
+
 class OpenShard:
     """One shard being written. Blocking: call it from a worker thread."""
 
@@ -102,20 +125,16 @@ class OpenShard:
         self.max_bytes = max_bytes
         self.fs = fs
         self.tmp_path = os.path.join(directory, inprogress_name(name))
-        self._digest = hashlib.sha256()
-        self._crc = 0
         self.offsets: array[int] = array("Q")
         self.first_time = self.last_time = 0.0
-        self.file_bytes = 0
         self._file: BinaryIO | None = fs.create_exclusive(self.tmp_path)
-        self._writer = RecordWriter(self._sink, compression, level=level)
+        self._out = _Sink(fs, self._file)
+        self._writer = RecordWriter(self._out, compression, level=level)
 
-    def _sink(self, data: bytes) -> None:
-        assert self._file is not None
-        self.fs.write(self._file, data)
-        self._digest.update(data)
-        self._crc = crc32c.crc32c(data, self._crc)
-        self.file_bytes += len(data)
+    @property
+    def file_bytes(self) -> int:
+        """Bytes in the file so far."""
+        return self._out.size
 
     @property
     def records(self) -> int:
@@ -180,8 +199,8 @@ class OpenShard:
             records=self.records,
             size=self.file_bytes,
             raw_bytes=self.raw_bytes,
-            sha256=self._digest.hexdigest(),
-            crc32c=self._crc,
+            sha256=self._out.digest.hexdigest(),
+            crc32c=self._out.crc,
             offsets=self.offsets,
             first_time=self.first_time,
             last_time=self.last_time,
