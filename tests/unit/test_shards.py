@@ -38,7 +38,7 @@ def test_a_shard_is_freed_as_soon_as_it_is_dropped(
     shard = OpenShard(str(tmp_path), "a.tfrecord", compression, None, 1 << 30, LOCAL)
     shard.write(records[:1000])
     shard.write(pack(records[1000:], compression, None))
-    refs = [weakref.ref(shard), weakref.ref(shard.offsets)]
+    refs: list[weakref.ref[object]] = [weakref.ref(shard), weakref.ref(shard.offsets)]
     if end == "finish":
         finished = shard.finish()
         assert finished.records == 2000
