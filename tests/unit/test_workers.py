@@ -103,15 +103,33 @@ async def test_each_worker_is_fed_ahead() -> None:
     pool = EncodeWorkers(2, {"e": CONFIG})
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        async with anyio.create_task_group() as calls:
-            for k in range(2 * DEPTH):
-                calls.start_soon(_call, pool, _lines(k, 20_000))
-            # Every call is queued at once: each worker holds DEPTH batches, none waits.
-            with anyio.fail_after(10):
-                while sum(len(w.pending) for w in pool._workers) < 2 * DEPTH:
-                    await anyio.sleep(0.001)
-            assert [len(w.pending) for w in pool._workers] == [DEPTH, DEPTH]
-            assert DEPTH > 1  # the next batch waits in the pipe while one is encoded
+        # Stopped, the workers answer nothing: what is queued stays queued, however slowly the
+        # calls are made (a loaded machine).
+        for w in pool._workers:
+            os.kill(w.process.pid, signal.SIGSTOP)
+        done: list[int] = []
+
+        async def call(k: int) -> None:
+            await _call(pool, _lines(k, 20_000))
+            done.append(k)
+
+        try:
+            async with anyio.create_task_group() as calls:
+                for k in range(2 * DEPTH + 1):
+                    calls.start_soon(call, k)
+                # Each worker holds DEPTH batches at once; the one call more waits for room.
+                with anyio.fail_after(10):
+                    while sum(len(w.pending) for w in pool._workers) < 2 * DEPTH:
+                        await anyio.sleep(0.001)
+                await anyio.sleep(0.1)
+                assert [len(w.pending) for w in pool._workers] == [DEPTH, DEPTH]
+                assert DEPTH > 1  # the next batch waits in the pipe while one is encoded
+                for w in pool._workers:
+                    os.kill(w.process.pid, signal.SIGCONT)
+        finally:
+            for w in pool._workers:
+                os.kill(w.process.pid, signal.SIGCONT)
+        assert sorted(done) == list(range(2 * DEPTH + 1))
         tg.cancel_scope.cancel()
 
 
