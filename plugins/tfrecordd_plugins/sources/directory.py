@@ -331,8 +331,8 @@ class DirectorySource(Source):
         its newline arrives is skipped as it is read, its first bytes kept for the dead letter.
 
         The file is read into one buffer, the source's own, over and over: a new buffer per read
-        (a megabyte each, freed in another order than taken) fragments the allocator's heap, and
-        the daemon's memory would grow with its run. Only the batches are copied out of it.
+        is fresh memory the kernel faults in page by page (with 64 MiB reads, a tenth of the
+        daemon's CPU went to those faults). Only the batches are copied out of it.
 
         A buffer's last batch waits for the next read: when that read finds the end of the file,
         the batch carries the file's end, instead of a batch of its own after it (which would
