@@ -25,9 +25,10 @@ def _load_tf(want: bool) -> object | None:
         return None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
-        import tensorflow as tf
+        import tensorflow
     except ImportError:
         return None
+    tf: object = tensorflow
     return tf
 
 

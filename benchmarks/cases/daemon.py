@@ -42,6 +42,15 @@ class Run:
     rss_mib: float
     worker_rss_mib: float
     shards: int
+    daemon_cpu: float = 0.0
+    """CPU seconds the daemon's process (all its threads) spent between t0 and t1."""
+    workers_cpu: float = 0.0
+    """CPU seconds its encode workers spent between t0 and t1, summed."""
+
+    def cpu_ms_per_1000(self) -> tuple[float, float]:
+        """The daemon's and the workers' CPU milliseconds per 1000 events."""
+        k = 1e6 / self.events
+        return self.daemon_cpu * k, self.workers_cpu * k
 
 
 def _command() -> list[str]:
@@ -127,6 +136,23 @@ def _hwm_mib(pid: int) -> float:
     return 0.0
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid``, all its threads (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of the daemon ``pid`` and of its children (the encode workers), summed."""
+    return _cpu_seconds(pid), sum(_cpu_seconds(c) for c in _children(pid))
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -189,6 +215,7 @@ def run_daemon(
                 os.rename(staging / "warmup.jsonl", root / "spool" / "warmup.jsonl")
                 _wait(lambda: _published(root / "shards") >= 1, 120, "the warm-up shard", log)
                 done = 1
+            cpu0 = _cpu(proc.pid)
             t0 = time.perf_counter()
             for name in names:
                 os.rename(staging / name, root / "spool" / name)
@@ -207,6 +234,7 @@ def run_daemon(
                 log,
             )
             seconds = time.perf_counter() - t0
+            cpu1 = _cpu(proc.pid)
             rss = _hwm_mib(proc.pid)
             worker_rss = max((_hwm_mib(c) for c in _children(proc.pid)), default=0.0)
             shards = int(_metric(port, "tfrecordd_shards_published_total"))
@@ -220,7 +248,15 @@ def run_daemon(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return Run(total, seconds, rss, worker_rss, shards - done)
+    return Run(
+        total,
+        seconds,
+        rss,
+        worker_rss,
+        shards - done,
+        daemon_cpu=cpu1[0] - cpu0[0],
+        workers_cpu=cpu1[1] - cpu0[1],
+    )
 
 
 CEILING_BATCHES = 300
@@ -262,6 +298,35 @@ def _parallel_rate(seed: int, batches: int, processes: int) -> float:
     return float(total)
 
 
+def _cpu_rows(case: str, one: Run, two: Run) -> list[Row]:
+    """CPU per 1000 events in the two runs kept: the ratio of events per second can reach the
+    cores' count only as far as two workers spend no more CPU per event than one worker does,
+    and one worker's process keeps no more than one core busy."""
+    d1, _ = one.cpu_ms_per_1000()
+    d2, w2 = two.cpu_ms_per_1000()
+    busy1 = (one.daemon_cpu + one.workers_cpu) / one.seconds
+    busy2 = (two.daemon_cpu + two.workers_cpu) / two.seconds
+    return [
+        Row(
+            case,
+            "CPU per 1000 events, encode_workers=1",
+            "ms",
+            d1,
+            note=f"all in the daemon's process (encode thread included); {busy1:.2f} cores busy",
+        ),
+        Row(
+            case,
+            "CPU per 1000 events, encode_workers=2",
+            "ms",
+            d2 + w2,
+            d1,
+            "encode_workers=1",
+            (d2 + w2) / d1 if d1 else None,
+            note=f"the daemon's process {d2:.2f}, its workers {w2:.2f}; {busy2:.2f} cores busy",
+        ),
+    ]
+
+
 def run(ctx: Context) -> list[Row]:
     n = ctx.daemon_events
     small = max(n // 5, min(LINES_PER_FILE, n))
@@ -296,6 +361,7 @@ def run(ctx: Context) -> list[Row]:
             "the workers, writes and commits",
         ),
     ]
+    rows += _cpu_rows(case, one, two)
     batches = 20 if ctx.quick else CEILING_BATCHES
     one_loop = two_loops = 0.0
     for _ in range(1 if ctx.quick else 3):
