@@ -6,9 +6,10 @@ the output directory is polled until the last shard is published (t1; a shard ap
 final name only once complete and durable); the metrics endpoint then confirms the record count.
 The spool files' acknowledgements are not waited for: a file's end-of-file token can arrive in a
 batch of its own after the last full shard, and then waits ``max_shard_age`` to be committed.
-``max_shard_records`` divides the run into full shards,
-so no shard waits for ``max_shard_age``. Peak RSS is each process's ``VmHWM`` just before it is
-told to stop: the daemon's and, with ``encode_workers > 1``, its largest worker's.
+``max_shard_records`` divides the run into full shards, so no shard waits for
+``max_shard_age``. Peak RSS is each process's ``VmHWM`` once the last shard's manifest is
+published too, just before the daemon is told to stop: the daemon's and, with
+``encode_workers > 1``, its largest worker's.
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ def _published(shards: Path) -> int:
     if not shards.exists():
         return 0
     return sum(1 for p in os.listdir(shards) if p.endswith(".tfrecord.gz") and p[0] != ".")
+
+
+def _manifests(shards: Path) -> int:
+    """Shard manifests published so far (each is published after its shard)."""
+    return sum(1 for p in os.listdir(shards) if p.endswith(".manifest.json") and p[0] != ".")
 
 
 def _metric(port: int, name: str) -> float:
@@ -235,6 +241,9 @@ def run_daemon(
             )
             seconds = time.perf_counter() - t0
             cpu1 = _cpu(proc.pid)
+            # The peak is read once the last shard's manifest is out too: writing a manifest
+            # (each record's offset) is part of the daemon's work for a shard.
+            _wait(lambda: _manifests(root / "shards") >= expected, 120, "every manifest", log)
             rss = _hwm_mib(proc.pid)
             worker_rss = max((_hwm_mib(c) for c in _children(proc.pid)), default=0.0)
             shards = int(_metric(port, "tfrecordd_shards_published_total"))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import crc32c
@@ -33,7 +34,7 @@ def manifest_name(shard_name: str) -> str:
     return shard_name + SUFFIX
 
 
-def build(
+def parts(
     *,
     shard: str,
     compression: str,
@@ -41,13 +42,15 @@ def build(
     size: int,
     sha256: str,
     crc: int,
-    offsets: list[int],
+    offsets: Iterable[Sequence[int]],
     first_time: float | None,
     last_time: float | None,
     schemas: Mapping[str, str],
     positions: Mapping[str, Any],
-) -> bytes:
-    """The manifest document, as JSON bytes."""
+) -> Iterator[bytes]:
+    """The manifest document as JSON, in pieces: ``offsets`` come in chunks (each a sequence
+    of ints, such as an ``array``) and become the last member, ``record_offsets``, a chunk at
+    a time, so a shard of millions of records never has its manifest whole in memory."""
     doc = {
         "version": VERSION,
         "shard": shard,
@@ -56,12 +59,24 @@ def build(
         "size": size,
         "sha256": sha256,
         "crc32c": crc,
-        "record_offsets": offsets,
         "time_range": [first_time, last_time],
         "schemas": dict(schemas),
         "positions": dict(positions),
     }
-    return orjson.dumps(doc)
+    yield orjson.dumps(doc)[:-1] + b',"record_offsets":['
+    first = True
+    for chunk in offsets:
+        if not len(chunk):
+            continue
+        text = orjson.dumps(chunk.tolist() if isinstance(chunk, array) else list(chunk))
+        yield text[1:-1] if first else b"," + text[1:-1]
+        first = False
+    yield b"]}"
+
+
+def build(**fields: Any) -> bytes:
+    """The manifest document, as JSON bytes (the same arguments as :func:`parts`)."""
+    return b"".join(parts(**fields))
 
 
 def scan(path: str) -> dict[str, Any]:
@@ -74,7 +89,7 @@ def scan(path: str) -> dict[str, Any]:
             digest.update(chunk)
             crc = crc32c.crc32c(chunk, crc)
             size += len(chunk)
-    offsets = []
+    offsets: array[int] = array("Q")
     at = 0
     for record in iter_records(path):
         offsets.append(at)
@@ -96,10 +111,20 @@ def check(shard_path: str, manifest_path: str | None = None) -> list[str]:
     with open(manifest_path, "rb") as f:
         doc = orjson.loads(f.read())
     measured = scan(shard_path)
-    return [
+    problems = [
         f"{key}: manifest says {doc.get(key)!r}, the shard has {value!r}"
-        if key != "record_offsets"
-        else "record_offsets: the manifest's offsets differ from the shard's records"
         for key, value in measured.items()
-        if doc.get(key) != value
+        if key != "record_offsets" and doc.get(key) != value
     ]
+    if not _same_offsets(doc.get("record_offsets"), measured["record_offsets"]):
+        problems.append("record_offsets: the manifest's offsets differ from the shard's records")
+    return problems
+
+
+def _same_offsets(listed: Any, measured: array[int]) -> bool:
+    if not isinstance(listed, list) or len(listed) != len(measured):
+        return False
+    try:
+        return array("Q", listed) == measured
+    except (TypeError, OverflowError):  # not all non-negative ints
+        return False

@@ -33,7 +33,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -42,7 +42,7 @@ from tfrecordd import crashpoints
 from tfrecordd.errors import ConfigError, UploadError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.journal import Intent
-from tfrecordd.output import Output
+from tfrecordd.output import Output, stage
 from tfrecordd.shards import FinishedShard
 
 log = logging.getLogger(__name__)
@@ -230,18 +230,24 @@ class FsspecOutput(Output):
         log.info("resumed upload of %s", intent.shard)
         return True
 
-    def publish_sidecar(self, name: str, data: bytes) -> None:
-        """Write a small object in one request (whole or not at all), replacing an earlier
-        copy; retried like an upload, then its size checked."""
+    def publish_sidecar(self, name: str, parts: Iterable[bytes]) -> None:
+        """Stage the file locally, then upload it (an object appears whole or not at all),
+        replacing an earlier copy; retried like an upload, then its size checked."""
         key = self._key(name)
+        os.makedirs(self.staging_dir, exist_ok=True)
+        staged = stage(self.fs, self.staging_dir, name, parts, fsync=False)
+        size = os.path.getsize(staged)
 
         def attempt() -> None:
-            self.store.pipe_file(key, data)
+            self.store.put_file(staged, key)
             info = self._stat(key)
-            if info is None or info[0] != len(data):
+            if info is None or info[0] != size:
                 raise OSError(errno.EIO, f"{self.store.unstrip_protocol(key)} did not read back")
 
-        self._retrying(f"publishing {name}", attempt)
+        try:
+            self._retrying(f"publishing {name}", attempt)
+        finally:
+            self.fs.remove(staged)
 
     def sidecar_exists(self, name: str) -> bool:
         key = self._key(name)

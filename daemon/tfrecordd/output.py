@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from tfrecordd import crashpoints
@@ -42,9 +43,11 @@ class Output(abc.ABC):
         """Whether the intent's shard is published (recovery; blocking)."""
 
     @abc.abstractmethod
-    def publish_sidecar(self, name: str, data: bytes) -> None:
-        """Publish a small file (a shard's manifest) atomically and durably, replacing any
-        earlier copy (it is rewritten whole after a crash). Blocking."""
+    def publish_sidecar(self, name: str, parts: Iterable[bytes]) -> None:
+        """Publish a file beside the shards (a shard's manifest) atomically and durably,
+        replacing any earlier copy (it is rewritten whole after a crash). ``parts`` are its
+        bytes, read once, in order, and written as they come: the file is never whole in
+        memory. Blocking."""
 
     @abc.abstractmethod
     def sidecar_exists(self, name: str) -> bool:
@@ -85,17 +88,9 @@ class LocalOutput(Output):
     def is_published(self, intent: Intent) -> bool:
         return intent.shard is not None and os.path.exists(self.final_path(intent.shard))
 
-    def publish_sidecar(self, name: str, data: bytes) -> None:
-        tmp = os.path.join(self.staging_dir, inprogress_name(name))
-        self.fs.remove(tmp)
+    def publish_sidecar(self, name: str, parts: Iterable[bytes]) -> None:
         try:
-            f = self.fs.create_exclusive(tmp)
-            try:
-                self.fs.write(f, data)
-                if self.fsync:
-                    self.fs.fsync(f)
-            finally:
-                self.fs.close(f)
+            tmp = stage(self.fs, self.staging_dir, name, parts, fsync=self.fsync)
             self.fs.replace(tmp, self.final_path(name))
             if self.fsync:
                 self.fs.fsync_dir(self.staging_dir)
@@ -104,6 +99,27 @@ class LocalOutput(Output):
 
     def sidecar_exists(self, name: str) -> bool:
         return os.path.exists(self.final_path(name))
+
+
+def stage(fs: FileSystem, directory: str, name: str, parts: Iterable[bytes], *, fsync: bool) -> str:
+    """Write ``parts`` to the in-progress name of ``name`` in ``directory`` (replacing a copy
+    left by a crash), fsync it if asked, close it; return its path. The file is removed again
+    if writing it fails."""
+    tmp = os.path.join(directory, inprogress_name(name))
+    fs.remove(tmp)
+    f = fs.create_exclusive(tmp)
+    try:
+        try:
+            for part in parts:
+                fs.write(f, part)
+            if fsync:
+                fs.fsync(f)
+        finally:
+            fs.close(f)
+    except BaseException:
+        fs.remove(tmp)
+        raise
+    return tmp
 
 
 def is_url(location: str) -> bool:

@@ -472,7 +472,7 @@ class Daemon:
             size=m["size"],
             sha256=m["sha256"],
             crc=m["crc32c"],
-            offsets=m["record_offsets"],
+            offsets=[m["record_offsets"]],
             first_time=None,
             last_time=None,
         )
@@ -480,14 +480,14 @@ class Daemon:
     def _publish_manifest(
         self, shard: str, positions: dict[str, list[Token]], **facts: Any
     ) -> None:
-        data = manifest.build(
+        parts = manifest.parts(
             shard=shard,
             compression=self.config.output.compression,
             schemas=self._schemas,
             positions=positions,
             **facts,
         )
-        self.output.publish_sidecar(manifest.manifest_name(shard), data)
+        self.output.publish_sidecar(manifest.manifest_name(shard), parts)
 
     async def _recover(self) -> None:
         rec = await anyio.to_thread.run_sync(self.journal.recover)
@@ -796,6 +796,7 @@ class Daemon:
                     out.level,
                     out.max_shard_bytes,
                     self.fs,
+                    track_offsets=out.manifests,
                 )
                 self._unit.shard = shard
                 crashpoints.reached("after-create")
@@ -892,17 +893,21 @@ class Daemon:
             raise DurabilityError(f"journal: {e.strerror or e}") from e
         crashpoints.reached("after-intent")
         if finished is not None:
-            self.output.publish(finished)
-            if self.config.output.manifests:
-                self._publish_manifest(
-                    finished.name,
-                    unit.tokens,
-                    records=finished.records,
-                    size=finished.size,
-                    sha256=finished.sha256,
-                    crc=finished.crc32c,
-                    offsets=finished.offsets.tolist(),
-                    first_time=finished.first_time,
-                    last_time=finished.last_time,
-                )
+            try:
+                self.output.publish(finished)
+                if self.config.output.manifests:
+                    self._publish_manifest(
+                        finished.name,
+                        unit.tokens,
+                        records=finished.records,
+                        size=finished.size,
+                        sha256=finished.sha256,
+                        crc=finished.crc32c,
+                        offsets=finished.offsets.chunks(),
+                        first_time=finished.first_time,
+                        last_time=finished.last_time,
+                    )
+            finally:
+                # A manifest lost to a crash or an error here is rebuilt from the shard itself.
+                finished.offsets.remove()
         return intent, finished

@@ -12,6 +12,11 @@ and the batch) must fit in ``max_shard_bytes``; when the pessimistic estimate do
 compressor is synced so the estimate becomes exact, and only then does the shard rotate. A batch
 that arrives already compressed (a :class:`~tfrecordd.writer.Packed` unit) has an exact size.
 So a shard exceeds ``max_shard_bytes`` only when one batch alone is larger than the cap.
+
+Each record's offset (for the shard's manifest) is kept in memory only for the last
+:data:`OFFSETS_IN_MEMORY` records; the rest wait in ``.<name>.offsets.inprogress`` beside the
+shard, eight bytes a record, until the manifest is written from them. A shard of millions of
+records would otherwise hold its offsets (and its manifest's list of them) in memory whole.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import os
 import secrets
 import time
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -35,6 +41,9 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.writer import Packed, RecordWriter
 
 INPROGRESS_SUFFIX = ".inprogress"
+
+OFFSETS_IN_MEMORY = 1 << 16
+"""Record offsets a shard keeps in memory (512 KiB) before it appends them to its offsets file."""
 
 
 def inprogress_name(name: str) -> str:
@@ -53,7 +62,7 @@ class FinishedShard:
     raw_bytes: int
     sha256: str
     crc32c: int
-    offsets: array[int]
+    offsets: RecordOffsets
     """Offset of each record in the uncompressed record stream (the file itself for none)."""
     first_time: float
     last_time: float
@@ -107,8 +116,60 @@ class _Sink:
         self.size += len(data)
 
 
+class RecordOffsets:
+    """Where each record of a shard starts in its uncompressed record stream, in order: the
+    last :data:`OFFSETS_IN_MEMORY` in memory, the ones before in a file of their own (native
+    ``uint64``), created at ``path`` when first needed. Blocking."""
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        self._fs = fs
+        self.path = path
+        self._tail: array[int] = array("Q")
+        self._file: BinaryIO | None = None
+        self._spilled = 0
+
+    def __len__(self) -> int:
+        return self._spilled + len(self._tail)
+
+    def extend(self, lengths: array[int], start: int) -> None:
+        """Add the offsets of records of ``lengths`` (framed one after another from ``start``)."""
+        extend_record_starts(self._tail, lengths, start)
+        if len(self._tail) >= OFFSETS_IN_MEMORY:
+            if self._file is None:
+                self._file = self._fs.create_exclusive(self.path)
+            self._fs.write(self._file, self._tail.tobytes())
+            self._spilled += len(self._tail)
+            del self._tail[:]
+
+    def close(self) -> None:
+        """Close the file (no more offsets come); :meth:`chunks` can then read them."""
+        if self._file is not None:
+            f, self._file = self._file, None
+            self._fs.close(f)
+
+    def chunks(self) -> Iterator[array[int]]:
+        """All the offsets, in order, a bounded chunk at a time (after :meth:`close`)."""
+        if self._spilled:
+            with open(self.path, "rb") as f:
+                while data := f.read(OFFSETS_IN_MEMORY * 8):
+                    chunk: array[int] = array("Q")
+                    chunk.frombytes(data)
+                    yield chunk
+        if self._tail:
+            yield self._tail
+
+    def remove(self) -> None:
+        """Close and delete the file, if there is one (errors closing it ignored)."""
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+        self._fs.remove(self.path)
+
+
 class OpenShard:
-    """One shard being written. Blocking: call it from a worker thread."""
+    """One shard being written. Blocking: call it from a worker thread. ``track_offsets``:
+    keep each record's offset (for the manifest); without it :attr:`offsets` stays empty."""
 
     def __init__(
         self,
@@ -118,6 +179,8 @@ class OpenShard:
         level: int | None,
         max_bytes: int,
         fs: FileSystem,
+        *,
+        track_offsets: bool = True,
     ) -> None:
         self.directory = directory
         self.name = name
@@ -125,7 +188,9 @@ class OpenShard:
         self.max_bytes = max_bytes
         self.fs = fs
         self.tmp_path = os.path.join(directory, inprogress_name(name))
-        self.offsets: array[int] = array("Q")
+        spill = os.path.join(directory, inprogress_name(f"{name}.offsets"))
+        self.offsets = RecordOffsets(fs, spill)
+        self.track_offsets = track_offsets
         self.first_time = self.last_time = 0.0
         self._file: BinaryIO | None = fs.create_exclusive(self.tmp_path)
         self._out = _Sink(fs, self._file)
@@ -166,8 +231,9 @@ class OpenShard:
 
     def write(self, batch: list[bytes] | Packed) -> None:
         """Append a batch: records, or records :func:`~tfrecordd.writer.pack` made into a unit."""
-        lengths = batch.lengths if isinstance(batch, Packed) else array("Q", map(len, batch))
-        extend_record_starts(self.offsets, lengths, self._writer.raw_bytes)
+        if self.track_offsets:
+            lengths = batch.lengths if isinstance(batch, Packed) else array("Q", map(len, batch))
+            self.offsets.extend(lengths, self._writer.raw_bytes)
         self.last_time = time.time()
         if not self.first_time:
             self.first_time = self.last_time
@@ -191,6 +257,7 @@ class OpenShard:
         self._file = None
         try:
             self.fs.close(f)
+            self.offsets.close()
         except OSError as e:
             raise DurabilityError(f"{self.tmp_path}: close failed: {e.strerror or e}") from e
         return FinishedShard(
@@ -207,10 +274,11 @@ class OpenShard:
         )
 
     def discard(self) -> None:
-        """Close (errors ignored) and remove the in-progress file."""
+        """Close (errors ignored) and remove the in-progress file and its offsets' file."""
         if self._file is not None:
             self._close_quietly(self._file)
             self._file = None
+        self.offsets.remove()
         self.fs.remove(self.tmp_path)
 
     @staticmethod

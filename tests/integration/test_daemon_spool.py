@@ -23,6 +23,7 @@ from tests.support import (
     write_config,
 )
 from tfrecordd import manifest, runtime
+from tfrecordd import shards as shards_module
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
@@ -362,7 +363,13 @@ async def test_ignores_hidden_and_temporary_names(tmp_path: Path) -> None:
     assert {p.name for p in spool.iterdir()} >= {".hidden.jsonl", "partial.jsonl.tmp", "other.txt"}
 
 
-async def test_manifests_describe_their_shards(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_memory", [None, 7], ids=["offsets-in-memory", "offsets-spilled"])
+async def test_manifests_describe_their_shards(
+    tmp_path: Path, in_memory: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if in_memory is not None:
+        # Offsets past the limit wait in a file beside the shard until the manifest is written.
+        monkeypatch.setattr(shards_module, "OFFSETS_IN_MEMORY", in_memory)
     cfg = write_config(tmp_path, output={"max_shard_records": 100, "compression": "none"})
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(250)])
     t0 = time.time()
@@ -386,6 +393,7 @@ async def test_manifests_describe_their_shards(tmp_path: Path) -> None:
     manifests = list((tmp_path / "shards").glob("*.manifest.json"))
     assert len(manifests) == 3
     assert not set(manifests) & set((tmp_path / "shards").glob("*.tfrecord*"))
+    assert not [p.name for p in (tmp_path / "shards").iterdir() if p.name.startswith(".")]
 
 
 def ex_id(record: bytes) -> int:

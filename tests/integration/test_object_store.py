@@ -319,11 +319,12 @@ def test_sidecars_replace_earlier_copies(
 ) -> None:
     out = output(tmp_path, s3_server, s3_bucket)
     assert not out.sidecar_exists("part-l.manifest.json")
-    out.publish_sidecar("part-l.manifest.json", b'{"v": 1}')
-    out.publish_sidecar("part-l.manifest.json", b'{"v": 2}')
+    out.publish_sidecar("part-l.manifest.json", [b'{"v": 1}'])
+    out.publish_sidecar("part-l.manifest.json", [b'{"v":', b" 2}"])
     assert out.sidecar_exists("part-l.manifest.json")
     body = s3_server.client().get_object(Bucket=s3_bucket, Key="shards/part-l.manifest.json")
     assert body["Body"].read() == b'{"v": 2}'
+    assert os.listdir(out.staging_dir) == [], "the staged copy is removed after the upload"
 
 
 # -- configuration -----------------------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""Manifest documents written in pieces: the offsets a chunk at a time."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from tfrecordd import manifest
+
+
+def _fields(offsets: Iterable[Sequence[int]]) -> dict[str, Any]:
+    return {
+        "shard": "part-1.tfrecord.gz",
+        "compression": "gzip",
+        "records": 3,
+        "size": 100,
+        "sha256": "0" * 64,
+        "crc": 7,
+        "offsets": offsets,
+        "first_time": 1.5,
+        "last_time": 2.5,
+        "schemas": {"spool": "abc"},
+        "positions": {"spool": [{"f": "a.jsonl", "o": 10, "eof": True}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        ([], []),
+        ([array("Q")], []),
+        ([array("Q", [0, 17]), array("Q"), array("Q", [40]), [2**40]], [0, 17, 40, 2**40]),
+        ([array("Q", range(0, 50_000, 5)), array("Q", [50_000])], [*range(0, 50_000, 5), 50_000]),
+    ],
+)
+def test_pieces_make_one_document_with_every_offset_in_order(
+    chunks: list[Sequence[int]], expected: list[int]
+) -> None:
+    pieces = list(manifest.parts(**_fields(chunks)))
+    doc = orjson.loads(b"".join(pieces))
+    assert doc == {
+        "version": manifest.VERSION,
+        "shard": "part-1.tfrecord.gz",
+        "compression": "gzip",
+        "records": 3,
+        "size": 100,
+        "sha256": "0" * 64,
+        "crc32c": 7,
+        "time_range": [1.5, 2.5],
+        "schemas": {"spool": "abc"},
+        "positions": {"spool": [{"f": "a.jsonl", "o": 10, "eof": True}]},
+        "record_offsets": expected,
+    }
+    assert manifest.build(**_fields(chunks)) == b"".join(pieces)
+
+
+def test_offsets_are_read_as_the_pieces_are_taken() -> None:
+    """The offsets' chunks are pulled one at a time, as the file is written: none is read
+    ahead, so no more than one is formatted in memory at once."""
+    pulled: list[int] = []
+
+    def chunks() -> Iterable[array[int]]:
+        for i in range(3):
+            pulled.append(i)
+            yield array("Q", [i])
+
+    pieces = manifest.parts(**_fields(chunks()))
+    head = next(pieces)
+    assert pulled == []
+    first = next(pieces)
+    assert pulled == [0]
+    rest = list(pieces)
+    assert pulled == [0, 1, 2]
+    assert orjson.loads(b"".join([head, first, *rest]))["record_offsets"] == [0, 1, 2]
