@@ -27,6 +27,7 @@ from tests.support import (
 from tfrecordd import manifest
 from tfrecordd.crashpoints import POINTS
 from tfrecordd.reader import iter_records
+from tfrecordd.shards import OFFSETS_IN_MEMORY
 from tfrecordd_plugins.sources.directory import CLAIM_DIR
 
 
@@ -173,6 +174,30 @@ def test_crash_point_then_restart_is_exactly_once(tmp_path: Path, point: str, nt
     assert_exactly_once(tmp_path, expected)
     letters = [d["where"] for d in dead_letters(tmp_path / "state")]
     assert len(set(letters)) == len(expected) // 30
+
+
+@pytest.mark.parametrize("point", ["mid-write", "after-intent", "after-publish"])
+def test_a_crash_with_offsets_spilled_to_disk_then_restart(tmp_path: Path, point: str) -> None:
+    """Shards past OFFSETS_IN_MEMORY records keep the older offsets in a file beside them: a
+    crash leaves that file behind, the restart discards it, and every manifest is whole."""
+    cfg = write_config(
+        tmp_path,
+        output={"max_shard_records": 80_000, "max_shard_age": "60s", "compression": "none"},
+        daemon={"max_batch_events": 500, "max_batch_bytes": "64MiB"},
+    )
+    expected = fill_spool(tmp_path, 16, 10_000)
+    # Batches of 500 events: the 140th write (70,000 records) comes after the first 65,536
+    # offsets went to disk, and before the first shard's cap.
+    assert OFFSETS_IN_MEMORY < 139 * 500
+    nth = 140 if point == "mid-write" else 1
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": f"{point}:{nth}"})
+    rc = d.wait(120)
+    assert rc == 137, f"crash point {point} not reached: exit {rc}\n{d.output()}"
+    left = [p.name for p in inprogress_files(tmp_path / "shards")]
+    assert any(n.endswith(".offsets.inprogress") for n in left), left
+    finish(tmp_path, cfg, timeout=120)
+    assert_exactly_once(tmp_path, expected)
+    assert len(shard_files(tmp_path / "shards")) == 2
 
 
 def test_kill_9_at_random_instants_is_exactly_once(tmp_path: Path) -> None:
