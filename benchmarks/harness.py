@@ -21,9 +21,9 @@ from typing import Any
 class Row:
     """One measured line of the report.
 
-    ``ours`` and ``baseline`` are in ``unit`` (higher is better, except for ``MiB`` rows);
-    ``ratio`` is ours / baseline (or, for memory rows, largest / smallest); ``target`` is the
-    ratio aimed at, ``met`` whether the measured ratio reaches it (``None``: no target).
+    ``ours`` and ``baseline`` are in ``unit`` (higher is better, except for ``MiB`` and ``ms``
+    rows); ``ratio`` is ours / baseline (or, for memory rows, largest / smallest); ``target`` is
+    the ratio aimed at, ``met`` whether the measured ratio reaches it (``None``: no target).
     """
 
     case: str

@@ -308,9 +308,10 @@ def _parallel_rate(seed: int, batches: int, processes: int) -> float:
 
 
 def _cpu_rows(case: str, one: Run, two: Run) -> list[Row]:
-    """CPU per 1000 events in the two runs kept: the ratio of events per second can reach the
-    cores' count only as far as two workers spend no more CPU per event than one worker does,
-    and one worker's process keeps no more than one core busy."""
+    """CPU per 1000 events in the two runs kept, and the cores each kept busy: the ratio of
+    events per second is (cores busy with two / with one) * (CPU per event with one / with
+    two). One worker's process keeps somewhat more than one core busy (its threads' I/O and
+    gzip release the interpreter lock), so two workers must spend no more CPU per event."""
     d1, _ = one.cpu_ms_per_1000()
     d2, w2 = two.cpu_ms_per_1000()
     busy1 = (one.daemon_cpu + one.workers_cpu) / one.seconds
