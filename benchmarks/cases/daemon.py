@@ -103,16 +103,12 @@ type = "example"
     return path
 
 
-def _published(shards: Path) -> int:
-    """Shards published so far: a shard appears under its final name only when complete."""
+def _published(shards: Path, suffix: str = ".tfrecord.gz") -> int:
+    """Shards (or, with ``suffix=".manifest.json"``, their manifests) published so far: each
+    appears under its final name only when complete."""
     if not shards.exists():
         return 0
-    return sum(1 for p in os.listdir(shards) if p.endswith(".tfrecord.gz") and p[0] != ".")
-
-
-def _manifests(shards: Path) -> int:
-    """Shard manifests published so far (each is published after its shard)."""
-    return sum(1 for p in os.listdir(shards) if p.endswith(".manifest.json") and p[0] != ".")
+    return sum(1 for p in os.listdir(shards) if p.endswith(suffix) and p[0] != ".")
 
 
 def _metric(port: int, name: str) -> float:
@@ -243,7 +239,12 @@ def run_daemon(
             cpu1 = _cpu(proc.pid)
             # The peak is read once the last shard's manifest is out too: writing a manifest
             # (each record's offset) is part of the daemon's work for a shard.
-            _wait(lambda: _manifests(root / "shards") >= expected, 120, "every manifest", log)
+            _wait(
+                lambda: _published(root / "shards", ".manifest.json") >= expected,
+                120,
+                "every manifest",
+                log,
+            )
             rss = _hwm_mib(proc.pid)
             worker_rss = max((_hwm_mib(c) for c in _children(proc.pid)), default=0.0)
             shards = int(_metric(port, "tfrecordd_shards_published_total"))

@@ -74,11 +74,6 @@ def parts(
     yield b"]}"
 
 
-def build(**fields: Any) -> bytes:
-    """The manifest document, as JSON bytes (the same arguments as :func:`parts`)."""
-    return b"".join(parts(**fields))
-
-
 def scan(path: str) -> dict[str, Any]:
     """Size, digests, record count and offsets measured from a shard file."""
     digest = hashlib.sha256()
