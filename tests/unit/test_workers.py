@@ -4,6 +4,7 @@ no worker left behind, and each worker fed ahead (it holds the next batch while 
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import pickle
 import random
@@ -19,13 +20,16 @@ from tfrecordd.plugin import Lines, RawEvent
 from tfrecordd.runtime import _encode_events, _Outcome, _ship
 from tfrecordd.workers import (
     DEPTH,
+    SLOT_BYTES,
     EncodeWorkers,
-    _message,
+    _frame,
+    _pickle,
     _pickled_error,
     _read,
     _receive_exactly,
     _send_all,
 )
+from tfrecordd.writer import Packed
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 pytestmark = pytest.mark.anyio
@@ -192,15 +196,68 @@ def test_lines_cross_to_a_worker_out_of_band_and_unchanged() -> None:
     lines = _lines(0, 50)
     for protocol in (4, 5):
         assert pickle.loads(pickle.dumps(lines, protocol)) == lines
-    parts = _message([("e", _ship([]), lines, Compression.NONE, None), ("e", None, None)])
+    body, buffers = _pickle([("e", _ship([]), lines, Compression.NONE, None), ("e", None, None)])
     # The lines' bytes are sent as the very object the batch holds, not copied into the pickle.
-    assert parts[2] is lines.data
-    assert len(parts[1]) < 500
+    assert buffers == [lines.data]
+    assert buffers[0] is lines.data
+    assert len(body) < 500
+    parts = _frame(body, buffers, -1)
     got = _read(io.BytesIO(b"".join(parts)))
     assert got is not None
-    body, buffers = got
-    assert pickle.loads(body, buffers=buffers)[0][2] == lines
+    assert pickle.loads(got[0], buffers=got[1])[0][2] == lines
     assert _read(io.BytesIO(b"".join(parts)[:-1])) is None
+
+
+def test_lines_in_a_shared_slot_are_read_from_it_not_from_the_pipe() -> None:
+    first, second = _lines(0, 20), _lines(100, 30)
+    body, buffers = _pickle([("e", None, first, None, None), ("e", None, second, None, None)])
+    area = mmap.mmap(-1, DEPTH * SLOT_BYTES)
+    at = SLOT_BYTES  # slot 1
+    for buffer in buffers:
+        area[at : at + len(buffer)] = buffer
+        at += len(buffer)
+    parts = _frame(body, buffers, 1)
+    # Only the header and the pickle cross the pipe.
+    assert len(parts) == 2
+    stream = io.BytesIO(b"".join(parts) + b"next")
+    got = _read(stream, area)
+    assert got is not None
+    decoded = pickle.loads(got[0], buffers=got[1])
+    assert [d[2] for d in decoded] == [first, second]
+    assert stream.read() == b"next"
+    with pytest.raises(WorkerError, match="shared memory"):
+        _read(io.BytesIO(b"".join(parts)))
+
+
+async def test_a_request_too_large_for_a_slot_crosses_the_pipe() -> None:
+    # Longer lines than a slot holds, in one request, beside small ones that use the slots.
+    big = Lines(
+        b"".join(b'{"id": %d, "pad": "%s"}\n' % (i, b"x" * 1000) for i in range(9000)),
+        "big.jsonl",
+        0,
+        1 << 20,
+    )
+    assert len(big.data) > SLOT_BYTES
+    async with anyio.create_task_group() as tg:
+        pool = EncodeWorkers(1, {"e": CONFIG})
+        await tg.start(pool.run)
+        # The worker has the daemon's shared area mapped.
+        (worker,) = pool._workers
+        with open(f"/proc/{worker.process.pid}/maps") as f:
+            assert "memfd:tfrecordd-requests" in f.read()
+        with anyio.fail_after(60):
+            small = [await _call(pool, _lines(i * 10, 10)) for i in range(3)]
+            outcome = await _call(pool, big)
+            after = await _call(pool, _lines(5, 1))
+        tg.cancel_scope.cancel()
+    assert [len(_ids(o)) for o in small] == [10, 10, 10]
+    # Packed (it is large), and the very bytes this process encodes from the same lines.
+    local = _encode_events(CONFIG.build(), [], big, Compression.NONE, None)
+    assert isinstance(outcome.records, Packed)
+    assert isinstance(local.records, Packed)
+    assert outcome.records.records == 9000
+    assert outcome.records.unit.data == local.records.unit.data
+    assert len(_ids(after)) == 1
 
 
 async def test_pipe_writes_resume_where_the_pipe_filled_and_reads_take_what_was_asked() -> None:
@@ -239,3 +296,21 @@ def test_an_error_that_does_not_pickle_arrives_as_text() -> None:
     answer = pickle.loads(_pickled_error(Unpicklable("bad value")))
     assert isinstance(answer, WorkerError)
     assert "Unpicklable: bad value" in str(answer)
+
+
+async def test_without_shared_memory_requests_cross_the_pipe(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As under a seccomp filter or a kernel that refuses memfds: a warning, and the same answers.
+    def refused(name: str, flags: int = 0) -> int:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    async with anyio.create_task_group() as tg:
+        pool = EncodeWorkers(2, {"e": CONFIG})
+        await tg.start(pool.run)
+        with anyio.fail_after(60):
+            outcomes = [await _call(pool, _lines(i * 7, 7)) for i in range(2 * DEPTH + 1)]
+        tg.cancel_scope.cancel()
+    assert [len(_ids(o)) for o in outcomes] == [7] * (2 * DEPTH + 1)
+    assert "no shared memory" in caplog.text
