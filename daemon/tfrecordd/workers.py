@@ -143,7 +143,7 @@ class EncodeWorkers:
         # stream reader would copy it through its buffer several times and pause reading twice.
         request_r, request_w = os.pipe()
         answer_r, answer_w = os.pipe()
-        area_fd, area = _shared_area()
+        area_fd, area = _shared_area()  # (None, None) if it fails: requests use the pipe
         command = [sys.executable, "-m", "tfrecordd.workers"]
         try:
             process = await anyio.open_process(
@@ -335,23 +335,20 @@ def _shared_area() -> tuple[int | None, mmap.mmap | None]:
     if not hasattr(os, "memfd_create"):
         return None, None
     fd = None
-    # Sealed against execution where the kernel knows how (6.3 and later; one set to refuse
-    # executable memfds refuses unsealed ones), else as older kernels make them.
-    for flags in (os.MFD_CLOEXEC | _MFD_NOEXEC_SEAL, os.MFD_CLOEXEC):
-        try:
-            fd = os.memfd_create("tfrecordd-requests", flags)
-            break
-        except OSError as e:
-            error = e
-    if fd is None:
-        log.warning("encode workers: no shared memory (%s); requests go through pipes", error)
-        return None, None
     try:
+        try:
+            # Sealed against execution where the kernel knows how (6.3 and later; a kernel set
+            # to refuse executable memfds refuses unsealed ones), else as older kernels make them.
+            fd = os.memfd_create("tfrecordd-requests", os.MFD_CLOEXEC | _MFD_NOEXEC_SEAL)
+        except OSError:
+            fd = os.memfd_create("tfrecordd-requests", os.MFD_CLOEXEC)
         os.ftruncate(fd, DEPTH * SLOT_BYTES)
         return fd, mmap.mmap(fd, DEPTH * SLOT_BYTES)
-    except BaseException:
-        os.close(fd)
-        raise
+    except OSError as e:
+        if fd is not None:
+            os.close(fd)
+        log.warning("encode workers: no shared memory (%s); requests go through pipes", e)
+        return None, None
 
 
 def _pickle(obj: Any) -> tuple[bytes, list[bytes]]:
