@@ -50,5 +50,5 @@ while [ "$(date +%s)" -lt "$end" ]; do
   produce "$n"
   n=$((n + 1))
   sleep 2
-  echo "$(date +%T)  files produced: $n  shards published: $(ls demo/shards/*.tfrecord.gz 2>/dev/null | wc -l)"
+  echo "$(date +%T)  files produced: $n  shards published: $(find demo/shards -name '*.tfrecord.gz' 2>/dev/null | wc -l)"
 done
