@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from tfrecordd import health, logs, speedups
+from tfrecordd import health, heap, logs, speedups
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError
 from tfrecordd.fsys import LOCAL
@@ -50,6 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tfrecordd: {e}", file=sys.stderr)
         return e.exit_code
     logs.setup(args.log_format or config.daemon.log_format)
+    heap.tune()
     daemon = Daemon(config)
     try:
         anyio.run(daemon.run)

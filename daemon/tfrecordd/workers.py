@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import anyio
 from anyio.abc import Process, TaskStatus
 
+from tfrecordd import heap
 from tfrecordd.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -416,6 +417,7 @@ def serve() -> None:
     """The worker's main loop (``python -m tfrecordd.workers``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    heap.tune()
     inp = os.fdopen(os.dup(0), "rb")
     out = os.fdopen(os.dup(1), "wb")
     # Whatever encoder code prints must not reach the protocol's stream.

@@ -243,8 +243,8 @@ async def test_a_request_too_large_for_a_slot_crosses_the_pipe() -> None:
         await tg.start(pool.run)
         # The worker has the daemon's shared area mapped.
         (worker,) = pool._workers
-        with open(f"/proc/{worker.process.pid}/maps") as f:
-            assert "memfd:tfrecordd-requests" in f.read()
+        maps = await anyio.Path(f"/proc/{worker.process.pid}/maps").read_text()
+        assert "memfd:tfrecordd-requests" in maps
         with anyio.fail_after(60):
             small = [await _call(pool, _lines(i * 10, 10)) for i in range(3)]
             outcome = await _call(pool, big)
