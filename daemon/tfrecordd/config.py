@@ -44,9 +44,10 @@ class DaemonSection(_Section):
     drain_timeout: Duration = 30.0
     """On SIGTERM, how long to drain the pipeline and publish open shards before exiting."""
     encode_workers: int = Field(default=1, ge=1, le=256)
-    """Encode in this many worker processes (``1``: in a thread of the daemon). Workers also
-    frame and compress each batch of 64 KiB or more, so both grow with cores; batches still
-    reach the shards in the order they were read."""
+    """Encode with this many encoders at once: a thread of the daemon and ``N - 1`` worker
+    processes (``1``: the thread alone); one per core is the rule. Encoders also frame and
+    compress each batch of 64 KiB or more, so both grow with cores; batches still reach the
+    shards in the order they were read."""
     queue_batches: int = Field(default=16, ge=1)
     """Capacity, in batches, of each stream between stages; a full stream pauses the sources."""
     max_batch_events: int = Field(default=1000, ge=1)

@@ -283,8 +283,8 @@ class Daemon:
         self.fsync = out.fsync
         self.namer = ShardNamer(out.prefix, config.daemon.node_id, out.compression)
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
-        built: dict[str, Encoder] = {n: e.build() for n, e in config.encoders.items()}
-        self.encoder_of: dict[str, Encoder] = {s.name: built[s.encoder] for s in config.sources}
+        self._encoders: dict[str, Encoder] = {n: e.build() for n, e in config.encoders.items()}
+        self.encoder_of = {s.name: self._encoders[s.encoder] for s in config.sources}
         self._encoder_name = {s.name: s.encoder for s in config.sources}
         self._schemas = {
             s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources
@@ -546,10 +546,13 @@ class Daemon:
                     for encoded in await anyio.to_thread.run_sync(self._encode_all, group):
                         await send.send(encoded)
                 return
-            # Several requests encode at once in worker processes; a slot per request, queued
-            # in arrival order, keeps their batches in order on the way out (offsets commit in
-            # order). Batches already waiting go to a worker together, up to GROUP_BATCHES.
-            pool = EncodeWorkers(workers, dict(self.config.encoders))
+            # Several requests encode at once, in this process's encode thread and in worker
+            # processes; a slot per request, queued in arrival order, keeps their batches in order
+            # on the way out (offsets commit in order). Batches already waiting go to an encoder
+            # together, up to GROUP_BATCHES.
+            pool = EncodeWorkers(
+                workers - 1, dict(self.config.encoders), local=self._encode_requests
+            )
             order_send, order_recv = anyio.create_memory_object_stream[_Slot](workers * DEPTH)
             out = self.config.output
 
@@ -599,6 +602,13 @@ class Daemon:
                             await order_send.send(slot)
                             tg.start_soon(encode, group, slot)
                 workers_tg.cancel_scope.cancel()
+
+    def _encode_requests(self, requests: list[tuple[Any, ...]]) -> list[_Outcome]:
+        """The daemon's own encoder among the workers: requests as they go to a worker."""
+        return [
+            _encode_events(self._encoders[name], _unship(shipment), lines, compression, level)
+            for name, shipment, lines, compression, level in requests
+        ]
 
     def _encode_all(self, batches: list[RawBatch]) -> list[EncodedBatch]:
         return [self._encode(batch) for batch in batches]

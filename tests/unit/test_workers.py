@@ -9,6 +9,7 @@ import os
 import pickle
 import random
 import signal
+import threading
 from typing import Any
 
 import anyio
@@ -314,3 +315,68 @@ async def test_without_shared_memory_requests_cross_the_pipe(
         tg.cancel_scope.cancel()
     assert [len(_ids(o)) for o in outcomes] == [7] * (2 * DEPTH + 1)
     assert "no shared memory" in caplog.text
+
+
+class _LocalEncoder:
+    """The daemon's own encoder as the runtime gives it to the pool, recording what it took and
+    holding each call until told (so that requests pile up while it is busy)."""
+
+    def __init__(self) -> None:
+        self.encoder = CONFIG.build()
+        self.took: list[int] = []
+        self.release = threading.Event()
+
+    def __call__(self, requests: list[tuple[Any, ...]]) -> list[_Outcome]:
+        self.release.wait(10)
+        self.took.extend(r[2].offset for r in requests)
+        return [_encode_events(self.encoder, [], r[2], r[3], r[4]) for r in requests]
+
+
+async def test_the_local_encoder_takes_requests_while_free_and_workers_the_rest() -> None:
+    local = _LocalEncoder()
+    pool = EncodeWorkers(1, {"e": CONFIG}, local=local)
+    results: dict[int, _Outcome] = {}
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+
+        async def one(k: int) -> None:
+            results[k] = await _call(pool, Lines(_lines(k * 10, 3).data, "f", k, 1 << 20))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as calls:
+                for k in range(12):
+                    calls.start_soon(one, k)
+                    await anyio.sleep(0.01)
+                # The first request went to the free local encoder, which is held: the worker
+                # process answers the others meanwhile.
+                while len(results) < 11:
+                    await anyio.sleep(0.01)
+                assert 0 not in results
+                local.release.set()
+        tg.cancel_scope.cancel()
+    encoder = CONFIG.build()
+    for k, outcome in results.items():
+        expected = _encode_events(encoder, [], _lines(k * 10, 3), Compression.NONE, None)
+        assert _ids(outcome) == expected.records
+    assert len(results) == 12
+    assert 0 in local.took
+    assert 0 < len(local.took) < 12  # both kinds of encoder did some
+
+
+async def test_local_encoder_alone_and_its_errors() -> None:
+    def failing(requests: list[tuple[Any, ...]]) -> list[_Outcome]:
+        raise ValueError("bad plan")
+
+    local = _LocalEncoder()
+    local.release.set()
+    async with anyio.create_task_group() as tg:
+        pool = EncodeWorkers(0, {"e": CONFIG}, local=local)
+        await tg.start(pool.run)
+        with anyio.fail_after(30):
+            outcomes = [await _call(pool, _lines(k, 2)) for k in range(3)]
+        assert [len(_ids(o)) for o in outcomes] == [2, 2, 2]
+        pool = EncodeWorkers(0, {"e": CONFIG}, local=failing)
+        await tg.start(pool.run)
+        with pytest.raises(ValueError, match="bad plan"):
+            await _call(pool, _lines(0, 1))
+        tg.cancel_scope.cancel()
