@@ -310,9 +310,9 @@ def _parallel_rate(seed: int, batches: int, processes: int) -> float:
 
 def _cpu_rows(case: str, one: Run, two: Run) -> list[Row]:
     """CPU per 1000 events in the two runs kept, and the cores each kept busy: the ratio of
-    events per second is (cores busy with two / with one) * (CPU per event with one / with
-    two). One worker's process keeps somewhat more than one core busy (its threads' I/O and
-    gzip release the interpreter lock), so two workers must spend no more CPU per event."""
+    events per second is (cores busy with two encoders / with one) * (CPU per event with one /
+    with two). One encoder's process keeps somewhat more than one core busy (its threads' I/O
+    and gzip release the interpreter lock), so two encoders must spend no more CPU per event."""
     d1, _ = one.cpu_ms_per_1000()
     d2, w2 = two.cpu_ms_per_1000()
     busy1 = (one.daemon_cpu + one.workers_cpu) / one.seconds
@@ -333,7 +333,8 @@ def _cpu_rows(case: str, one: Run, two: Run) -> list[Row]:
             d1,
             "encode_workers=1",
             (d2 + w2) / d1 if d1 else None,
-            note=f"the daemon's process {d2:.2f}, its workers {w2:.2f}; {busy2:.2f} cores busy",
+            note=f"the daemon's process (one encoder) {d2:.2f}, its worker process {w2:.2f}; "
+            f"{busy2:.2f} cores busy",
         ),
     ]
 
@@ -368,8 +369,8 @@ def run(ctx: Context) -> list[Row]:
             one.events / one.seconds,
             "encode_workers=1",
             WORKERS_TARGET,
-            f"{os.cpu_count()} cores; the daemon's own process reads, moves batches to and from "
-            "the workers, writes and commits",
+            f"{os.cpu_count()} cores; the daemon's own process reads, encodes in its thread, moves "
+            "batches to and from its worker process, writes and commits",
         ),
     ]
     rows += _cpu_rows(case, one, two)
@@ -387,8 +388,8 @@ def run(ctx: Context) -> list[Row]:
             one_loop,
             "one process",
             None,
-            "a worker's work with no daemon around it (split, encode, gzip): what the machine's "
-            "cores give two workers at best",
+            "an encoder's work with no daemon around it (split, encode, gzip): what the "
+            "machine's cores give two encoders at best",
         )
     )
     big = run_daemon(ctx, n, 1, n, warmup=False)
@@ -416,10 +417,10 @@ def run(ctx: Context) -> list[Row]:
     rows.append(
         Row(
             case,
-            "peak RSS, workers=2: daemon / largest worker",
+            "peak RSS, workers=2: daemon / its worker process",
             "MiB",
             two.rss_mib,
-            note=f"largest worker {two.worker_rss_mib:.0f} MiB",
+            note=f"worker process {two.worker_rss_mib:.0f} MiB",
         )
     )
     return rows
