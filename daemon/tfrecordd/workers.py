@@ -129,6 +129,8 @@ class EncodeWorkers:
         *,
         local: Callable[[list[tuple[Any, ...]]], list[Any]] | None = None,
     ) -> None:
+        if count < 1 and local is None:
+            raise ValueError("encode workers: no worker process and no local encoder")
         self.count = count
         self._encoders = encoders
         self._workers: list[_Worker] = []
@@ -245,8 +247,8 @@ class EncodeWorkers:
 
     async def call(self, *args: Any) -> Any:
         """Encode a batch, ``args = (encoder name, shipment, lines, compression, level)`` (see
-        ``tfrecordd.runtime._encode_events``), in the worker with the fewest requests, waiting
-        while every worker holds :data:`DEPTH`."""
+        ``tfrecordd.runtime._encode_events``): in the local thread if it is free, else in the
+        worker with the fewest requests, waiting while every worker holds :data:`DEPTH`."""
         (result,) = await self.call_many([args])
         return result
 

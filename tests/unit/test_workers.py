@@ -380,3 +380,5 @@ async def test_local_encoder_alone_and_its_errors() -> None:
         with pytest.raises(ValueError, match="bad plan"):
             await _call(pool, _lines(0, 1))
         tg.cancel_scope.cancel()
+    with pytest.raises(ValueError, match="no worker process and no local encoder"):
+        EncodeWorkers(0, {"e": CONFIG})
