@@ -13,14 +13,19 @@ import hashlib
 import os
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import crc32c
 import orjson
 
 from tfrecordd.compression import SUFFIXES
-from tfrecordd.framing import OVERHEAD
+from tfrecordd.framing import OVERHEAD, extend_record_starts
 from tfrecordd.reader import iter_records
+
+if TYPE_CHECKING:
+    from tfrecordd.shards import RecordOffsets
+
+_LENGTHS_AT_ONCE = 1 << 16
 
 VERSION = 1
 SUFFIX = ".manifest.json"
@@ -74,8 +79,10 @@ def parts(
     yield b"]}"
 
 
-def scan(path: str) -> dict[str, Any]:
-    """Size, digests, record count and offsets measured from a shard file."""
+def scan(path: str, offsets: RecordOffsets | None = None) -> dict[str, Any]:
+    """Size, digests, record count and offsets measured from a shard file. The offsets go to
+    ``offsets`` when given (which keeps only a bounded part of them in memory; the result then
+    has no ``record_offsets``), else into the result's ``record_offsets`` (an ``array``)."""
     digest = hashlib.sha256()
     crc = 0
     size = 0
@@ -84,18 +91,34 @@ def scan(path: str) -> dict[str, Any]:
             digest.update(chunk)
             crc = crc32c.crc32c(chunk, crc)
             size += len(chunk)
-    offsets: array[int] = array("Q")
-    at = 0
+    kept: array[int] = array("Q")
+    lengths: array[int] = array("Q")
+    at = records = 0
+
+    def flush() -> None:
+        nonlocal at
+        if offsets is not None:
+            offsets.extend(lengths, at)
+        else:
+            extend_record_starts(kept, lengths, at)
+        at += sum(lengths) + OVERHEAD * len(lengths)
+        del lengths[:]
+
     for record in iter_records(path):
-        offsets.append(at)
-        at += len(record) + OVERHEAD
-    return {
+        lengths.append(len(record))
+        records += 1
+        if len(lengths) >= _LENGTHS_AT_ONCE:
+            flush()
+    flush()
+    measured: dict[str, Any] = {
         "size": size,
         "sha256": digest.hexdigest(),
         "crc32c": crc,
-        "records": len(offsets),
-        "record_offsets": offsets,
+        "records": records,
     }
+    if offsets is None:
+        measured["record_offsets"] = kept
+    return measured
 
 
 def check(shard_path: str, manifest_path: str | None = None) -> list[str]:

@@ -52,7 +52,13 @@ from tfrecordd.plugin import (
     SourceContext,
     Token,
 )
-from tfrecordd.shards import FinishedShard, OpenShard, ShardNamer, inprogress_name
+from tfrecordd.shards import (
+    FinishedShard,
+    OpenShard,
+    RecordOffsets,
+    ShardNamer,
+    inprogress_name,
+)
 from tfrecordd.workers import DEPTH, EncodeWorkers
 from tfrecordd.writer import Packed, pack
 
@@ -464,18 +470,26 @@ class Daemon:
         if not isinstance(self.output, LocalOutput):
             log.warning("%s: manifest missing after a crash; not rebuilt remotely", intent.shard)
             return
-        m = manifest.scan(self.output.final_path(intent.shard))
-        self._publish_manifest(
-            intent.shard,
-            intent.positions,
-            records=m["records"],
-            size=m["size"],
-            sha256=m["sha256"],
-            crc=m["crc32c"],
-            offsets=[m["record_offsets"]],
-            first_time=None,
-            last_time=None,
-        )
+        # The offsets wait in a file as a shard's being written do: memory stays bounded
+        # whatever the shard's record count.
+        spill = os.path.join(self.out_dir, inprogress_name(f"{intent.shard}.offsets"))
+        offsets = RecordOffsets(self.fs, spill)
+        try:
+            m = manifest.scan(self.output.final_path(intent.shard), offsets)
+            offsets.close()
+            self._publish_manifest(
+                intent.shard,
+                intent.positions,
+                records=m["records"],
+                size=m["size"],
+                sha256=m["sha256"],
+                crc=m["crc32c"],
+                offsets=offsets.chunks(),
+                first_time=None,
+                last_time=None,
+            )
+        finally:
+            offsets.remove()
 
     def _publish_manifest(
         self, shard: str, positions: dict[str, list[Token]], **facts: Any

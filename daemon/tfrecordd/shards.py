@@ -15,7 +15,8 @@ So a shard exceeds ``max_shard_bytes`` only when one batch alone is larger than 
 
 Each record's offset (for the shard's manifest) is kept in memory only for the last
 :data:`OFFSETS_IN_MEMORY` records; the rest wait in ``.<name>.offsets.inprogress`` beside the
-shard, eight bytes a record, until the manifest is written from them. A shard of millions of
+shard, eight bytes a record, until the manifest is written from them (a manifest rebuilt at
+recovery from a published shard gathers its offsets the same way). A shard of millions of
 records would otherwise hold its offsets (and its manifest's list of them) in memory whole.
 """
 
@@ -116,6 +117,11 @@ class _Sink:
         self.size += len(data)
 
 
+def _close_quietly(f: BinaryIO) -> None:
+    with contextlib.suppress(OSError):
+        f.close()
+
+
 class RecordOffsets:
     """Where each record of a shard starts in its uncompressed record stream, in order: the
     last :data:`OFFSETS_IN_MEMORY` in memory, the ones before in a file of their own (native
@@ -136,6 +142,8 @@ class RecordOffsets:
         extend_record_starts(self._tail, lengths, start)
         if len(self._tail) >= OFFSETS_IN_MEMORY:
             if self._file is None:
+                # A copy left by a crash (a manifest rebuilt at recovery reuses the name) goes.
+                self._fs.remove(self.path)
                 self._file = self._fs.create_exclusive(self.path)
             self._fs.write(self._file, self._tail.tobytes())
             self._spilled += len(self._tail)
@@ -161,8 +169,7 @@ class RecordOffsets:
     def remove(self) -> None:
         """Close and delete the file, if there is one (errors closing it ignored)."""
         if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.close()
+            _close_quietly(self._file)
             self._file = None
         self._fs.remove(self.path)
 
@@ -252,7 +259,7 @@ class OpenShard:
                 self.fs.fsync(f)
         except OSError as e:
             self._file = None
-            self._close_quietly(f)
+            _close_quietly(f)
             raise DurabilityError(f"{self.tmp_path}: {e.strerror or e}") from e
         self._file = None
         try:
@@ -276,12 +283,7 @@ class OpenShard:
     def discard(self) -> None:
         """Close (errors ignored) and remove the in-progress file and its offsets' file."""
         if self._file is not None:
-            self._close_quietly(self._file)
+            _close_quietly(self._file)
             self._file = None
         self.offsets.remove()
         self.fs.remove(self.tmp_path)
-
-    @staticmethod
-    def _close_quietly(f: BinaryIO) -> None:
-        with contextlib.suppress(OSError):
-            f.close()

@@ -402,17 +402,25 @@ def ex_id(record: bytes) -> int:
     return int(parse_example(record)["id"][0])
 
 
-async def test_encode_workers_keep_order_and_exactly_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _requests_counted(monkeypatch: pytest.MonkeyPatch, method: str) -> list[int]:
+    """The size of each request list passed to ``EncodeWorkers.<method>``, as calls come."""
     sizes: list[int] = []
-    call_many = EncodeWorkers.call_many
+    original = getattr(EncodeWorkers, method)
 
     async def counted(pool: EncodeWorkers, requests: list[tuple[Any, ...]]) -> list[Any]:
         sizes.append(len(requests))
-        return await call_many(pool, requests)
+        result: list[Any] = await original(pool, requests)
+        return result
 
-    monkeypatch.setattr(EncodeWorkers, "call_many", counted)
+    monkeypatch.setattr(EncodeWorkers, method, counted)
+    return sizes
+
+
+async def test_encode_workers_keep_order_and_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = _requests_counted(monkeypatch, "call_many")
+    local = _requests_counted(monkeypatch, "_call_local")
     cfg = write_config(
         tmp_path,
         daemon={"encode_workers": 2, "max_batch_events": 25},
@@ -430,6 +438,8 @@ async def test_encode_workers_keep_order_and_exactly_once(
     # 2000 and 101 lines in batches of 25: 80 + 5 requests, those waiting sent together.
     assert sum(sizes) == 80 + 5
     assert max(sizes) == GROUP_BATCHES
+    # Both encoders took requests: the daemon's thread and the worker process.
+    assert 0 < len(local) < len(sizes)
 
 
 async def test_the_encode_thread_takes_waiting_batches_together(

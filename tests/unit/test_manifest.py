@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from tfrecordd import manifest
+from tfrecordd import manifest, shards
+from tfrecordd.compression import Compression
+from tfrecordd.fsys import LOCAL
+from tfrecordd.writer import RecordWriter
 
 
 def _fields(offsets: Iterable[Sequence[int]]) -> dict[str, Any]:
@@ -75,3 +79,32 @@ def test_offsets_are_read_as_the_pieces_are_taken() -> None:
     rest = list(pieces)
     assert pulled == [0, 1, 2]
     assert orjson.loads(b"".join([head, first, *rest]))["record_offsets"] == [0, 1, 2]
+
+
+def test_a_scan_into_record_offsets_keeps_a_bounded_part_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a manifest rebuilt at recovery is: the offsets past OFFSETS_IN_MEMORY wait in a file
+    # (a stale copy of which, left by a crash, is replaced), and come out as the plain scan's.
+    monkeypatch.setattr(shards, "OFFSETS_IN_MEMORY", 100)
+    monkeypatch.setattr(manifest, "_LENGTHS_AT_ONCE", 64)
+    path = tmp_path / "a.tfrecord.gz"
+    with path.open("wb") as f:
+        writer = RecordWriter(f.write, Compression.GZIP)
+        writer.write_many([b"x" * (i % 37) for i in range(1_000)])
+        writer.finish()
+    plain = manifest.scan(str(path))
+    spill = tmp_path / ".a.tfrecord.gz.offsets.inprogress"
+    spill.write_bytes(b"left by a crash")
+    offsets = shards.RecordOffsets(LOCAL, str(spill))
+    measured = manifest.scan(str(path), offsets)
+    offsets.close()
+    assert "record_offsets" not in measured
+    assert measured == {k: v for k, v in plain.items() if k != "record_offsets"}
+    assert measured["records"] == 1_000
+    assert len(offsets._tail) < 100
+    assert spill.stat().st_size == 8 * (1_000 - len(offsets._tail))
+    chunks = list(offsets.chunks())
+    assert array("Q", [o for c in chunks for o in c]) == plain["record_offsets"]
+    offsets.remove()
+    assert not spill.exists()
