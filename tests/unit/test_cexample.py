@@ -557,8 +557,9 @@ def test_valid_events_of_random_schemas_take_the_fast_path(case: Case) -> None:
     out = check(case.schema, case.clean)
     for payload, got in zip(case.clean, out, strict=True):
         if got is None and python_path(case.schema, payload) is not None:
-            # The compiled path may decline only what it documents as declined.
-            event = orjson.loads(payload)
+            # The compiled path may decline only what it documents as declined. The event is
+            # read as written: orjson would turn an integer beyond 64 bits into a float.
+            event = json.loads(payload)
             assert any(_declined(case.kinds.get(k), v) for k, v in event.items()), payload
 
 
