@@ -40,7 +40,8 @@ class DaemonSection(_Section):
     """This daemon's id in shard names and claims; unique among daemons sharing an output.
     Default: the host name."""
     state_dir: Path = Path("/var/lib/tfrecordd")
-    """Where the journal, the checkpoint, source state and the dead letters live."""
+    """Where the journal, the checkpoint, source state and the dead letters live. One daemon
+    per ``state_dir``: a second one started on it exits with status 75."""
     drain_timeout: Duration = 30.0
     """On SIGTERM, how long to drain the pipeline and publish open shards before exiting."""
     encode_workers: int = Field(default=1, ge=1, le=256)

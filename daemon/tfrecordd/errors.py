@@ -9,6 +9,8 @@ EXIT_DATA = 65
 """A file is not sound: truncated, corrupted or not TFRecord (sysexits' EX_DATAERR)."""
 EXIT_IO = 74
 """An I/O error that is not about the data itself (sysexits' EX_IOERR)."""
+EXIT_IN_USE = 75
+"""Another tfrecordd holds the ``state_dir`` (sysexits' EX_TEMPFAIL: trying later may work)."""
 EXIT_CONFIG = 78
 """The configuration is invalid (sysexits' EX_CONFIG); systemd is told not to restart on it."""
 
@@ -85,6 +87,12 @@ class DurabilityError(TfrecorddError):
     """An fsync, write or close failed: the file is discarded and the daemon must stop."""
 
     exit_code = EXIT_IO
+
+
+class StateInUseError(TfrecorddError):
+    """Another process holds the lock on ``state_dir``: one daemon per ``state_dir``."""
+
+    exit_code = EXIT_IN_USE
 
 
 class WorkerError(TfrecorddError):

@@ -31,7 +31,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from tfrecordd import crashpoints, manifest
+from tfrecordd import crashpoints, manifest, statelock
 from tfrecordd.compression import Compression, Compressor
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
@@ -346,8 +346,17 @@ class Daemon:
         self._pipeline_scope = anyio.CancelScope()
         if self._stopping:
             self._sources_scope.cancel()
-        os.makedirs(self.out_dir, exist_ok=True)
         os.makedirs(self.state_dir, exist_ok=True)
+        lock = statelock.acquire(self.state_dir)
+        try:
+            await self._run_locked(self._pipeline_scope, task_status)
+        finally:
+            os.close(lock)
+
+    async def _run_locked(
+        self, pipeline_scope: anyio.CancelScope, task_status: TaskStatus[None]
+    ) -> None:
+        os.makedirs(self.out_dir, exist_ok=True)
         raw_send, raw_recv = anyio.create_memory_object_stream[RawBatch](
             self.config.daemon.queue_batches
         )
@@ -377,15 +386,13 @@ class Daemon:
                 )
                 task_status.started()
                 if self._stopping:
-                    self._pipeline_scope.deadline = (
-                        time.monotonic() + self.config.daemon.drain_timeout
-                    )
-                with self._pipeline_scope:
+                    pipeline_scope.deadline = time.monotonic() + self.config.daemon.drain_timeout
+                with pipeline_scope:
                     async with anyio.create_task_group() as pipeline:
                         pipeline.start_soon(self._run_sources, raw_send)
                         pipeline.start_soon(self._encode_stage, raw_recv, enc_send)
                         pipeline.start_soon(self._write_stage, enc_recv)
-                if self._pipeline_scope.cancelled_caught:
+                if pipeline_scope.cancelled_caught:
                     log.error("drain did not finish within drain_timeout; open work will replay")
                 services.cancel_scope.cancel()
         finally:

@@ -1,0 +1,131 @@
+"""A second daemon on the same ``state_dir`` (an operator's slip) is refused, never run beside
+the first: one journal, one set of in-progress shards, one owner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.support import (
+    DaemonProcess,
+    movie_event,
+    read_ids,
+    spool_file,
+    wait_for,
+    write_config,
+)
+from tfrecordd import statelock
+from tfrecordd.config import load_config
+from tfrecordd.errors import EXIT_IN_USE, StateInUseError
+from tfrecordd.runtime import Daemon
+from tfrecordd_plugins.sources.directory import CLAIM_DIR
+
+
+def _spool_drained(root: Path) -> bool:
+    spool = root / "spool"
+    left = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
+    return not left
+
+
+def _run_second(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tfrecordd", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_second_daemon_on_a_running_state_dir_exits_and_the_first_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    # A long age and a big cap: the first daemon holds its records in an open shard while the
+    # second one tries to start (before the lock, the second discarded that shard at recovery).
+    config = write_config(tmp_path, output={"max_shard_age": "10m"})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(500)])
+    first = DaemonProcess(config)
+    try:
+        first.wait_started()
+        wait_for(lambda: _spool_drained(tmp_path))
+        second = _run_second(config)
+        assert second.returncode == EXIT_IN_USE, second.stdout + second.stderr
+        said = second.stdout + second.stderr
+        assert "in use by another tfrecordd" in said
+        assert f"pid {first.proc.pid}" in said
+        assert first.proc.poll() is None, first.output()
+        spool_file(tmp_path / "spool", "b.jsonl", [movie_event(i) for i in range(500, 1000)])
+        wait_for(lambda: _spool_drained(tmp_path))
+        assert first.stop() == 0, first.output()
+    finally:
+        first.kill()
+    ids = read_ids(tmp_path / "shards")
+    assert set(ids) == set(range(1000))
+    assert set(ids.values()) == {1}
+    claims = tmp_path / "spool" / CLAIM_DIR
+    assert not claims.exists() or not any(p.is_file() for p in claims.rglob("*"))
+
+
+def test_a_killed_daemon_leaves_no_stale_lock(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    first = DaemonProcess(config)
+    try:
+        first.wait_started()
+    finally:
+        first.kill()  # SIGKILL: no cleanup runs; the kernel drops the lock with the process
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(100)])
+    second = DaemonProcess(config)
+    try:
+        second.wait_started()
+        wait_for(lambda: _spool_drained(tmp_path))
+        assert second.stop() == 0, second.output()
+    finally:
+        second.kill()
+    assert set(read_ids(tmp_path / "shards")) == set(range(100))
+
+
+@pytest.mark.anyio
+async def test_two_daemons_in_one_process_share_no_state_dir(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path))
+    first = Daemon(config, handle_signals=False)
+    second = Daemon(config, handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(first.run)
+        with (
+            anyio.fail_after(30),
+            pytest.raises(StateInUseError, match="in use by another tfrecordd"),
+        ):
+            await second.run()
+        first.request_stop()
+    # Released when the first stopped: a third starts.
+    third = Daemon(config, handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(third.run)
+        third.request_stop()
+
+
+def test_a_symlink_planted_as_the_lock_file_is_not_followed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (state / statelock.LOCK).symlink_to(victim)
+    with pytest.raises(statelock.StateLockError, match="cannot open the lock file"):
+        statelock.acquire(str(state))
+    assert victim.read_text() == "precious\n"
+
+
+def test_held_by_other_tells_a_live_holder_from_none(tmp_path: Path) -> None:
+    assert not statelock.held_by_other(str(tmp_path))
+    fd = statelock.acquire(str(tmp_path))
+    try:
+        # Another open file description, as another process would have.
+        assert statelock.held_by_other(str(tmp_path))
+        assert (tmp_path / statelock.LOCK).read_text().strip() == str(os.getpid())
+    finally:
+        os.close(fd)
+    assert not statelock.held_by_other(str(tmp_path))
