@@ -25,6 +25,7 @@ from pydantic import (
 
 from tfrecordd.compression import Compression
 from tfrecordd.errors import ConfigError
+from tfrecordd.pathcheck import check_paths
 from tfrecordd.plugin import EncoderConfig, Registry, SourceConfig
 from tfrecordd.units import Duration, Size
 
@@ -86,7 +87,8 @@ class OutputSection(_Section):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """Passed as they are to the fsspec file system of a URL ``dir`` (endpoint, region...).
     Prefer credentials from the environment; values here are never logged, and
-    ``check-config`` prints them redacted."""
+    ``check-config`` prints each as ``***`` unless its key is known to be harmless
+    (``endpoint_url``, ``region_name``, ``anon``...)."""
     staging_dir: Path | None = None
     """For a URL ``dir``: the local directory where shards are written before upload.
     Default: ``staging/`` in ``state_dir``."""
@@ -252,7 +254,7 @@ def parse_config(
     if errors or shape is None:
         raise ConfigError(errors)
     try:
-        return DaemonConfig(
+        config = DaemonConfig(
             daemon=shape.daemon,
             metrics=shape.metrics,
             output=shape.output,
@@ -262,6 +264,9 @@ def parse_config(
         )
     except ValidationError as e:  # pragma: no cover - the parts were validated above
         raise ConfigError(_messages(e)) from e
+    if overlaps := check_paths(config):
+        raise ConfigError(overlaps)
+    return config
 
 
 def load_config(path: str | os.PathLike[str], registry: Registry | None = None) -> DaemonConfig:

@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from itertools import accumulate
-from typing import Any, ClassVar, SupportsIndex
+from pathlib import Path
+from typing import Any, ClassVar, Literal, SupportsIndex
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -232,6 +233,28 @@ class SourceConfig(BaseModel):
     def build(self) -> Source:
         """Create the source from this config."""
         raise NotImplementedError
+
+    def directories(self) -> list[DirectoryUse]:
+        """The local directories this source reads or writes, for the start-up check that no
+        two uses overlap in a way that loses or loops data (``tfrecordd.pathcheck``)."""
+        return []
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryUse:
+    """A local directory a source uses, and how."""
+
+    key: str
+    """The config key that names it (``path``, ``done_dir``), for error messages."""
+    path: Path
+    role: Literal["input", "output"]
+    """``input``: the source reads the files it finds there (and removes them);
+    ``output``: the source puts files there that it must never read again."""
+    recursive: bool = False
+    """For an input: whether sub-folders are read too."""
+    renamed_from: str | None = None
+    """For an output: the key of the input its files are renamed from (so both must be on one
+    file system)."""
 
 
 @dataclass(slots=True)

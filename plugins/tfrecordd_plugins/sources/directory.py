@@ -41,7 +41,16 @@ from pydantic import Field, field_validator
 from tfrecordd import crashpoints, speedups
 from tfrecordd.compression import Compression, open_decompressed
 from tfrecordd.errors import CompressionError
-from tfrecordd.plugin import Lines, RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
+from tfrecordd.plugin import (
+    DirectoryUse,
+    Lines,
+    RawBatch,
+    RawEvent,
+    Source,
+    SourceConfig,
+    SourceContext,
+    Token,
+)
 from tfrecordd.units import Duration, Size
 
 log = logging.getLogger(__name__)
@@ -102,6 +111,13 @@ class DirectorySourceConfig(SourceConfig):
 
     def build(self) -> DirectorySource:
         return DirectorySource(self)
+
+    def directories(self) -> list[DirectoryUse]:
+        uses = [DirectoryUse("path", self.path, "input", recursive=self.recursive)]
+        if self.on_done == "move":
+            done = self.done_dir or self.path / "done"
+            uses.append(DirectoryUse("done_dir", done, "output", renamed_from="path"))
+        return uses
 
 
 def _nofollow(path: str, flags: int) -> int:
