@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tfrecordd.redact import redact_text
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -27,7 +29,8 @@ class ConfigError(TfrecorddError):
     exit_code = EXIT_CONFIG
 
     def __init__(self, errors: list[str]) -> None:
-        self.errors = list(errors)
+        # Messages may quote config values (a URL with a password): redacted here, once for all.
+        self.errors = [redact_text(e) for e in errors]
         super().__init__("invalid configuration:\n" + "\n".join(f"  {e}" for e in self.errors))
 
 

@@ -33,16 +33,16 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import ConfigError, UploadError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.journal import Intent
 from tfrecordd.output import Output, stage
+from tfrecordd.redact import redact_options, redact_url
 from tfrecordd.shards import FinishedShard
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,6 @@ Verify = Literal["sha256", "size"]
 DEFAULT_RETRY_FOR = 300.0
 """Seconds of transient failures one upload rides out before :class:`UploadError`."""
 DEFAULT_VERIFY: Verify = "sha256"
-REDACTED = "***"
-SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth", "sas")
-"""A storage option whose name contains one of these (any case) is a secret."""
 
 _CHUNK = 8 << 20
 _BACKOFF_FIRST = 0.5
@@ -79,32 +76,6 @@ _CLIENT_LIBRARIES = frozenset(
 
 class _StagedCopyDamaged(Exception):
     """The staged file's bytes do not match the digest in its intent."""
-
-
-def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with the value of every secret-looking key (see :data:`SECRET_WORDS`)
-    replaced by ``"***"``, nested mappings and lists included."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return redact_options(value)
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-
-    return {
-        str(k): REDACTED if any(w in str(k).lower() for w in SECRET_WORDS) else clean(v)
-        for k, v in options.items()
-    }
-
-
-def redact_url(url: str) -> str:
-    """``url`` without a password in its user-info part (``scheme://user:***@host/…``)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
 
 
 def is_transient(error: BaseException) -> bool:

@@ -23,15 +23,10 @@ from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.errors import UploadError
 from tfrecordd.fsys import LOCAL
 from tfrecordd.journal import Intent
-from tfrecordd.objectstore import (
-    REDACTED,
-    FsspecOutput,
-    is_transient,
-    redact_options,
-    redact_url,
-)
+from tfrecordd.objectstore import FsspecOutput, is_transient
 from tfrecordd.output import make_output
 from tfrecordd.reader import iter_records
+from tfrecordd.redact import REDACTED, redact_options, redact_url
 from tfrecordd.runtime import Daemon
 from tfrecordd.shards import FinishedShard, OpenShard, inprogress_name
 from tfrecordd_plugins.sources.directory import CLAIM_DIR
