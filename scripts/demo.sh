@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
 # Install tfrecordd into .venv and run it on config/demo.toml: a producer drops JSON-lines files
 # into demo/spool, and you watch gzip TFRecord shards appear in demo/shards. Ctrl-C stops it
-# (SIGTERM: the daemon drains and publishes what is open). DEMO_SECONDS=N stops after N seconds.
+# (SIGTERM: the daemon drains and publishes what is open). DEMO_SECONDS=N stops after N seconds;
+# DEMO_SKIP_INSTALL=1 uses the .venv as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e .
+if [ -z "${DEMO_SKIP_INSTALL:-}" ]; then
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e .
+fi
 mkdir -p demo/spool demo/shards demo/state
 TFRECORDD=.venv/bin/tfrecordd
 
 "$TFRECORDD" check-config config/demo.toml
+# Job control gives the daemon a process group of its own, so a terminal's Ctrl-C (SIGINT to the
+# foreground group) reaches this script alone and stop() sends the daemon one SIGTERM. In the
+# script's group the daemon would get SIGINT and then SIGTERM: a second signal, which exits at
+# once instead of draining.
+set -m
 "$TFRECORDD" run --config config/demo.toml &
 daemon=$!
+set +m
 stop() {
   kill -TERM "$daemon" 2>/dev/null || true
-  wait "$daemon" || true
+  status=0
+  wait "$daemon" || status=$?
   echo
+  echo "tfrecordd exited with status $status"
   echo "== published shards =="
   "$TFRECORDD" verify demo/shards/*.tfrecord.gz || true
   echo "== two examples =="

@@ -15,6 +15,10 @@ values, bytes as UTF-8 text where valid and ``{"base64": ...}`` otherwise. ``--s
 ``DIR/<source name with the new suffix>``, published atomically; an existing output is never
 overwritten.
 
+Each command takes a shell glob of an output directory as it is: a manifest, a file still being
+written (``*.inprogress``) or a folder among the paths is skipped with a note on stderr saying
+why (a manifest is checked with its shard by ``verify``); no shard at all among them exits 66.
+
 ``verify`` and ``transcode`` report progress on stderr: a bar when stderr is a terminal, one line
 per finished file otherwise (see :mod:`tfrecordd.progress`).
 """
@@ -40,6 +44,7 @@ from tfrecordd.errors import (
     EXIT_OK,
     CompressionError,
     DecodeError,
+    InputError,
     OutputError,
     RecordError,
     TfrecorddError,
@@ -115,13 +120,52 @@ def _problem(e: TfrecorddError) -> dict[str, Any]:
     return {"kind": "input", "offset": None, "detail": str(e), "message": str(e)}
 
 
+def not_a_shard(path: str, given: set[str]) -> str | None:
+    """Why ``path`` (one of the paths ``given`` on the command line) is no shard to read, or
+    ``None``: what a glob such as ``shards/*`` also picks up beside the shards."""
+    name = os.path.basename(path.rstrip("/"))
+    if name.endswith(manifest.SUFFIX):
+        shard = next(
+            (g for g in given if _manifest_path(g) == path and g != path),
+            None,
+        )
+        return (
+            f"a manifest, checked with its shard {shard}"
+            if shard
+            else "a manifest, not a shard: give its shard to check both"
+        )
+    if name.endswith(".inprogress"):
+        return "a file still being written (not published)"
+    if "://" not in path and os.path.isdir(path):
+        return "a directory: give the files in it"
+    return None
+
+
+def _shards(paths: list[str]) -> tuple[list[str], list[dict[str, str]]]:
+    """``(shards, skipped)``: the paths to read, and the others with why, each noted on stderr."""
+    given = set(paths)
+    shards: list[str] = []
+    skipped: list[dict[str, str]] = []
+    for path in paths:
+        why = not_a_shard(path, given)
+        if why is None:
+            shards.append(path)
+        else:
+            skipped.append({"path": path, "reason": why})
+            print(f"tfrecordd: skipping {path}: {why}", file=sys.stderr)
+    if not shards:
+        raise InputError(" ".join(paths), "no shard among the paths given")
+    return shards, skipped
+
+
 def _verify(args: argparse.Namespace) -> int:
     out: TextIO = sys.stdout
     files: list[dict[str, Any]] = []
     codes: list[int] = []
+    paths, skipped = _shards(args.paths)
     # Without --json, verify prints a line per file itself: no second plain line for it.
-    with Progress("verify", len(args.paths), lines=args.json) as progress:
-        for path in args.paths:
+    with Progress("verify", len(paths), lines=args.json) as progress:
+        for path in paths:
             progress.start(path)
             count = 0
             entry: dict[str, Any] = {"path": path}
@@ -162,7 +206,13 @@ def _verify(args: argparse.Namespace) -> int:
     total = sum(f["records"] for f in files)
     bad = sum(not f["ok"] for f in files)
     if args.json:
-        doc = {"ok": not bad, "files": files, "total_records": total, "bad_files": bad}
+        doc = {
+            "ok": not bad,
+            "files": files,
+            "total_records": total,
+            "bad_files": bad,
+            "skipped": skipped,
+        }
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
@@ -207,7 +257,7 @@ def _cat(args: argparse.Namespace) -> int:
 
 def _cat_to(args: argparse.Namespace, out: TextIO) -> int:
     left: int | None = args.limit
-    for path in args.paths:
+    for path in _shards(args.paths)[0]:
         if left is not None and left <= 0:
             break
         for offset, record in _records(args, path):
@@ -283,8 +333,9 @@ def _transcode(args: argparse.Namespace) -> int:
         raise OutputError(args.out, "output directory does not exist")
     to = Compression(args.to)
     codes: list[int] = []
-    with Progress("transcode", len(args.sources)) as progress:
-        for src in args.sources:
+    sources = _shards(args.sources)[0]
+    with Progress("transcode", len(sources)) as progress:
+        for src in sources:
             dst = os.path.join(args.out, output_name(src, to))
             progress.start(src)
             try:
