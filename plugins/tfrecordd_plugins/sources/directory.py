@@ -52,6 +52,7 @@ from tfrecordd.plugin import (
     Token,
 )
 from tfrecordd.units import Duration, Size
+from tfrecordd_plugins.sources import csvrecords
 
 log = logging.getLogger(__name__)
 
@@ -432,7 +433,9 @@ class DirectorySource(Source):
         self, ctx: SourceContext, claim: str, rel: str, reader: _Reader, offset: int
     ) -> None:
         """Send the file's CSV records from ``offset`` in batches whose tokens sit on record
-        ends (the header row first, or read again when resuming past it)."""
+        ends (the header row first, or read again when resuming past it). A record longer than
+        ``max_line_bytes`` is dead-lettered whole (its first bytes kept) while the scanner reads
+        on through it, so the next record starts exactly where the long one ends."""
         cfg = self.config
         header = await self._csv_header(claim, rel) if offset > 0 else None
         max_line = cfg.max_line_bytes
@@ -443,7 +446,7 @@ class DirectorySource(Source):
         buf = b""  # unread bytes, starting at stream position `offset`
         head: bytes | None = None  # first bytes of an overlong record still being skipped
         head_at = 0
-        quotes = 0  # quote characters in the skipped part of an overlong CSV record
+        state = csvrecords.State.FIELD_START  # the scanner's, at buf[0]
         # The last full batch waits for the next one: if none comes, it carries the file's end
         # (as the JSON-lines reader's last batch does), not an empty batch of its own.
         held: RawBatch | None = None
@@ -452,10 +455,14 @@ class DirectorySource(Source):
                 while True:
                     chunk = await anext(chunks, b"")
                     buf += chunk
-                    records, nexts, consumed = _split(buf, not chunk, quotes)
-                    quotes = 0
+                    if offset == 0 and header is None:
+                        if len(buf) < len(csvrecords.BOM) and chunk:
+                            continue
+                        if buf.startswith(csvrecords.BOM):
+                            buf, offset = buf[len(csvrecords.BOM) :], len(csvrecords.BOM)
+                    found = csvrecords.split(buf, not chunk, state, ord(delimiter))
                     at = offset
-                    for record, nxt in zip(records, nexts, strict=True):
+                    for record, nxt in zip(found.records, found.ends, strict=True):
                         n = len(record)
                         if head is not None:
                             events.append(_too_long(rel, head_at, head, max_line))
@@ -465,9 +472,11 @@ class DirectorySource(Source):
                         elif not n or record.isspace():
                             pass
                         elif header is None:
-                            header = _csv_row(record, delimiter)
+                            header = csvrecords.row(record, delimiter)
                         else:
-                            events.append(_csv_event(record, f"{rel}:{at}", header, delimiter))
+                            events.append(
+                                csvrecords.event(record, f"{rel}:{at}", header, delimiter)
+                            )
                             batch_bytes += n
                         at = offset + nxt
                         if len(events) >= max_events or batch_bytes >= max_bytes:
@@ -475,15 +484,16 @@ class DirectorySource(Source):
                                 await ctx.send(held)
                             held = RawBatch(ctx.name, events, _token(claim, at, False))
                             events, batch_bytes = [], 0
-                    buf, offset = buf[consumed:], offset + consumed
+                    buf, offset = buf[found.consumed :], offset + found.consumed
+                    state = csvrecords.State.FIELD_START if found.records else state
                     if not chunk:
-                        if head is not None:
-                            events.append(_too_long(rel, head_at, head, max_line))
                         break
                     if len(buf) > max_line:
+                        # Over-long: keep its first bytes for the dead letter and drop the rest,
+                        # carrying the scanner's state across so its end is found exactly.
                         if head is None:
                             head, head_at = buf[:max_line], offset
-                        quotes = buf.count(b'"')
+                        state = found.state
                         offset, buf = offset + len(buf), b""
         except _Rejected as e:
             if held is not None:
@@ -503,19 +513,22 @@ class DirectorySource(Source):
         reader = _Reader(os.path.join(self.claim_dir, claim), self._compression(rel), self.config)
         with anyio.CancelScope(shield=True):
             await reader.open()
+        delimiter = ord(self.config.csv_delimiter)
         try:
             buf = b""
+            final = False
             async with aclosing(reader.chunks(0)) as chunks:
-                async for chunk in chunks:
+                while not final:
+                    chunk = await anext(chunks, b"")
                     buf += chunk
-                    records, _, _ = _split(buf, False, 0)
-                    for record in records:
+                    final = not chunk
+                    start = len(csvrecords.BOM) if buf.startswith(csvrecords.BOM) else 0
+                    found = csvrecords.split(
+                        buf[start:], final, csvrecords.State.FIELD_START, delimiter
+                    )
+                    for record in found.records:
                         if record.strip():
-                            return _csv_row(record, self.config.csv_delimiter)
-            records, _, _ = _split(buf, True, 0)
-            for record in records:
-                if record.strip():
-                    return _csv_row(record, self.config.csv_delimiter)
+                            return csvrecords.row(record, self.config.csv_delimiter)
             return None
         finally:
             with anyio.CancelScope(shield=True):
@@ -623,36 +636,6 @@ def _open_raw(path: str) -> Any:
     return open(path, "rb", buffering=0, opener=_nofollow)
 
 
-def _split(buf: bytes, final: bool, quotes: int) -> tuple[list[bytes], list[int], int]:
-    """Complete CSV records in ``buf``, where each next record starts, and the bytes they use.
-
-    A record ends at a newline outside quotes, i.e. after an even number of quote characters in
-    the record (``quotes``: those already seen in its skipped first part). At the end of the
-    input (``final``), what is left is the last record.
-    """
-    n = len(buf)
-    out: list[bytes] = []
-    ends: list[int] = []
-    pos = scan = 0
-    while pos < n:
-        nl = buf.find(b"\n", scan)
-        if nl < 0:
-            if final:
-                out.append(buf[pos:])
-                ends.append(n)
-                pos = n
-            break
-        quotes += buf.count(b'"', scan, nl)
-        if quotes % 2:
-            scan = nl + 1
-            continue
-        quotes = 0
-        out.append(buf[pos:nl])
-        ends.append(nl + 1)
-        pos = scan = nl + 1
-    return out, ends, pos
-
-
 def _cuts(
     buf: bytes | bytearray, start: int, whole: int, max_events: int, max_bytes: int
 ) -> Iterator[int]:
@@ -693,24 +676,6 @@ def _cuts(
         yield end
         per_line = (end - start) // lines + 1
         start = end
-
-
-def _csv_row(record: bytes, delimiter: str) -> list[str]:
-    text = record.decode("utf-8", errors="replace").rstrip("\r")
-    return next(csv.reader([text], delimiter=delimiter, strict=False), [])
-
-
-def _csv_event(record: bytes, where: str, header: list[str], delimiter: str) -> RawEvent:
-    try:
-        text = record.decode("utf-8").rstrip("\r")
-        row = next(csv.reader([text], delimiter=delimiter, strict=True))
-    except (UnicodeDecodeError, csv.Error) as e:
-        return RawEvent(record, where, error=f"not a valid CSV record: {e}")
-    if len(row) != len(header):
-        return RawEvent(
-            record, where, error=f"CSV record has {len(row)} fields, the header {len(header)}"
-        )
-    return RawEvent(record, where, value=dict(zip(header, row, strict=True)), format="csv")
 
 
 def _token(claim: str, offset: int, eof: bool, *, bad: bool = False) -> Token:
