@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import resource
 
-__all__ = ["RESERVED", "Backoff", "release", "take"]
+__all__ = ["RESERVED", "Backoff", "release", "scarce", "take"]
 
 RESERVED = 128
 """Descriptors connections may never take: the daemon's own files and the metrics endpoint's
@@ -25,13 +25,17 @@ def _limit() -> int:
     return 1 << 62 if soft == resource.RLIM_INFINITY else soft
 
 
+def scarce(fd: int, keep: int = RESERVED // 2) -> bool:
+    """True if a newly opened ``fd`` leaves fewer than ``keep`` descriptors free (they are
+    handed out lowest first, so every one below it is in use)."""
+    return fd >= _limit() - keep
+
+
 def take(fd: int) -> bool:
     """Count a newly accepted connection's descriptor ``fd`` against the budget; ``False``
-    (nothing counted) when the budget is spent or ``fd`` itself lies in the reserve (descriptors
-    are handed out lowest first, so every one below it is in use)."""
+    (nothing counted) when the budget is spent or ``fd`` is :func:`scarce`."""
     global _held
-    limit = _limit()
-    if _held + RESERVED >= limit or fd >= limit - RESERVED // 2:
+    if _held + RESERVED >= _limit() or scarce(fd):
         return False
     _held += 1
     return True

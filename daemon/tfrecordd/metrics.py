@@ -17,8 +17,7 @@ from anyio.abc import SocketListener, SocketStream, TaskGroup
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from tfrecordd import __version__
-from tfrecordd.descriptors import Backoff
+from tfrecordd import __version__, descriptors
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +183,8 @@ class Metrics:
         self.endpoint_errors = Counter(
             "tfrecordd_metrics_endpoint_errors_total",
             "Troubles of the metrics endpoint, by reason: accept_failed (accept() failed, out "
-            "of file descriptors say; retried after a pause), evicted (an unanswered "
+            "of file descriptors say; retried after a pause), descriptors (closed at once: "
+            "fewer than 32 file descriptors left, kept for commits), evicted (an unanswered "
             "connection closed to make room for a newer one), timeout (a connection that did "
             "not send its request and read the answer in time).",
             ["reason"],
@@ -205,6 +205,13 @@ MAX_CONNECTIONS = 32
 REQUEST_TIMEOUT = 5.0
 """Seconds a connection has to send its request and read the answer."""
 
+_KEEP_DESCRIPTORS = 32
+"""A connection leaving fewer descriptors free is closed at once (they are for commits)."""
+
+
+def _fileno(stream: SocketStream) -> int:
+    return stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+
 
 async def serve(
     host: str,
@@ -221,7 +228,7 @@ async def serve(
     and a failing ``accept()`` (out of file descriptors) is retried after a pause. Each case is
     counted in ``tfrecordd_metrics_endpoint_errors_total``."""
     errors = metrics.endpoint_errors
-    for reason in ("accept_failed", "evicted", "timeout"):
+    for reason in ("accept_failed", "descriptors", "evicted", "timeout"):
         errors.labels(reason)
     conns: dict[int, anyio.CancelScope] = {}  # oldest first
     ids = iter(range(1 << 62))
@@ -242,7 +249,7 @@ async def serve(
         errors.labels("evicted").inc()
 
     async def accept_loop(listener: SocketListener, tg: TaskGroup) -> None:
-        backoff = Backoff()
+        backoff = descriptors.Backoff()
         while True:
             try:
                 stream = await listener.accept()
@@ -256,6 +263,12 @@ async def serve(
                 continue
             if failures := backoff.succeeded():
                 log.info("metrics endpoint: accepting again after %d failure(s)", failures)
+            if descriptors.scarce(_fileno(stream), _KEEP_DESCRIPTORS):
+                # The last descriptors are for commits: a scrape is worth less than a shard.
+                errors.labels("descriptors").inc()
+                await stream.aclose()
+                await anyio.sleep(0.05)
+                continue
             while len(conns) >= MAX_CONNECTIONS:
                 evict()
             cid = next(ids)

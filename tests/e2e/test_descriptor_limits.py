@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import resource
 import signal
@@ -176,3 +177,35 @@ def test_idle_connections_to_a_tcp_source_cannot_exhaust_descriptors(tmp_path: P
     finally:
         daemon.kill()
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(20), 1)
+
+
+def open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_accept_failing_with_emfile_is_survived_by_every_listener(tmp_path: Path) -> None:
+    tcp_port, metrics_port = free_port(), free_port()
+    daemon = DaemonProcess(write_tcp_config(tmp_path, tcp_port, metrics_port))
+    pid = daemon.proc.pid
+    try:
+        daemon.wait_started()
+        # Not one descriptor left: every accept() fails with EMFILE.
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (open_descriptors(pid), LIMIT))
+        with idle_connections(metrics_port, 5), idle_connections(tcp_port, 5):
+            time.sleep(2)
+            assert daemon.proc.poll() is None, daemon.output()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+        wait_for(lambda: scrapes(metrics_port), timeout=10, interval=0.2)
+        assert send_acked(tcp_port, 0, 10) == 1
+        text = scrape(metrics_port)
+        assert sample(text, "tfrecordd_metrics_endpoint_errors_total", reason="accept_failed") > 0
+        reason = {"source": "tcp-in", "reason": "accept_failed"}
+        assert sample(text, "tfrecordd_inputs_refused_total", **reason) > 0
+        log = daemon.output()
+        # A pause between retries, not a spin: a handful of warnings, not thousands.
+        assert log.count("accept failed") <= 4, log[-2000:]
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0, daemon.output()
+    finally:
+        daemon.kill()
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(10), 1)
