@@ -27,6 +27,7 @@ from tfrecordd.errors import ConfigError, OutputError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent, Registry
 from tfrecordd.runtime import Daemon
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
+from tfrecordd_plugins.sources import socket as socket_source
 from tfrecordd_plugins.sources.socket import (
     TcpSource,
     TcpSourceConfig,
@@ -871,3 +872,17 @@ async def test_a_trickle_inside_a_frame_gives_its_slot_to_a_new_client(tmp_path:
     letters = dead_letters(tmp_path / "state")
     assert letters
     assert all("make room" in d["detail"] for d in letters)
+
+
+async def test_a_read_cut_short_by_a_timeout_loses_no_bytes() -> None:
+    # read_timeout and idle_timeout end a read with a cancel scope: one landing just as bytes
+    # were read must leave them in the socket, not drop them from the middle of the stream.
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        b.sendall(b'{"id": 1}\n')
+        got: bytes | None = None
+        with anyio.move_on_after(0):
+            got = await socket_source._recv(a, 1024)
+        assert got is None
+        assert a.recv(1024) == b'{"id": 1}\n'
