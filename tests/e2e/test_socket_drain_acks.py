@@ -19,11 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.test_descriptor_limits import write_tcp_config
-from tests.support import DaemonProcess, free_port, movie_event, read_ids, wait_for
+from tests.support import (
+    DaemonProcess,
+    free_port,
+    movie_event,
+    read_ids,
+    shard_files,
+    wait_for,
+)
 
 DOCS = Path(__file__).parents[2] / "docs" / "sources" / "sockets.md"
 CLIENTS = 4
-EVENTS = 6000
+EVENTS = 10_000
 """Per client."""
 
 
@@ -66,7 +73,7 @@ def test_sigterm_mid_stream_acks_what_the_drain_published(tmp_path: Path) -> Non
         first.wait_started()
         for t in threads:
             t.start()
-        wait_for(lambda: sum(read_ids(shards).values()) >= 500, timeout=60, interval=0.02)
+        wait_for(lambda: bool(shard_files(shards)), timeout=60, interval=0.01)
         first.signal(signal.SIGTERM)
         assert first.wait(60) == 0, first.output()
         assert "drain did not finish" not in first.output()
