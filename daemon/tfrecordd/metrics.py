@@ -200,7 +200,8 @@ class Metrics:
 
 
 MAX_CONNECTIONS = 32
-"""Connections the metrics endpoint serves at once: a newer one closes the oldest unanswered."""
+"""Connections the metrics endpoint serves at once: a newer one closes the oldest still sending
+its request."""
 
 REQUEST_TIMEOUT = 5.0
 """Seconds a connection has to send its request and read the answer."""
@@ -224,27 +225,31 @@ async def serve(
     """Serve ``/metrics`` and ``/healthz`` over HTTP/1.0 until cancelled; reports the bound port.
 
     No client can end the daemon through it: at most :data:`MAX_CONNECTIONS` are served at once
-    (a new one closes the oldest still unanswered), each for at most :data:`REQUEST_TIMEOUT`,
+    (a new one closes the oldest still sending its request), each for at most
+    :data:`REQUEST_TIMEOUT`,
     and a failing ``accept()`` (out of file descriptors) is retried after a pause. Each case is
     counted in ``tfrecordd_metrics_endpoint_errors_total``."""
     errors = metrics.endpoint_errors
     for reason in ("accept_failed", "descriptors", "evicted", "timeout"):
         errors.labels(reason)
     conns: dict[int, anyio.CancelScope] = {}  # oldest first
+    answering: set[int] = set()
     ids = iter(range(1 << 62))
 
     async def handle(stream: SocketStream, cid: int, scope: anyio.CancelScope) -> None:
         try:
             with scope:
                 async with stream:
-                    await _answer(stream, metrics, healthy)
+                    await _answer(stream, metrics, healthy, lambda: answering.add(cid))
             if scope.cancelled_caught and cid in conns:
                 errors.labels("timeout").inc()
         finally:
             conns.pop(cid, None)
+            answering.discard(cid)
 
     def evict() -> None:
-        cid = next(iter(conns))
+        # The oldest still sending its request: a scrape being answered is left to finish.
+        cid = next((c for c in conns if c not in answering), next(iter(conns)))
         conns.pop(cid).cancel()
         errors.labels("evicted").inc()
 
@@ -285,13 +290,19 @@ async def serve(
             tg.start_soon(accept_loop, listener, tg)
 
 
-async def _answer(stream: SocketStream, metrics: Metrics, healthy: Callable[[], bool]) -> None:
+async def _answer(
+    stream: SocketStream,
+    metrics: Metrics,
+    healthy: Callable[[], bool],
+    requested: Callable[[], None],
+) -> None:
     try:
         head = b""
         while b"\r\n\r\n" not in head and len(head) < 8192:
             head += await stream.receive(4096)
     except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
         return
+    requested()
     parts = head.split(b"\r\n", 1)[0].split()
     target = parts[1].decode("latin-1") if len(parts) >= 2 else ""
     path = target.split("?", 1)[0]
