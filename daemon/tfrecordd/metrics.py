@@ -7,16 +7,17 @@ never from event content or file names.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 import anyio
-from anyio.abc import SocketStream
+from anyio.abc import SocketListener, SocketStream, TaskGroup
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from tfrecordd import __version__
+from tfrecordd import __version__, descriptors
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,8 @@ class Metrics:
         )
         self.inputs_refused = Counter(
             "tfrecordd_inputs_refused_total",
-            "Inputs refused before they became events (symlinks, FIFOs in a spool), by reason.",
+            "Inputs refused before they became events (symlinks, FIFOs in a spool; connections "
+            "refused or closed idle by a socket source), by reason.",
             ["source", "reason"],
             registry=r,
         )
@@ -178,6 +180,16 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.endpoint_errors = Counter(
+            "tfrecordd_metrics_endpoint_errors_total",
+            "Troubles of the metrics endpoint, by reason: accept_failed (accept() failed, out "
+            "of file descriptors say; retried after a pause), descriptors (closed at once: "
+            "fewer than 32 file descriptors left, kept for commits), evicted (an unanswered "
+            "connection closed to make room for a newer one), timeout (a connection that did "
+            "not send its request and read the answer in time).",
+            ["reason"],
+            registry=r,
+        )
         self.up = Gauge(
             "tfrecordd_up", "1 while the pipeline runs, 0 while starting or stopping.", registry=r
         )
@@ -185,6 +197,21 @@ class Metrics:
     def render(self) -> bytes:
         """The metrics in Prometheus text format."""
         return generate_latest(self.registry)
+
+
+MAX_CONNECTIONS = 32
+"""Connections the metrics endpoint serves at once: a newer one closes the oldest still sending
+its request."""
+
+REQUEST_TIMEOUT = 5.0
+"""Seconds a connection has to send its request and read the answer."""
+
+_KEEP_DESCRIPTORS = 32
+"""A connection leaving fewer descriptors free is closed at once (they are for commits)."""
+
+
+def _fileno(stream: SocketStream) -> int:
+    return stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
 
 
 async def serve(
@@ -195,44 +222,104 @@ async def serve(
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/metrics`` and ``/healthz`` over HTTP/1.0 until cancelled; reports the bound port."""
+    """Serve ``/metrics`` and ``/healthz`` over HTTP/1.0 until cancelled; reports the bound port.
 
-    async def handle(stream: SocketStream) -> None:
-        async with stream:
-            try:
-                with anyio.fail_after(5):
-                    head = b""
-                    while b"\r\n\r\n" not in head and len(head) < 8192:
-                        chunk = await stream.receive(4096)
-                        head += chunk
-            except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                return
-            parts = head.split(b"\r\n", 1)[0].split()
-            target = parts[1].decode("latin-1") if len(parts) >= 2 else ""
-            path = target.split("?", 1)[0]
-            if path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, metrics.render()
-            elif path == "/healthz":
-                ok = healthy()
-                status = "200 OK" if ok else "503 Service Unavailable"
-                ctype, body = "text/plain; charset=utf-8", b"ok\n" if ok else b"unhealthy\n"
-            else:
-                status, ctype, body = "404 Not Found", "text/plain; charset=utf-8", b"not found\n"
-            resp = (
-                f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            ).encode("latin-1") + body
-            try:
-                await stream.send(resp)
-            except (anyio.BrokenResourceError, OSError):
-                return
+    No client can end the daemon through it: at most :data:`MAX_CONNECTIONS` are served at once
+    (a new one closes the oldest still sending its request), each for at most
+    :data:`REQUEST_TIMEOUT`,
+    and a failing ``accept()`` (out of file descriptors) is retried after a pause. Each case is
+    counted in ``tfrecordd_metrics_endpoint_errors_total``."""
+    errors = metrics.endpoint_errors
+    for reason in ("accept_failed", "descriptors", "evicted", "timeout"):
+        errors.labels(reason)
+    conns: dict[int, anyio.CancelScope] = {}  # oldest first
+    answering: set[int] = set()
+    ids = iter(range(1 << 62))
 
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
-    bound = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async def handle(stream: SocketStream, cid: int, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                async with stream:
+                    await _answer(stream, metrics, healthy, lambda: answering.add(cid))
+            if scope.cancelled_caught and cid in conns:
+                errors.labels("timeout").inc()
+        finally:
+            conns.pop(cid, None)
+            answering.discard(cid)
+
+    def evict() -> None:
+        # The oldest still sending its request: a scrape being answered is left to finish.
+        cid = next((c for c in conns if c not in answering), next(iter(conns)))
+        conns.pop(cid).cancel()
+        errors.labels("evicted").inc()
+
+    async def accept_loop(listener: SocketListener, tg: TaskGroup) -> None:
+        backoff = descriptors.Backoff()
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as e:
+                if backoff.failures == 0:
+                    log.warning("metrics endpoint: accept failed (%s); retrying", e)
+                errors.labels("accept_failed").inc()
+                if conns:
+                    evict()  # frees a descriptor
+                await anyio.sleep(backoff.failed())
+                continue
+            if failures := backoff.succeeded():
+                log.info("metrics endpoint: accepting again after %d failure(s)", failures)
+            if descriptors.scarce(_fileno(stream), _KEEP_DESCRIPTORS):
+                # The last descriptors are for commits: a scrape is worth less than a shard.
+                errors.labels("descriptors").inc()
+                await stream.aclose()
+                await anyio.sleep(0.05)
+                continue
+            while len(conns) >= MAX_CONNECTIONS:
+                evict()
+            cid = next(ids)
+            scope = conns[cid] = anyio.CancelScope(deadline=anyio.current_time() + REQUEST_TIMEOUT)
+            tg.start_soon(handle, stream, cid, scope)
+
+    multi = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    bound = multi.extra(anyio.abc.SocketAttribute.local_port)
     log.info("metrics listening on %s:%d", host, bound)
     task_status.started(bound)
-    async with listener:
-        await listener.serve(handle)
+    async with multi, anyio.create_task_group() as tg:
+        for listener in multi.listeners:
+            assert isinstance(listener, SocketListener)
+            tg.start_soon(accept_loop, listener, tg)
+
+
+async def _answer(
+    stream: SocketStream,
+    metrics: Metrics,
+    healthy: Callable[[], bool],
+    requested: Callable[[], None],
+) -> None:
+    try:
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 8192:
+            head += await stream.receive(4096)
+    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+        return
+    requested()
+    parts = head.split(b"\r\n", 1)[0].split()
+    target = parts[1].decode("latin-1") if len(parts) >= 2 else ""
+    path = target.split("?", 1)[0]
+    if path == "/metrics":
+        status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, metrics.render()
+    elif path == "/healthz":
+        ok = healthy()
+        status = "200 OK" if ok else "503 Service Unavailable"
+        ctype, body = "text/plain; charset=utf-8", b"ok\n" if ok else b"unhealthy\n"
+    else:
+        status, ctype, body = "404 Not Found", "text/plain; charset=utf-8", b"not found\n"
+    resp = (
+        f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode("latin-1") + body
+    with contextlib.suppress(anyio.BrokenResourceError, OSError):
+        await stream.send(resp)
 
 
 class Stopwatch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from tfrecordd.errors import ConfigError, OutputError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent, Registry
 from tfrecordd.runtime import Daemon
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
+from tfrecordd_plugins.sources import socket as socket_source
 from tfrecordd_plugins.sources.socket import (
     TcpSource,
     TcpSourceConfig,
@@ -302,7 +304,7 @@ async def test_docs_client_example_gets_every_event_acked(tmp_path: Path) -> Non
     intro = text.index("A client in Python")
     code = re.search(r"```python\n(.*?)```", text[intro:], re.DOTALL)
     assert code is not None
-    assert len(code.group(1).strip().splitlines()) <= 12
+    assert len(code.group(1).strip().splitlines()) <= 16
     namespace: dict[str, Any] = {}
     exec(compile(code.group(1), str(DOCS), "exec"), namespace)
     send_acked = namespace["send_acked"]
@@ -639,3 +641,248 @@ def test_bad_socket_config_is_reported() -> None:
     assert "sources[0].listen: expected host:port" in text
     assert "sources[1].mode: expected an octal mode" in text
     assert "sources[2].framing: unknown key" in text
+
+
+# -- graceful stop with acks -----------------------------------------------------------------
+
+
+async def test_a_drain_acks_what_it_published_before_closing(tmp_path: Path) -> None:
+    config = make_config(
+        tmp_path,
+        {
+            "type": "unix",
+            "path": str(tmp_path / "in.sock"),
+            "ack": True,
+            "framing": "length-prefixed",
+        },
+        output={"max_shard_age": "1h"},
+    )
+    daemon = Daemon(config, handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        quiet = await anyio.connect_unix(str(tmp_path / "in.sock"))
+        async with await anyio.connect_unix(str(tmp_path / "in.sock")) as conn, quiet:
+            await conn.send(b"".join(prefixed(line(i)[:-1]) for i in range(20)))
+            await until(lambda: received(daemon) >= 20)
+            with anyio.move_on_after(0.3):
+                assert await conn.receive() == b"", "an ack before anything was published"
+            daemon.request_stop()
+            # The drain publishes the 20 events, acks them, then closes the connection.
+            assert int.from_bytes(await read_exactly(conn, 8), "big") == 20
+            assert await closed_by_server(conn, 5)
+            # A connection that sent nothing is closed with nothing to say.
+            assert await closed_by_server(quiet, 5)
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(20), 1)
+
+
+async def test_a_drain_acks_a_client_that_goes_on_sending(tmp_path: Path) -> None:
+    config = make_config(
+        tmp_path,
+        {"type": "tcp", "listen": "127.0.0.1:0", "ack": True},
+        output={"max_shard_age": "1h"},
+        daemon={"queue_batches": 1, "max_batch_events": 10},
+    )
+    daemon = Daemon(config, handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        port = tcp_port(daemon)
+        with socket.create_connection(("127.0.0.1", port)) as client:
+
+            def stream_until_closed() -> tuple[int, bytes]:
+                # Sends without reading, as the documented client does, until the server ends.
+                sent = 0
+                try:
+                    for i in range(200_000):
+                        client.sendall(line(i))
+                        sent = i + 1
+                except OSError:
+                    pass
+                client.settimeout(10)
+                replies = b""
+                with contextlib.suppress(OSError):
+                    while chunk := client.recv(65536):
+                        replies += chunk
+                return sent, replies
+
+            async with anyio.create_task_group() as clients:
+                result: list[tuple[int, bytes]] = []
+
+                async def run_client() -> None:
+                    result.append(await anyio.to_thread.run_sync(stream_until_closed))
+
+                clients.start_soon(run_client)
+                await until(lambda: received(daemon) >= 1000, timeout=20)
+                daemon.request_stop()
+        sent, replies = result[0]
+    acks = [int(r.split()[1]) for r in replies.splitlines() if r.startswith(b"ACK ")]
+    assert acks, "the drain's ack never reached the client"
+    published = read_ids(tmp_path / "shards")
+    # Exactly the acked frames are published: the client resends the rest and none twice.
+    assert published == dict.fromkeys(range(acks[-1]), 1)
+    assert acks[-1] < sent
+
+
+# -- idle connections cannot starve real clients ---------------------------------------------
+
+
+async def test_silent_connections_give_their_slots_to_new_clients(tmp_path: Path) -> None:
+    config = make_config(
+        tmp_path,
+        {
+            "type": "tcp",
+            "listen": "127.0.0.1:0",
+            "ack": True,
+            "max_connections": 4,
+            "busy_idle_timeout": "300ms",
+        },
+        output={"max_shard_age": "100ms"},
+    )
+    async with running(config) as daemon:
+        port = tcp_port(daemon)
+        source = daemon.sources["in"]
+        assert isinstance(source, TcpSource)
+        silent = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(4)]
+        reals: list[ByteStream] = []
+        try:
+            await until(lambda: source.connections == 4)
+            await anyio.sleep(0.4)
+            for i in range(3):
+                # The slots stay full: each new client takes the place of the longest silent.
+                reals.append(await anyio.connect_tcp("127.0.0.1", port))
+                await reals[i].send(line(i))
+                assert await read_line(reals[i], bytearray()) == b"ACK 1\n"
+                assert await closed_by_server(silent[i], 1)
+                assert not await closed_by_server(silent[3], 0.05)
+                assert source.connections == 4
+        finally:
+            for s in silent + reals:
+                await s.aclose()
+        evicted = metric(daemon, "tfrecordd_inputs_refused_total", source="in", reason="evicted")
+        assert evicted == 3
+        refused = {"source": "in", "reason": "max_connections"}
+        assert metric(daemon, "tfrecordd_inputs_refused_total", **refused) == 0
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(3), 1)
+
+
+async def test_connections_still_busy_are_not_cut_and_refusals_are_counted(
+    tmp_path: Path,
+) -> None:
+    config = make_config(
+        tmp_path,
+        {
+            "type": "tcp",
+            "listen": "127.0.0.1:0",
+            "ack": True,
+            "max_connections": 2,
+            "busy_idle_timeout": "200ms",
+        },
+        output={"max_shard_age": "1h"},
+    )
+    async with running(config) as daemon:
+        port = tcp_port(daemon)
+        source = daemon.sources["in"]
+        assert isinstance(source, TcpSource)
+        # One owed an ack (its event waits for a shard), one that just sent an event.
+        owed = await anyio.connect_tcp("127.0.0.1", port)
+        active = await anyio.connect_tcp("127.0.0.1", port)
+        async with owed, active:
+            await owed.send(line(0))
+            await until(lambda: received(daemon) >= 1)
+            await anyio.sleep(0.3)
+            await active.send(b"\n" + line(1))
+            await until(lambda: received(daemon) >= 2)
+            async with await anyio.connect_tcp("127.0.0.1", port) as late:
+                assert await closed_by_server(late, 5)
+            refused = {"source": "in", "reason": "max_connections"}
+            assert metric(daemon, "tfrecordd_inputs_refused_total", **refused) == 1
+            assert source.connections == 2
+            daemon.request_flush()
+            buf = bytearray()
+            assert await read_line(owed, buf) == b"ACK 1\n"
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(2), 1)
+
+
+async def test_blank_lines_do_not_keep_a_connection_open(tmp_path: Path) -> None:
+    config = make_config(tmp_path, {"type": "tcp", "listen": "127.0.0.1:0", "idle_timeout": "1s"})
+    async with (
+        running(config) as daemon,
+        await anyio.connect_tcp("127.0.0.1", tcp_port(daemon)) as conn,
+    ):
+        await conn.send(line(0))
+        t0 = time.monotonic()
+        closed = False
+        for _ in range(50):  # a blank line every 0.1 s, for at most 5 s
+            try:
+                await conn.send(b"\n")
+            except (anyio.BrokenResourceError, OSError):
+                closed = True
+                break
+            if await closed_by_server(conn, 0.1):
+                closed = True
+                break
+        assert closed, "blank lines kept the connection open"
+        assert 0.9 <= time.monotonic() - t0 < 2.5
+        reason = {"source": "in", "reason": "idle_timeout"}
+        assert metric(daemon, "tfrecordd_inputs_refused_total", **reason) == 1
+    assert read_ids(tmp_path / "shards") == {0: 1}
+
+
+async def test_a_trickle_inside_a_frame_gives_its_slot_to_a_new_client(tmp_path: Path) -> None:
+    config = make_config(
+        tmp_path,
+        {
+            "type": "tcp",
+            "listen": "127.0.0.1:0",
+            "max_connections": 2,
+            "read_timeout": "1m",
+            "busy_idle_timeout": "500ms",
+        },
+    )
+    async with running(config) as daemon:
+        port = tcp_port(daemon)
+        tricklers = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(2)]
+        cut: list[int] = []
+
+        async def trickle(k: int) -> None:
+            for _ in range(100):  # a byte every 0.05 s, for at most 5 s
+                try:
+                    await tricklers[k].send(b"{")
+                except (anyio.BrokenResourceError, OSError):
+                    break
+                await anyio.sleep(0.05)
+            else:
+                return
+            cut.append(k)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(2):
+                tg.start_soon(trickle, k)
+            await anyio.sleep(0.7)
+            async with await anyio.connect_tcp("127.0.0.1", port) as real:
+                await real.send(line(0))
+                await until(lambda: received(daemon) >= 1)
+            with anyio.fail_after(5):
+                while not cut:
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+        for t in tricklers:
+            await t.aclose()
+        assert metric(daemon, "tfrecordd_inputs_refused_total", source="in", reason="evicted") >= 1
+    assert read_ids(tmp_path / "shards") == {0: 1}
+    letters = dead_letters(tmp_path / "state")
+    assert letters
+    assert all("make room" in d["detail"] for d in letters)
+
+
+async def test_a_read_cut_short_by_a_timeout_loses_no_bytes() -> None:
+    # read_timeout and idle_timeout end a read with a cancel scope: one landing just as bytes
+    # were read must leave them in the socket, not drop them from the middle of the stream.
+    a, b = socket.socketpair()
+    with a, b:
+        a.setblocking(False)
+        b.sendall(b'{"id": 1}\n')
+        got: bytes | None = None
+        with anyio.move_on_after(0):
+            got = await socket_source._recv(a, 1024)
+        assert got is None
+        assert a.recv(1024) == b'{"id": 1}\n'

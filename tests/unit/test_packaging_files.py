@@ -127,6 +127,17 @@ def test_unit_stop_timeout_outlasts_the_default_drain(service: dict[str, str]) -
     assert _seconds(service["TimeoutStopSec"]) > drain
 
 
+def test_unit_gives_connections_descriptors_beyond_the_reserve(service: dict[str, str]) -> None:
+    descriptors = pytest.importorskip("tfrecordd.descriptors")
+    sockets = pytest.importorskip("tfrecordd_plugins.sources.socket")
+    soft = int(service["LimitNOFILE"].split(":")[0])
+    # systemd's default soft limit (1024) leaves the reserve and a few sources' default slots
+    # too little; the daemon cannot raise it itself (@resources is filtered).
+    slots = sockets.TcpSourceConfig.model_fields["max_connections"].default
+    assert soft >= 16 * (descriptors.RESERVED + slots)
+    assert "@resources" in " ".join(_unit(UNIT.read_text())["Service"]["SystemCallFilter"])
+
+
 def test_unit_keeps_what_the_process_metrics_read(service: dict[str, str]) -> None:
     # prometheus_client reports no process_* metric at all without /proc/stat (its boot time).
     assert service.get("ProcSubset", "all") == "all"

@@ -12,7 +12,16 @@ frame whose event is now in a published, durable shard (or, for a rejected frame
 durable dead letters): ``ACK <n>\\n`` for lines, an 8-byte big-endian ``n`` for length-prefixed
 framing. A rejected frame is also reported at once: ``ERR <n> <reason>\\n``, or ``n`` with the
 top bit set. A client that resends what was not acked gets at-least-once delivery; acks are
-per connection, so frames sent on a connection that closed before its ack are resent.
+per connection, so frames sent on a connection that closed before its ack are resent. On a
+graceful stop the connections stay open through the drain: what it publishes is acked, then
+each connection is closed (its server side shut down first, so the acks are not cut off).
+
+Idle connections cannot starve real clients: one that sends no event (blank lines and
+unfinished frames are none) for ``idle_timeout`` is closed, and while every slot is taken a new
+connection takes the place of the one idle longest, once that one has been idle
+``busy_idle_timeout``. Every connection holds a file descriptor from the budget
+:mod:`tfrecordd.descriptors` keeps (so clients cannot leave a commit without one), and a failing
+``accept()`` is retried after a pause; neither can end the daemon.
 
 Reading is done on non-blocking sockets directly, never through a buffering transport: while
 the pipeline is full a connection is not read at all, and the kernel's TCP window pauses its
@@ -45,6 +54,7 @@ import anyio
 import anyio.lowlevel
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from tfrecordd import descriptors
 from tfrecordd.config import split_host_port
 from tfrecordd.errors import OutputError
 from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
@@ -55,6 +65,8 @@ log = logging.getLogger(__name__)
 _REJECTED_BIT = 1 << 63
 _MAX_NOTICES = 64
 _ACCEPT_BACKLOG = 128
+_FINAL_ACK_TIMEOUT = 2.0
+"""Seconds the connections kept open through a drain have, together, to take their acks."""
 
 
 def _octal(value: Any) -> Any:
@@ -81,11 +93,17 @@ class _StreamSourceConfig(SourceConfig):
     """A longer frame is dead-lettered (its first ``max_frame_bytes`` bytes kept) and skipped;
     the connection goes on with the next frame."""
     max_connections: int = Field(default=64, ge=1)
-    """Connections served at once; further ones are closed as soon as they are accepted and
-    counted in ``tfrecordd_inputs_refused_total{reason="max_connections"}``."""
+    """Connections served at once. When every slot is taken, a new connection replaces the one
+    idle longest if that one has been idle at least ``busy_idle_timeout`` (counted in
+    ``tfrecordd_inputs_refused_total{reason="evicted"}``); otherwise the new one is closed as
+    soon as it is accepted (``reason="max_connections"``)."""
     idle_timeout: Duration = Field(default=300.0, gt=0)
-    """A connection that sends nothing between frames for this long is closed (with
-    ``ack = true``, not while acks are still owed to it)."""
+    """A connection that sends no event for this long is closed (with ``ack = true``, not while
+    acks are still owed to it). Blank lines and unfinished frames are no events: they do not
+    keep a connection open."""
+    busy_idle_timeout: Duration = Field(default=1.0, gt=0)
+    """While every slot (or every file descriptor connections may use) is taken, a connection
+    idle this long gives its place to a new one, the longest idle first."""
     read_timeout: Duration = Field(default=30.0, gt=0)
     """A frame must arrive whole within this much reading time of its first byte; otherwise
     its bytes are dead-lettered and the connection closed (no slowloris). Time the source
@@ -258,6 +276,9 @@ class _Conn:
     id: int
     sock: socket.socket
     peer: str
+    deframer: _Deframer
+    active_at: float = field(default_factory=time.monotonic)
+    """When the connection was accepted or last sent an event (blank lines do not count)."""
     seq: int = 0
     """Frames received so far (the number of the last one)."""
     sent: int = 0
@@ -265,10 +286,17 @@ class _Conn:
     acked: int = 0
     """The last frame known to be durable."""
     told: int = 0
-    """The last ack written to the client."""
+    """The last ack written to the client (or waiting in ``out``)."""
     notices: deque[tuple[int, str]] = field(default_factory=deque)
     """Rejected frames not yet reported to the client: number and reason."""
+    out: bytearray = field(default_factory=bytearray)
+    """Replies not yet written whole."""
     reading: bool = True
+    sending: bool = False
+    """Frames of this connection are on their way to the pipeline (perhaps waiting for room)."""
+    budgeted: bool = False
+    """Its descriptor counts against :mod:`tfrecordd.descriptors`' budget."""
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     wake: anyio.Event = field(default_factory=anyio.Event)
 
     def poke(self) -> None:
@@ -316,72 +344,172 @@ class _StreamSource(Source):
             conn = self._conns.get(t.get("c", -1))
             if conn is not None and int(t["n"]) > conn.acked:
                 conn.acked = int(t["n"])
+                if not conn.owed():
+                    # Waiting for acks is no idleness: the clock starts when they came.
+                    conn.active_at = time.monotonic()
                 conn.poke()
 
     async def aclose(self) -> None:
+        """Stop listening; write the acks a drain gave to the connections kept open for them
+        (within :data:`_FINAL_ACK_TIMEOUT`), then close every connection."""
+        self._stop_listening()
+        conns = list(self._conns.values())
+        with anyio.move_on_after(_FINAL_ACK_TIMEOUT, shield=True):
+            async with anyio.create_task_group() as tg:
+                for conn in conns:
+                    tg.start_soon(self._last_words, conn)
+        for conn in conns:
+            self._close(conn)
+
+    def _stop_listening(self) -> None:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+
+    async def _last_words(self, conn: _Conn) -> None:
+        """The replies still owed, then a close that does not cut them off: the server's side is
+        shut down and what the client still sends is read and dropped (unacked, so it resends
+        it) until the client closes too, so the kernel sends no reset ahead of the acks."""
+        with contextlib.suppress(OSError):
+            self._queue_replies(conn)
+            await _flush(conn)
+            conn.sock.shutdown(socket.SHUT_WR)
+            while await _recv(conn.sock, 1 << 16):
+                pass
+
+    def _close(self, conn: _Conn) -> None:
+        if self._conns.get(conn.id) is conn:
+            del self._conns[conn.id]
+        if conn.budgeted:
+            conn.budgeted = False
+            descriptors.release()
+        conn.sock.close()
+
+    def _idlest(self) -> _Conn | None:
+        """The connection idle longest, if one has been idle ``busy_idle_timeout`` (not one
+        owed acks, nor one whose frames are on their way to the pipeline)."""
+        since = time.monotonic() - self.config.busy_idle_timeout
+        best: _Conn | None = None
+        for conn in self._conns.values():
+            if conn.sending or (self.config.ack and conn.owed()) or conn.active_at > since:
+                continue
+            if best is None or conn.active_at < best.active_at:
+                best = conn
+        return best
+
+    def _evict(self, ctx: SourceContext, conn: _Conn, why: str) -> None:
+        """Close ``conn`` to make room: it leaves the slots at once, and its task ends it."""
+        log.debug("%s: connection %s idle; closed to make room (%s)", ctx.name, conn.peer, why)
+        ctx.count_refused("evicted")
+        del self._conns[conn.id]
+        conn.scope.cancel()
 
     async def run(self, ctx: SourceContext) -> None:
         if self._listener is None:
             self._listener = self._bind()
         listener = self._listener
-        async with anyio.create_task_group() as tg:
-            while True:
-                await anyio.wait_readable(listener)
-                try:
-                    sock, addr = listener.accept()
-                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                    continue
-                except OSError as e:
-                    # Out of descriptors, say: the backlog keeps the client until we retry.
-                    log.warning("%s: accept failed: %s", ctx.name, e)
-                    ctx.count_refused("accept_failed")
-                    await anyio.sleep(0.1)
-                    continue
-                if len(self._conns) >= self.config.max_connections:
-                    ctx.count_refused("max_connections")
-                    sock.close()
-                    continue
-                sock.setblocking(False)
-                self._next_id += 1
-                conn = _Conn(self._next_id, sock, self._peer(sock, addr))
-                self._conns[conn.id] = conn
-                tg.start_soon(self._serve, ctx, conn)
-
-    async def _serve(self, ctx: SourceContext, conn: _Conn) -> None:
+        backoff = descriptors.Backoff()
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._write_loop, conn, tg.cancel_scope)
-                clean = await self._read_loop(ctx, conn)
-                conn.reading = False
-                conn.poke()
-                if not clean or not self.config.ack:
-                    tg.cancel_scope.cancel()
+                while True:
+                    await anyio.wait_readable(listener)
+                    try:
+                        sock, addr = listener.accept()
+                    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                        continue
+                    except OSError as e:
+                        # Out of descriptors, say: the backlog keeps the client while an idle
+                        # connection makes room, or until we retry.
+                        if not backoff.failures:
+                            log.warning("%s: accept failed: %s; retrying", ctx.name, e)
+                        ctx.count_refused("accept_failed")
+                        if (idle := self._idlest()) is not None:
+                            self._evict(ctx, idle, "accept failed")
+                        await anyio.sleep(backoff.failed())
+                        continue
+                    if failures := backoff.succeeded():
+                        log.info("%s: accepting again after %d failure(s)", ctx.name, failures)
+                    conn = self._admit(ctx, sock, addr)
+                    if conn is not None:
+                        tg.start_soon(self._serve, ctx, conn)
+        finally:
+            # New clients are refused at once during the drain: they retry elsewhere or later.
+            self._stop_listening()
+
+    def _admit(self, ctx: SourceContext, sock: socket.socket, addr: Any) -> _Conn | None:
+        """A connection for ``sock``, making room by closing the idlest one if need be; ``None``
+        (``sock`` closed, the refusal counted) if there is no room."""
+        budgeted = descriptors.take(sock.fileno())
+        full = len(self._conns) >= self.config.max_connections
+        if full or not budgeted:
+            idle = self._idlest()
+            if idle is None:
+                ctx.count_refused("max_connections" if full else "descriptors")
+                if budgeted:
+                    descriptors.release()
+                sock.close()
+                return None
+            self._evict(ctx, idle, "slots full" if full else "few file descriptors left")
+            if not budgeted and idle.budgeted:
+                # The new connection takes over the closed one's place in the budget.
+                idle.budgeted, budgeted = False, True
+        sock.setblocking(False)
+        self._next_id += 1
+        cfg = self.config
+        conn = _Conn(
+            self._next_id,
+            sock,
+            self._peer(sock, addr),
+            _Deframer(cfg.framing, cfg.max_frame_bytes),
+            budgeted=budgeted,
+        )
+        self._conns[conn.id] = conn
+        return conn
+
+    async def _serve(self, ctx: SourceContext, conn: _Conn) -> None:
+        keep = False
+        try:
+            with conn.scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._write_loop, conn, tg.cancel_scope)
+                    clean = await self._read_loop(ctx, conn)
+                    conn.reading = False
+                    conn.poke()
+                    if not clean or not self.config.ack:
+                        tg.cancel_scope.cancel()
+            if conn.scope.cancelled_caught:
+                why = "connection closed to make room for a new one"
+                await self._emit(ctx, conn, [], conn.deframer.end(why))
         except OSError as e:
             log.debug("%s: connection %s ended: %s", ctx.name, conn.peer, e)
+        except anyio.get_cancelled_exc_class():
+            # The source is stopping: the drain may still publish frames of this connection,
+            # so it stays open until aclose() has written their acks.
+            keep = self.config.ack and self._conns.get(conn.id) is conn
+            raise
         finally:
-            del self._conns[conn.id]
-            conn.sock.close()
+            if not keep:
+                self._close(conn)
+
+    def _queue_replies(self, conn: _Conn) -> None:
+        lines = self.config.framing == "lines"
+        while conn.notices:
+            n, reason = conn.notices.popleft()
+            conn.out += f"ERR {n} {reason}\n".encode() if lines else _u64(n | _REJECTED_BIT)
+        if conn.acked > conn.told:
+            conn.told = conn.acked
+            conn.out += f"ACK {conn.told}\n".encode() if lines else _u64(conn.told)
 
     async def _write_loop(self, conn: _Conn, scope: anyio.CancelScope) -> None:
         """Writes notices and acks; after a clean end of input, until every frame is acked."""
         if not self.config.ack:
             return
-        lines = self.config.framing == "lines"
         while True:
-            out = bytearray()
-            while conn.notices:
-                n, reason = conn.notices.popleft()
-                out += f"ERR {n} {reason}\n".encode() if lines else _u64(n | _REJECTED_BIT)
-            if conn.acked > conn.told:
-                conn.told = conn.acked
-                out += f"ACK {conn.told}\n".encode() if lines else _u64(conn.told)
-            if out:
+            self._queue_replies(conn)
+            if conn.out:
                 try:
                     with anyio.fail_after(self.config.read_timeout):
-                        await _send_all(conn.sock, bytes(out))
+                        await _flush(conn)
                 except (OSError, TimeoutError):
                     scope.cancel()
                     return
@@ -395,13 +523,19 @@ class _StreamSource(Source):
     async def _read_loop(self, ctx: SourceContext, conn: _Conn) -> bool:
         """Reads frames until the client ends (True) or fails or times out (False)."""
         cfg = self.config
-        deframer = _Deframer(cfg.framing, cfg.max_frame_bytes)
+        deframer = conn.deframer
         partial_waited = 0.0
         while True:
             mid = deframer.partial()
-            timeout = cfg.read_timeout - partial_waited if mid else cfg.idle_timeout
-            data: bytes | None = None
+            waiting = cfg.ack and conn.owed()
             t0 = time.monotonic()
+            if mid:
+                timeout = cfg.read_timeout - partial_waited
+            elif waiting:
+                timeout = cfg.idle_timeout
+            else:
+                timeout = cfg.idle_timeout - (t0 - conn.active_at)
+            data: bytes | None = None
             try:
                 with anyio.move_on_after(max(timeout, 0.0)):
                     data = await _recv(conn.sock, cfg.read_size)
@@ -413,11 +547,13 @@ class _StreamSource(Source):
                 if mid:
                     why = f"not finished within read_timeout ({cfg.read_timeout:g}s)"
                     log.info("%s: connection %s: frame %s; closing", ctx.name, conn.peer, why)
+                    ctx.count_refused("read_timeout")
                     await self._emit(ctx, conn, [], deframer.end(why))
                     return False
-                if cfg.ack and conn.owed():
+                if waiting or time.monotonic() - conn.active_at < cfg.idle_timeout:
                     continue
                 log.info("%s: connection %s idle; closing", ctx.name, conn.peer)
+                ctx.count_refused("idle_timeout")
                 return False
             if not data:
                 await self._emit(ctx, conn, [], deframer.end("connection closed"))
@@ -440,22 +576,27 @@ class _StreamSource(Source):
         events: list[RawEvent] = []
         size = 0
         skip_blank = self.config.framing == "lines"
-        for i, frame in enumerate(frames):
-            conn.seq += 1
-            where = f"{conn.peer}#{conn.id}:{conn.seq}"
-            if frame.error is not None:
-                events.append(RawEvent(frame.payload, where, error=frame.error))
-                if self.config.ack and len(conn.notices) < _MAX_NOTICES:
-                    conn.notices.append((conn.seq, frame.error.split(";")[0]))
-                    conn.poke()
-            elif not (skip_blank and not frame.payload.strip()):
-                events.append(RawEvent(frame.payload, where))
-                size += len(frame.payload)
-            full = len(events) >= ctx.max_batch_events or size >= ctx.max_batch_bytes
-            if full or i == len(frames) - 1:
-                await ctx.send(RawBatch(ctx.name, events, {"c": conn.id, "n": conn.seq}))
-                conn.sent = conn.seq
-                events, size = [], 0
+        conn.sending = True
+        try:
+            for i, frame in enumerate(frames):
+                conn.seq += 1
+                where = f"{conn.peer}#{conn.id}:{conn.seq}"
+                if frame.error is not None:
+                    events.append(RawEvent(frame.payload, where, error=frame.error))
+                    if self.config.ack and len(conn.notices) < _MAX_NOTICES:
+                        conn.notices.append((conn.seq, frame.error.split(";")[0]))
+                        conn.poke()
+                elif not (skip_blank and not frame.payload.strip()):
+                    events.append(RawEvent(frame.payload, where))
+                    size += len(frame.payload)
+                    conn.active_at = time.monotonic()
+                full = len(events) >= ctx.max_batch_events or size >= ctx.max_batch_bytes
+                if full or i == len(frames) - 1:
+                    await ctx.send(RawBatch(ctx.name, events, {"c": conn.id, "n": conn.seq}))
+                    conn.sent = conn.seq
+                    events, size = [], 0
+        finally:
+            conn.sending = False
 
 
 def _u64(n: int) -> bytes:
@@ -463,24 +604,24 @@ def _u64(n: int) -> bytes:
 
 
 async def _recv(sock: socket.socket, size: int) -> bytes:
+    # A client that always has data ready must not starve the other tasks. The checkpoint comes
+    # first: a cancellation after recv() would drop bytes read from the middle of the stream.
+    await anyio.lowlevel.checkpoint()
     while True:
         try:
-            data = sock.recv(size)
+            return sock.recv(size)
         except (BlockingIOError, InterruptedError):
             await anyio.wait_readable(sock)
-            continue
-        # A client that always has data ready must not starve the other tasks.
-        await anyio.lowlevel.checkpoint()
-        return data
 
 
-async def _send_all(sock: socket.socket, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
+async def _flush(conn: _Conn) -> None:
+    """Write ``conn.out`` whole; what is written leaves it at once (a cancelled flush resumes
+    where it stopped, never repeating nor cutting a reply)."""
+    while conn.out:
         try:
-            view = view[sock.send(view) :]
+            del conn.out[: conn.sock.send(conn.out)]
         except (BlockingIOError, InterruptedError):
-            await anyio.wait_writable(sock)
+            await anyio.wait_writable(conn.sock)
 
 
 def _inet_socket(listen: str, kind: socket.SocketKind) -> socket.socket:
@@ -568,9 +709,8 @@ class UnixSource(_StreamSource):
         return "unix"
 
     async def aclose(self) -> None:
-        had = self._listener is not None
         await super().aclose()
-        if had and self._inode is not None:
+        if self._inode is not None:
             path = str(self.config.path)
             try:
                 st = os.lstat(path)
