@@ -16,7 +16,7 @@ values, bytes as UTF-8 text where valid and ``{"base64": ...}`` otherwise. ``--s
 overwritten.
 
 Each command takes a shell glob of an output directory as it is: a manifest, a file still being
-written (``*.inprogress``) or a folder among the paths is skipped with a note on stderr saying
+written (``*.inprogress``) among the paths is skipped with a note on stderr saying
 why (a manifest is checked with its shard by ``verify``); no shard at all among them exits 66.
 
 ``verify`` and ``transcode`` report progress on stderr: a bar when stderr is a terminal, one line
@@ -136,8 +136,6 @@ def not_a_shard(path: str, given: set[str]) -> str | None:
         )
     if name.endswith(".inprogress"):
         return "a file still being written (not published)"
-    if "://" not in path and os.path.isdir(path):
-        return "a directory: give the files in it"
     return None
 
 

@@ -469,9 +469,12 @@ async def test_the_encode_thread_takes_waiting_batches_together(
 
 async def test_a_failed_start_releases_everything(tmp_path: Path) -> None:
     spool = tmp_path / "not-a-dir"
-    spool.write_text("a file where the spool directory should be")
+    spool.mkdir()
     cfg = write_config(tmp_path, source={"path": spool})
-    daemon = Daemon(load_config(cfg), handle_signals=False)
+    config = load_config(cfg)  # checked while the spool is a directory; replaced after
+    spool.rmdir()
+    spool.write_text("a file where the spool directory should be")
+    daemon = Daemon(config, handle_signals=False)
     with pytest.raises(OSError, match="not-a-dir"):
         await daemon.run()
     assert daemon.journal._file is None

@@ -69,6 +69,7 @@ def test_verify_json(capsys: pytest.CaptureFixture[str], shards: dict[Compressio
         "files": [{"path": str(shards[Compression.ZSTD]), "ok": True, "records": 3, "error": None}],
         "total_records": 3,
         "bad_files": 0,
+        "skipped": [],
     }
 
 
