@@ -169,3 +169,41 @@ def test_a_recursive_spool_never_reads_the_daemons_own_folders(tmp_path: Path) -
     anyio.run(run)
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(20), 1)
     shutil.rmtree(spool / "visible")
+
+
+def test_a_symlink_named_like_done_dir_is_harmless_when_files_are_deleted(tmp_path: Path) -> None:
+    """``on_done = "delete"`` never uses ``done/``: a symlink there (to the output) neither stops
+    the start nor is followed by a recursive scan."""
+    cfg = write_config(tmp_path, output={"max_shard_age": "100ms"}, source={"recursive": True})
+    spool = tmp_path / "spool"
+    (tmp_path / "shards").mkdir()
+    (spool / "done").symlink_to(tmp_path / "shards")
+    spool_file(spool, "a.jsonl", [movie_event(i) for i in range(10)])
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    anyio.run(_drain, daemon, lambda: not (spool / "a.jsonl").exists() and not claimed_files(spool))
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(10), 1)
+
+
+def test_a_spool_replaced_while_running_stops_the_source_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_age": "100ms"})
+    spool = tmp_path / "spool"
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            spool.rename(tmp_path / "old-spool")
+            spool.mkdir()
+            await anyio.sleep(20)  # the error ends the daemon long before
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(run)
+    except BaseException as e:  # unwrapped as `tfrecordd run` does
+        error = _tfrecordd_error(e)
+    else:
+        error = None
+    assert error is not None
+    assert "removed or replaced" in str(error)

@@ -301,6 +301,7 @@ class DirectorySource(Source):
             return
         fds = self._fds
         try:
+            os.makedirs(self.spool, exist_ok=True)
             fds["spool"] = os.open(self.spool, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             fds["root"] = _own_dir(fds["spool"], CLAIM_DIR, self.claim_dir)
             fds["rejected"] = _own_dir(fds["spool"], REJECT_DIR, self.reject_dir)
@@ -308,8 +309,10 @@ class DirectorySource(Source):
             if self.config.on_done == "move":
                 fds["done"] = self._open_done()
                 own.append(fds["done"])
-            elif os.path.isdir(self.done_dir):
-                own.append(fds.setdefault("done-id", os.open(self.done_dir, _DIR_FLAGS)))
+            else:
+                # Only to leave it out of a recursive scan: one that cannot be opened is none.
+                with suppress(OSError):
+                    own.append(fds.setdefault("done-id", os.open(self.done_dir, _DIR_FLAGS)))
         except BaseException:
             self._close_dirs()
             raise
@@ -342,7 +345,7 @@ class DirectorySource(Source):
         root = self._fds["root"]
         self._fds["claims"] = _own_dir(root, node, os.path.join(self.claim_dir, node))
         self._node = node
-        self.claim_dir = os.path.join(self.claim_dir, node)
+        self.claim_dir = os.path.join(self.spool, CLAIM_DIR, node)
         with os.scandir(root) as entries:
             legacy = [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
         for name in legacy:
@@ -461,7 +464,22 @@ class DirectorySource(Source):
             for claim in claims:
                 read |= await self._read_file(ctx, claim)
             if not read:
+                await anyio.to_thread.run_sync(self._check_spool)
                 await anyio.sleep(self.config.poll_interval)
+
+    def _check_spool(self) -> None:
+        """The spool path still leads to the directory opened at start: one deleted and made
+        again, or a symlink pointed elsewhere, is seen by a restart, not silently ignored."""
+        held = os.fstat(self._fds["spool"])
+        try:
+            now = os.stat(self.spool)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise TfrecorddError(
+                f"{self.spool}: the spool directory was removed or replaced while the daemon "
+                "ran; a restart reads the one there now (claims in the old one stay there)"
+            )
 
     def _pending_claims(self, ctx: SourceContext) -> list[str]:
         """This node's claims not yet read to their end (a name that is not UTF-8, which no
