@@ -486,7 +486,12 @@ class DirectorySource(Source):
         claim made here has, is moved aside)."""
         out = []
         folder = self._fds["claims"]
-        for claim in sorted(os.listdir(folder)):
+        try:
+            names = os.listdir(folder)
+        except OSError as e:
+            log.warning("%s: cannot list %s: %s", ctx.name, self.claim_dir, e)
+            return []
+        for claim in sorted(names):
             key = f"{self._node}/{claim}"
             if key in self._sent_eof or key in self._stuck:
                 continue
@@ -530,7 +535,11 @@ class DirectorySource(Source):
         """``(folder, name, (size, modification time))`` of the regular files that match,
         oldest first (folders relative to the spool, ``""`` for the spool itself)."""
         found: list[tuple[float, str, str, tuple[int, int]]] = []
-        folders = [("", os.open(".", _DIR_FLAGS, dir_fd=self._fds["spool"]))]
+        try:
+            folders = [("", os.open(".", _DIR_FLAGS, dir_fd=self._fds["spool"]))]
+        except OSError as e:  # out of descriptors, say: looked at again after a poll
+            log.warning("%s: cannot list %s: %s", ctx.name, self.spool, e)
+            return []
         while folders:
             rel_dir, fd = folders.pop()
             try:
