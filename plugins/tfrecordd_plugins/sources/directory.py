@@ -323,7 +323,7 @@ class DirectorySource(Source):
         a symlink and checked to be the daemon's; elsewhere (the operator's own path), by path."""
         spool, done = os.path.abspath(self.spool), os.path.abspath(self.done_dir)
         rel = os.path.relpath(done, spool)
-        if rel == "." or rel.startswith(".."):
+        if rel in (".", os.pardir) or rel.startswith(os.pardir + os.sep):
             os.makedirs(done, exist_ok=True)
             return os.open(done, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         *parents, last = rel.split(os.sep)
@@ -343,9 +343,9 @@ class DirectorySource(Source):
         if node in (".", ".."):
             raise SpoolError(f"node_id {node!r} cannot name a claim folder")
         root = self._fds["root"]
-        self._fds["claims"] = _own_dir(root, node, os.path.join(self.claim_dir, node))
-        self._node = node
         self.claim_dir = os.path.join(self.spool, CLAIM_DIR, node)
+        self._fds["claims"] = _own_dir(root, node, self.claim_dir)
+        self._node = node
         with os.scandir(root) as entries:
             legacy = [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
         for name in legacy:
