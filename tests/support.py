@@ -118,6 +118,18 @@ def spool_file(spool: Path, name: str, lines: Iterable[str | bytes | dict[str, A
     return final
 
 
+def claimed_files(spool: Path) -> list[Path]:
+    """Files claimed from ``spool`` and not yet acknowledged: those in each daemon's claim
+    folder, and any left directly in the claim folder by the layout before node folders."""
+    root = spool / ".tfrecordd-claimed"
+    if not root.exists():
+        return []
+    found: list[Path] = []
+    for p in root.iterdir():
+        found += list(p.iterdir()) if p.is_dir() and not p.is_symlink() else [p]
+    return sorted(found)
+
+
 def shard_files(out: Path) -> list[Path]:
     """Published shards (what a ``*.tfrecord*`` glob sees), sorted by name."""
     return sorted(p for p in out.glob("*.tfrecord*") if not p.name.startswith("."))

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support import (
     DaemonProcess,
+    claimed_files,
     dead_letters,
     free_port,
     inprogress_files,
@@ -28,14 +29,12 @@ from tfrecordd import manifest
 from tfrecordd.crashpoints import POINTS
 from tfrecordd.reader import iter_records
 from tfrecordd.shards import OFFSETS_IN_MEMORY
-from tfrecordd_plugins.sources.directory import CLAIM_DIR
 
 
 def drained(root: Path) -> bool:
     spool = root / "spool"
     files = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    claim = spool / CLAIM_DIR
-    return not files and (not claim.exists() or not any(claim.iterdir()))
+    return not files and not claimed_files(spool)
 
 
 def fill_spool(

@@ -14,10 +14,16 @@ from typing import Any
 import pytest
 
 from tests.s3_server import SECRET_KEY, S3Server, running_s3
-from tests.support import DaemonProcess, run_clean_until, spool_file, wait_for, write_config
+from tests.support import (
+    DaemonProcess,
+    claimed_files,
+    run_clean_until,
+    spool_file,
+    wait_for,
+    write_config,
+)
 from tfrecordd.crashpoints import POINTS
 from tfrecordd.reader import iter_records
-from tfrecordd_plugins.sources.directory import CLAIM_DIR
 
 PART = 5 << 20
 BLOB = 3000
@@ -59,8 +65,7 @@ def fill_spool(root: Path, files: int, per_file: int) -> set[int]:
 def drained(root: Path) -> bool:
     spool = root / "spool"
     files = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    claim = spool / CLAIM_DIR
-    return not files and (not claim.exists() or not any(claim.iterdir()))
+    return not files and not claimed_files(spool)
 
 
 def read_ids(server: S3Server, bucket: str) -> dict[int, int]:

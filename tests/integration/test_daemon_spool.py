@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from tests.support import (
+    claimed_files,
     dead_letters,
     inprogress_files,
     movie_event,
@@ -30,7 +31,7 @@ from tfrecordd.metrics import Metrics
 from tfrecordd.runtime import GROUP_BATCHES, Daemon
 from tfrecordd.workers import EncodeWorkers
 from tfrecordd.writer import Packed, pack
-from tfrecordd_plugins.sources.directory import CLAIM_DIR, DirectorySource
+from tfrecordd_plugins.sources.directory import DirectorySource
 
 pytestmark = pytest.mark.anyio
 
@@ -43,8 +44,7 @@ def metric(m: Metrics, name: str, **labels: str) -> float:
 def spool_drained(root: Path) -> bool:
     spool = root / "spool"
     left = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    claimed = list((spool / CLAIM_DIR).iterdir()) if (spool / CLAIM_DIR).exists() else []
-    return not left and not claimed
+    return not left and not claimed_files(spool)
 
 
 async def until(predicate: object, timeout: float = 30.0) -> None:
@@ -68,8 +68,10 @@ async def run_until_drained(root: Path, daemon: Daemon, events: int, timeout: fl
         # has sent every file's end, so that the drain publishes and acks them all.
         source = daemon.sources["spool"]
         assert isinstance(source, DirectorySource)
-        claims = root / "spool" / CLAIM_DIR
-        await until(lambda: {p.name for p in claims.iterdir()} <= source._sent_eof, timeout)
+        spool = root / "spool"
+        await until(
+            lambda: {f"test/{p.name}" for p in claimed_files(spool)} <= source._sent_eof, timeout
+        )
         daemon.request_stop()
     assert spool_drained(root)
 
@@ -337,7 +339,7 @@ async def test_only_regular_files_are_read(tmp_path: Path) -> None:
             lambda: metric(daemon.metrics, "tfrecordd_events_received_total", source="spool") == 1
         )
         daemon.request_stop()
-    assert not list((spool / CLAIM_DIR).iterdir())
+    assert not claimed_files(spool)
     assert read_ids(tmp_path / "shards") == {1: 1}
     assert (spool / "link.jsonl").is_symlink()
     assert outside.exists()

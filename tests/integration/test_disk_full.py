@@ -10,11 +10,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.support import movie_event, read_ids, shard_files, spool_file, write_config
+from tests.support import (
+    claimed_files,
+    movie_event,
+    read_ids,
+    shard_files,
+    spool_file,
+    write_config,
+)
 from tfrecordd import manifest
 from tfrecordd.config import load_config
 from tfrecordd.runtime import Daemon
-from tfrecordd_plugins.sources.directory import CLAIM_DIR
 
 pytestmark = pytest.mark.anyio
 
@@ -67,7 +73,7 @@ async def test_full_disk_pauses_and_resumes(tmp_path: Path, small_disk: Path) ->
         # Paused: nothing more is published, the spool file is not acked, nothing is partial.
         assert value("tfrecordd_paused") == 1
         assert len(shard_files(out)) == published
-        assert list((tmp_path / "spool" / CLAIM_DIR).iterdir())
+        assert claimed_files(tmp_path / "spool")
         for shard in shard_files(out):
             assert manifest.check(str(shard)) == []
         assert value("tfrecordd_disk_full_pauses_total") >= 1

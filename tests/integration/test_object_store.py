@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.s3_server import SECRET_KEY, S3Server, running_s3
-from tests.support import free_port, movie_event, spool_file, write_config
+from tests.support import claimed_files, free_port, movie_event, spool_file, write_config
 from tfrecordd.compression import Compression
 from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.errors import UploadError
@@ -29,7 +29,6 @@ from tfrecordd.reader import iter_records
 from tfrecordd.redact import REDACTED, redact_options, redact_url
 from tfrecordd.runtime import Daemon
 from tfrecordd.shards import FinishedShard, OpenShard, inprogress_name
-from tfrecordd_plugins.sources.directory import CLAIM_DIR
 
 PART = 5 << 20
 """S3's smallest multipart part: shards above it are uploaded in several parts."""
@@ -376,8 +375,7 @@ def _metric(daemon: Daemon, name: str, **labels: str) -> float:
 
 def _drained(spool: Path) -> bool:
     left = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    claims = spool / CLAIM_DIR
-    return not left and (not claims.exists() or not any(claims.iterdir()))
+    return not left and not claimed_files(spool)
 
 
 async def _run_until_drained(daemons: list[tuple[Daemon, Path]], timeout: float = 60) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import spool_file
+from tests.support import claimed_files, spool_file
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources.directory import (
     CLAIM_DIR,
@@ -72,7 +71,8 @@ async def test_csv_rows_with_quotes_spanning_lines(tmp_path: Path) -> None:
     [wrong] = bad(ctx)
     assert wrong.payload == b"bad,row"
     assert "2 fields, the header 3" in wrong.error
-    assert not list(spool.iterdir()) or [p.name for p in spool.iterdir()] == [CLAIM_DIR]
+    assert {p.name for p in spool.iterdir()} == {CLAIM_DIR, REJECT_DIR}
+    assert not claimed_files(spool)
 
 
 @pytest.mark.parametrize("rows", [60, 70, 0])
@@ -141,7 +141,9 @@ async def test_whole_files_with_folder_labels(tmp_path: Path) -> None:
     assert all(e.format == "file" for e in good(ctx))
     [rejected] = bad(ctx)
     assert "max_file_bytes" in rejected.error
-    assert [p.name.split("-", 1)[1] for p in (spool / REJECT_DIR).iterdir()] == ["dogs%2Fbig.jpg"]
+    assert [p.name.split("-", 1)[1] for p in (spool / REJECT_DIR).glob("[!.]*")] == [
+        "dogs%2Fbig.jpg"
+    ]
     assert (spool / "cats" / ".hidden.jpg").exists()
     assert [p.name for p in (spool / "cats").iterdir()] == [".hidden.jpg"]
 
@@ -228,11 +230,11 @@ async def test_decompression_bomb_and_damage_are_rejected(tmp_path: Path) -> Non
     reasons = sorted(e.error for e in bad(ctx))
     assert len(reasons) == 2
     assert all(r.startswith("input rejected:") for r in reasons)
-    assert sorted(p.name.split("-", 1)[1] for p in (spool / REJECT_DIR).iterdir()) == [
+    assert sorted(p.name.split("-", 1)[1] for p in (spool / REJECT_DIR).glob("[!.]*")) == [
         "bomb.jsonl.zst",
         "cut.jsonl.gz",
     ]
-    assert not os.listdir(spool / CLAIM_DIR)
+    assert not claimed_files(spool)
 
 
 async def test_on_done_move_keeps_relative_paths(tmp_path: Path) -> None:
@@ -263,9 +265,7 @@ async def test_csv_spool_through_the_daemon(tmp_path: Path) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(daemon.run)
         with anyio.fail_after(20):
-            while (tmp_path / "spool" / "a.csv").exists() or not os.listdir(
-                tmp_path / "spool" / CLAIM_DIR
-            ):
+            while (tmp_path / "spool" / "a.csv").exists() or not claimed_files(tmp_path / "spool"):
                 await anyio.sleep(0.02)
             while (
                 daemon.metrics.registry.get_sample_value(

@@ -31,7 +31,14 @@ import crc32c
 import orjson
 import zstandard
 
-from tests.support import DaemonProcess, movie_event, spool_file, wait_for, write_config
+from tests.support import (
+    DaemonProcess,
+    claimed_files,
+    movie_event,
+    spool_file,
+    wait_for,
+    write_config,
+)
 
 # -- an independent TFRecord reader ----------------------------------------------------------
 
@@ -449,9 +456,8 @@ def harness_config(
 
 
 def spool_drained(spool: Path) -> bool:
-    claim = spool / ".tfrecordd-claimed"
     pending = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    return not pending and (not claim.exists() or not any(claim.iterdir()))
+    return not pending and not claimed_files(spool)
 
 
 def redis_drained(url: str, stream: str = "events") -> bool:

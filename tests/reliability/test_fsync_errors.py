@@ -19,13 +19,12 @@ import anyio
 import pytest
 
 from tests.reliability.harness import count_ids
-from tests.support import movie_event, spool_file, write_config
+from tests.support import claimed_files, movie_event, spool_file, write_config
 from tfrecordd import service
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_IO, DurabilityError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.runtime import Daemon
-from tfrecordd_plugins.sources.directory import CLAIM_DIR
 
 pytestmark = pytest.mark.anyio
 
@@ -124,8 +123,7 @@ def _spool(tmp_path: Path) -> None:
 def _claimed_or_spooled(tmp_path: Path) -> list[str]:
     spool = tmp_path / "spool"
     names = [p.name for p in spool.glob("*.jsonl")]
-    claim = spool / CLAIM_DIR
-    return names + (sorted(os.listdir(claim)) if claim.exists() else [])
+    return names + [p.name for p in claimed_files(spool)]
 
 
 @pytest.mark.parametrize(("op", "kind", "nth"), FAULTS)

@@ -23,7 +23,14 @@ import zstandard
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.support import dead_letters, movie_event, read_ids, spool_file, write_config
+from tests.support import (
+    claimed_files,
+    dead_letters,
+    movie_event,
+    read_ids,
+    spool_file,
+    write_config,
+)
 from tfrecordd.config import load_config
 from tfrecordd.plugin import Encoder, RawEvent
 from tfrecordd.runtime import Daemon
@@ -267,7 +274,7 @@ def test_a_forged_claim_cannot_move_a_file_out_of_done_dir(tmp_path: Path) -> No
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.run)
             with anyio.move_on_after(5):
-                while any(claim_dir.iterdir()):
+                while claimed_files(spool):
                     await anyio.sleep(0.05)
             daemon.request_stop()
 
@@ -296,7 +303,7 @@ def test_device_files_and_symlinked_folders_are_refused(tmp_path: Path) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.run)
             with anyio.fail_after(10):
-                while (spool / "sub" / "ok.jsonl").exists() or any((spool / CLAIM_DIR).iterdir()):
+                while (spool / "sub" / "ok.jsonl").exists() or claimed_files(spool):
                     await anyio.sleep(0.05)
             await anyio.sleep(0.5)  # a few more polls: nothing else may be read
             daemon.request_stop()
@@ -343,8 +350,8 @@ def test_a_hostile_spool_through_the_daemon_dead_letters_every_bad_event(tmp_pat
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.run)
             with anyio.fail_after(20):
-                while any((tmp_path / "spool").glob("*.jsonl")) or any(
-                    (tmp_path / "spool" / CLAIM_DIR).iterdir()
+                while any((tmp_path / "spool").glob("*.jsonl")) or claimed_files(
+                    tmp_path / "spool"
                 ):
                     await anyio.sleep(0.05)
             daemon.request_stop()

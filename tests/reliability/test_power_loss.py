@@ -43,7 +43,7 @@ import pytest
 
 import tfrecordd_plugins.sources.directory as directory_source
 from tests.reliability.harness import count_ids
-from tests.support import movie_event, write_config
+from tests.support import claimed_files, movie_event, write_config
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
 from tfrecordd.runtime import Daemon
@@ -262,8 +262,7 @@ class Spool:
     def present(self) -> set[str]:
         """Producer files still in the spool or claimed (not yet acked)."""
         names = {n for n in os.listdir(self.path) if n in self.files}
-        claim = self.path / CLAIM_DIR
-        names |= {_original(c) for c in os.listdir(claim)} if claim.exists() else set()
+        names |= {_original(c.name) for c in claimed_files(self.path)}
         return names
 
 
@@ -298,10 +297,10 @@ def routed_dir_fsync(model: DurabilityModel) -> Iterator[None]:
     daemon's FileSystem)."""
     real = directory_source._fsync_dir
 
-    def fsync_dir(path: str) -> None:
+    def fsync_dir(fd: int) -> None:
         model.op()
-        real(path)
-        model.sync_dir(path)
+        real(fd)
+        model.sync_dir(os.readlink(f"/proc/self/fd/{fd}"))
 
     directory_source._fsync_dir = fsync_dir
     try:
@@ -341,9 +340,10 @@ async def run_cuts(
         )
     )
     shards, state, spool = root / "shards", root / "state", root / "spool"
-    for d in (shards, state, spool / CLAIM_DIR):
+    claims = spool / CLAIM_DIR / "test"  # the node's claim folder
+    for d in (shards, state, claims):
         d.mkdir(parents=True, exist_ok=True)
-    model = DurabilityModel([shards, state, spool, spool / CLAIM_DIR])
+    model = DurabilityModel([shards, state, spool, spool / CLAIM_DIR, claims])
     fs: PowerLossFs = NoDirSyncFs(model) if control else PowerLossFs(model)
     producer = Spool(spool, model)
     figs = CutFigures()

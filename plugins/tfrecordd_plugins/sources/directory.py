@@ -1,38 +1,53 @@
 """Spool-directory source: files claimed, read in batches, removed once their records are published.
 
 Producers write a file under a temporary or hidden name and publish it by renaming it to a name
-that matches ``pattern``. The source claims each new file by renaming it into
-``<path>/.tfrecordd-claimed/`` (a unique, time-ordered claim name that encodes the file's path
-relative to the spool), reads it in batches, and deletes it (or moves it into ``done_dir``) only
-when every record from it is in a published shard. Each batch's token is the claim name and the
-offset (in the decompressed stream) after its last record, so a file half-written into shards
-resumes exactly where the last published shard stopped, after any crash: delivery is exactly
-once.
+that matches ``pattern``. The source claims each new file by renaming it into its node's claim
+folder, ``<path>/.tfrecordd-claimed/<node_id>/`` (a unique, time-ordered claim name that encodes
+the file's path relative to the spool), reads it in batches, and deletes it (or moves it into
+``done_dir``) only when every record from it is in a published shard. Each batch's token is
+``<node_id>/<claim name>`` and the offset (in the decompressed stream) after its last record, so
+a file half-written into shards resumes exactly where the last published shard stopped, after
+any crash: delivery is exactly once.
+
+Several daemons may share a spool: the rename into a node's claim folder decides which one gets
+a file, and each daemon reads only its own folder. Claims left directly in
+``.tfrecordd-claimed/`` by a version without node folders are adopted by the first daemon to
+start (they keep their names, under which the journal knows their offsets).
 
 Formats: ``jsonl`` (one JSON value per line), ``csv`` (a header row, then one event per record;
 quoted fields may span lines) and ``whole-file`` (one file is one event, e.g. an image, with its
 file name and the name of its parent folder as a label). Files ending in ``.gz`` or ``.zst`` are
 decompressed as they are read, up to ``max_decompressed_bytes``. An input that cannot be read to
-its end (a damaged or oversized compressed stream) is dead-lettered with the reason, and the file
-is moved into ``<path>/.tfrecordd-rejected/`` rather than deleted.
+its end (a damaged or oversized compressed stream, a file still being written) is dead-lettered
+with the reason, and the file is moved into ``<path>/.tfrecordd-rejected/`` rather than deleted.
 
-Only regular files are read: a symlink, FIFO, device or directory matching the pattern is
-refused (counted, logged once, left in place), and files are opened with ``O_NOFOLLOW``.
+Anyone who can write into the spool can rename the daemon's folders in it or plant files there,
+so nothing under the spool is reached by path: the spool is opened once, at start, and every
+folder and file below it is opened, listed, renamed or deleted relative to a held descriptor,
+never following a symlink. The claim, node, rejected and (inside the spool) done folders must
+be real directories owned by the daemon's user; if one is not, the start fails (exit 78). Only
+regular files are read: a symlink, FIFO, device or directory matching the pattern is refused
+(counted, logged once, left in place). A file in the claim folder that cannot be opened, or a
+name too long to claim, is refused once: counted, logged, and moved into the rejected folder,
+its reason appended to ``.reasons.jsonl`` there.
 """
 
 from __future__ import annotations
 
-import csv
+import errno
 import fnmatch
+import hashlib
+import json
 import logging
 import os
 import stat
 import time
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, suppress
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote_to_bytes
 
 import aiofiles
 import anyio
@@ -40,7 +55,7 @@ from pydantic import Field, field_validator
 
 from tfrecordd import crashpoints, speedups
 from tfrecordd.compression import Compression, open_decompressed
-from tfrecordd.errors import CompressionError
+from tfrecordd.errors import EXIT_CONFIG, CompressionError, TfrecorddError
 from tfrecordd.plugin import (
     DirectoryUse,
     Lines,
@@ -62,6 +77,29 @@ CLAIM_DIR = ".tfrecordd-claimed"
 REJECT_DIR = ".tfrecordd-rejected"
 _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", "~")
 _SUFFIX_COMPRESSION = {".gz": Compression.GZIP, ".zst": Compression.ZSTD, ".zstd": Compression.ZSTD}
+REASONS = ".reasons.jsonl"
+"""In the rejected folder: one JSON object per file moved there (its name, path and reason)."""
+NAME_MAX = 255
+"""The longest file name Linux file systems take, in bytes: a longer claim name is refused."""
+GROW_POLLS = 10
+"""A file still growing this many poll intervals after it was first read to its end has the
+rest refused."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_UNOPENABLE = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.ELOOP,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.ENXIO,
+    errno.ENODEV,
+    errno.EOPNOTSUPP,
+}
+"""Why a claimed file cannot be opened that waiting will not change: it is moved aside."""
+_HELD_FOLDERS = 64
+"""Spool folders held open at once while claiming (each is fsynced when closed)."""
 
 
 class DirectorySourceConfig(SourceConfig):
@@ -121,24 +159,105 @@ class DirectorySourceConfig(SourceConfig):
         return uses
 
 
-def _nofollow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+class SpoolError(TfrecorddError):
+    """A folder the source keeps in its spool is not a real directory owned by the daemon's user
+    (a symlink or another user's folder in its place): refusing to start is safer than trusting
+    it. A restart cannot fix it, hence the configuration error's exit status."""
+
+    exit_code = EXIT_CONFIG
+
+
+def _open_dir(name: str, dir_fd: int) -> int:
+    """The folder ``name`` in ``dir_fd``, opened without following a symlink."""
+    return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def _open_path(base: int, parts: Sequence[str], *, create: bool = False, mode: int = 0o777) -> int:
+    """The folder at ``parts`` below ``base``, each component opened without following a
+    symlink (and created first with ``create``)."""
+    fd = os.open(".", _DIR_FLAGS, dir_fd=base)
+    try:
+        for part in parts:
+            if create:
+                with suppress(FileExistsError):
+                    os.mkdir(part, mode, dir_fd=fd)
+            nxt = _open_dir(part, fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _own_dir(parent: int, name: str, shown: str, mode: int = 0o700) -> int:
+    """The folder ``name`` in ``parent``, created if missing, and checked to be a real directory
+    owned by this process's user."""
+    try:
+        os.mkdir(name, mode, dir_fd=parent)
+    except FileExistsError:
+        pass
+    else:
+        os.fsync(parent)
+    try:
+        fd = _open_dir(name, parent)
+    except OSError as e:
+        raise SpoolError(
+            f"{shown} is not a directory ({e.strerror}): a symlink or a file in its place is "
+            "refused; move it aside and restart"
+        ) from e
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        os.close(fd)
+        raise SpoolError(
+            f"{shown} is owned by uid {owner}, not by the daemon's user (uid {os.geteuid()}): "
+            "move it aside and restart"
+        )
+    return fd
+
+
+def _claim_name(ns: int, rel: str) -> str:
+    """A claim name: the claim's time, then the spool-relative path with ``%``, ``/``, control
+    characters and bytes that are not UTF-8 percent-encoded (so it is valid UTF-8 whatever the
+    name was, and a UTF-8 name is not lengthened)."""
+    out = [f"{ns:020d}-"]
+    for ch in rel:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+            out.append(f"%{code - 0xDC00:02X}")
+        elif ch in "%/" or code < 0x20 or code == 0x7F:
+            out.append(f"%{code:02X}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _original(claim: str) -> str:
-    """The spool-relative path a claim name encodes.
+    """The spool-relative path a claim name encodes (the name's bytes, as ``os`` functions take
+    them).
 
     Anyone who can write into the spool can put a file into its claim folder, so a name that
     would not decode to a plain relative path (``..``, an absolute path, empty parts) is kept
     as one path component (quoted again, so not even a name the caller was handed with a ``/``
     in it can leave the folder it is moved into)."""
     encoded = claim.split("-", 1)[-1]
-    rel = unquote(encoded)
+    rel = os.fsdecode(unquote_to_bytes(os.fsencode(encoded)))
     parts = rel.split("/")
     if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        component = quote(encoded, safe="")
+        component = quote(os.fsencode(encoded), safe="")
         return component if component not in ("", ".", "..") else f"_{component}"
     return rel
+
+
+def _shown(name: str) -> str:
+    """``name`` as text for logs, dead letters and events: bytes that are not UTF-8 as ``\\xNN``."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _valid_key(key: str) -> bool:
+    """A token's file: ``node/claim`` (or a bare claim of the layout before node folders)."""
+    parts = key.split("/")
+    return len(parts) <= 2 and all(p not in ("", ".", "..") for p in parts)
 
 
 class _Rejected(Exception):
@@ -152,130 +271,391 @@ class DirectorySource(Source):
         self.config = config
         self.spool = str(config.path)
         self.claim_dir = os.path.join(self.spool, CLAIM_DIR)
+        """This daemon's claim folder (``<spool>/.tfrecordd-claimed/<node_id>`` once running)."""
         self.reject_dir = os.path.join(self.spool, REJECT_DIR)
         self.done_dir = str(config.done_dir or os.path.join(self.spool, "done"))
         self._spool_name = Path(self.spool).resolve().name
         self.committed: dict[str, int] = {}
         self._sent_eof: set[str] = set()
         self._refused: set[str] = set()
+        self._stuck: set[str] = set()
+        """Claims that could neither be read nor moved aside: not tried again by this process."""
         self._work = bytearray(_work_size(config))
+        self._node: str | None = None
+        self._fds: dict[str, int] = {}
+        """Folders held open since start: ``spool``, ``root`` (the claim folders' parent),
+        ``claims`` (this node's), ``rejected``, ``done``."""
+        self._seen: dict[str, tuple[int, int]] = {}
+        """Size and modification time of each new claim when it was found."""
+        self._own: set[tuple[int, int]] = set()
+        """The daemon's own folders (device, inode): never read as spool folders."""
 
     @staticmethod
     def fold(state: Any, tokens: Sequence[Token]) -> Any:
-        """Committed offset per claimed file; a file whose end is committed is gone."""
+        """Committed offset per claimed file (``node/claim``); a file whose end is committed is
+        gone (with the bare claim name it had before node folders, if it was migrated)."""
         out: dict[str, int] = dict(state or {})
         for t in tokens:
             if t["eof"]:
                 out.pop(t["f"], None)
+                out.pop(t["f"].rpartition("/")[2], None)
             else:
                 out[t["f"]] = max(out.get(t["f"], 0), int(t["o"]))
         return out
 
     async def recover(self, state: Any, pending: Sequence[Token]) -> None:
-        await anyio.to_thread.run_sync(self._prepare_dirs)
+        await anyio.to_thread.run_sync(self._open_dirs)
         for t in pending:
             if t["eof"]:
-                await anyio.to_thread.run_sync(self._finish_file, t["f"], bool(t.get("bad")))
+                await anyio.to_thread.run_sync(self._finish_file, t)
         self.committed = self.fold(state, pending)
 
-    def _prepare_dirs(self) -> None:
-        os.makedirs(self.claim_dir, exist_ok=True)
-        if self.config.on_done == "move":
-            os.makedirs(self.done_dir, exist_ok=True)
+    def _open_dirs(self) -> None:
+        """Open the spool (following the configured path once) and the daemon's folders in it
+        (never following a symlink), and check that they are the daemon's."""
+        if "spool" in self._fds:
+            return
+        fds = self._fds
+        try:
+            os.makedirs(self.spool, exist_ok=True)
+            fds["spool"] = os.open(self.spool, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fds["root"] = _own_dir(fds["spool"], CLAIM_DIR, self.claim_dir)
+            fds["rejected"] = _own_dir(fds["spool"], REJECT_DIR, self.reject_dir)
+            own = [fds["root"], fds["rejected"]]
+            if self.config.on_done == "move":
+                fds["done"] = self._open_done()
+                own.append(fds["done"])
+            else:
+                # Only to leave it out of a recursive scan: one that cannot be opened is none.
+                with suppress(OSError):
+                    own.append(fds.setdefault("done-id", os.open(self.done_dir, _DIR_FLAGS)))
+        except BaseException:
+            self._close_dirs()
+            raise
+        self._own = {(st.st_dev, st.st_ino) for st in map(os.fstat, own)}
+
+    def _open_done(self) -> int:
+        """``done_dir``: inside the spool, reached from the spool's descriptor without following
+        a symlink and checked to be the daemon's; elsewhere (the operator's own path), by path."""
+        spool, done = os.path.abspath(self.spool), os.path.abspath(self.done_dir)
+        rel = os.path.relpath(done, spool)
+        if rel in (".", os.pardir) or rel.startswith(os.pardir + os.sep):
+            os.makedirs(done, exist_ok=True)
+            return os.open(done, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        *parents, last = rel.split(os.sep)
+        parent = _open_path(self._fds["spool"], parents, create=True)
+        try:
+            return _own_dir(parent, last, done, 0o777)
+        finally:
+            os.close(parent)
+
+    def _open_claims(self, node: str) -> None:
+        """This node's claim folder; claims left directly in the claim root by a version
+        without node folders are moved into it (keeping their names, so their committed
+        offsets still apply)."""
+        self._open_dirs()
+        if self._node == node:
+            return
+        if node in (".", ".."):
+            raise SpoolError(f"node_id {node!r} cannot name a claim folder")
+        root = self._fds["root"]
+        self.claim_dir = os.path.join(self.spool, CLAIM_DIR, node)
+        self._fds["claims"] = _own_dir(root, node, self.claim_dir)
+        self._node = node
+        with os.scandir(root) as entries:
+            legacy = [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
+        for name in legacy:
+            with suppress(FileNotFoundError):  # another daemon adopted it first
+                os.rename(name, name, src_dir_fd=root, dst_dir_fd=self._fds["claims"])
+                log.info("%s: adopted %s from the claim folder's old layout", self.spool, name)
+        if legacy:
+            _fsync_dir(self._fds["claims"])
+            _fsync_dir(root)
+
+    def _close_dirs(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._node = None
+
+    async def aclose(self) -> None:
+        self._close_dirs()
+
+    def _folder(self, key: str) -> tuple[int, str, bool]:
+        """The folder holding the file a token names, the file's name, and whether the folder
+        was opened for this call (and must be closed)."""
+        node, _, name = key.rpartition("/")
+        if not node:
+            return self._fds["root"], name, False
+        if node == self._node:
+            return self._fds["claims"], name, False
+        return _open_dir(node, self._fds["root"]), name, True
 
     async def ack(self, tokens: Sequence[Token]) -> None:
         for t in tokens:
             if t["eof"]:
-                await anyio.to_thread.run_sync(self._finish_file, t["f"], bool(t.get("bad")))
+                await anyio.to_thread.run_sync(self._finish_file, t)
                 self._sent_eof.discard(t["f"])
                 self.committed.pop(t["f"], None)
             else:
                 self.committed[t["f"]] = max(self.committed.get(t["f"], 0), int(t["o"]))
 
-    def _finish_file(self, claim: str, rejected: bool) -> None:
-        src = os.path.join(self.claim_dir, claim)
-        if not os.path.lexists(src):
+    def _finish_file(self, token: Token) -> None:
+        key = token["f"]
+        if not _valid_key(key):
+            log.error("%s: a token names %r, not a claim: ignored", self.spool, key)
             return
-        if rejected:
-            os.makedirs(self.reject_dir, exist_ok=True)
-            os.rename(src, os.path.join(self.reject_dir, claim))
-            _fsync_dir(self.reject_dir)
-        elif self.config.on_done == "delete":
-            os.unlink(src)
-        else:
-            dst = os.path.join(self.done_dir, _original(claim))
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            if os.path.lexists(dst):
-                dst = f"{dst}.{claim.split('-', 1)[0]}"
-            os.rename(src, dst)
-            _fsync_dir(os.path.dirname(dst))
-        _fsync_dir(self.claim_dir)
+        self._open_dirs()  # acks may come after aclose (redone, say)
+        try:
+            folder, claim, opened = self._folder(key)
+        except FileNotFoundError:
+            return
+        try:
+            try:
+                os.stat(claim, dir_fd=folder, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            if token.get("bad"):
+                reason = token.get("why") or "input rejected"
+                self._set_aside(folder, claim, _shown(_original(claim)), reason)
+            elif self.config.on_done == "delete":
+                os.unlink(claim, dir_fd=folder)
+            else:
+                self._move_done(folder, claim)
+            _fsync_dir(folder)
+        finally:
+            if opened:
+                os.close(folder)
         crashpoints.reached("after-spool-ack")
 
+    def _move_done(self, folder: int, claim: str) -> None:
+        *parents, name = _original(claim).split("/")
+        dst = _open_path(self._fds["done"], parents, create=True)
+        try:
+            with suppress(FileNotFoundError):
+                os.stat(name, dir_fd=dst, follow_symlinks=False)
+                name = f"{name}.{claim.split('-', 1)[0]}"
+            os.rename(claim, name, src_dir_fd=folder, dst_dir_fd=dst)
+            _fsync_dir(dst)
+        finally:
+            os.close(dst)
+
+    def _set_aside(
+        self, folder: int, name: str, shown: str, reason: str, as_name: str = ""
+    ) -> bool:
+        """Move ``name`` from ``folder`` into the rejected folder (as ``as_name``, if given) and
+        record why; ``False`` if it was gone."""
+        target = as_name or name
+        rejected = self._fds["rejected"]
+        try:
+            os.rename(name, target, src_dir_fd=folder, dst_dir_fd=rejected)
+        except FileNotFoundError:
+            return False
+        line = {
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "source": self.config.name,
+            "file": _shown(target),
+            "path": shown,
+            "reason": reason,
+        }
+        try:
+            fd = os.open(REASONS, _APPEND_FLAGS, 0o600, dir_fd=rejected)
+            try:
+                os.write(fd, json.dumps(line).encode() + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.error("%s: cannot record why %s was rejected: %s", self.reject_dir, shown, e)
+        _fsync_dir(rejected)
+        _fsync_dir(folder)
+        return True
+
     async def run(self, ctx: SourceContext) -> None:
-        await anyio.to_thread.run_sync(self._prepare_dirs)
+        await anyio.to_thread.run_sync(self._open_claims, ctx.node_id)
         while True:
-            claims = await anyio.to_thread.run_sync(self._pending_claims)
+            claims = await anyio.to_thread.run_sync(self._pending_claims, ctx)
             claims += await anyio.to_thread.run_sync(self._claim_new, ctx)
+            read = False
             for claim in claims:
-                await self._read_file(ctx, claim)
-            if not claims:
+                read |= await self._read_file(ctx, claim)
+            if not read:
+                await anyio.to_thread.run_sync(self._check_spool)
                 await anyio.sleep(self.config.poll_interval)
 
-    def _pending_claims(self) -> list[str]:
-        return sorted(c for c in os.listdir(self.claim_dir) if c not in self._sent_eof)
+    def _check_spool(self) -> None:
+        """The spool path still leads to the directory opened at start: one deleted and made
+        again, or a symlink pointed elsewhere, is seen by a restart, not silently ignored."""
+        held = os.fstat(self._fds["spool"])
+        try:
+            now = os.stat(self.spool)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise TfrecorddError(
+                f"{self.spool}: the spool directory was removed or replaced while the daemon "
+                "ran; a restart reads the one there now (claims in the old one stay there)"
+            )
 
-    def _candidates(self, ctx: SourceContext) -> list[str]:
-        """Spool-relative paths of regular files that match, oldest first."""
-        found: list[tuple[float, str]] = []
-        folders = [""]
-        done = os.path.realpath(self.done_dir)
-        while folders:
-            rel_dir = folders.pop()
-            try:
-                entries = list(os.scandir(os.path.join(self.spool, rel_dir)))
-            except OSError as e:
-                log.warning("%s: cannot list %s: %s", ctx.name, rel_dir or self.spool, e)
+    def _pending_claims(self, ctx: SourceContext) -> list[str]:
+        """This node's claims not yet read to their end (a name that is not UTF-8, which no
+        claim made here has, is moved aside)."""
+        out = []
+        folder = self._fds["claims"]
+        try:
+            names = os.listdir(folder)
+        except OSError as e:
+            log.warning("%s: cannot list %s: %s", ctx.name, self.claim_dir, e)
+            return []
+        for claim in sorted(names):
+            key = f"{self._node}/{claim}"
+            if key in self._sent_eof or key in self._stuck:
                 continue
-            for entry in entries:
-                rel = os.path.join(rel_dir, entry.name)
-                if entry.name.startswith("."):
-                    continue
+            try:
+                claim.encode()
+            except UnicodeEncodeError:
+                shown = _shown(_original(claim))
+                self._refuse(
+                    ctx, folder, claim, shown, "bad_name", "a claim name that is not UTF-8"
+                )
+                continue
+            out.append(claim)
+        return out
+
+    def _refuse(
+        self,
+        ctx: SourceContext,
+        folder: int,
+        name: str,
+        shown: str,
+        label: str,
+        reason: str,
+        as_name: str = "",
+    ) -> bool:
+        """Move a file that cannot be read into the rejected folder, once: counted, logged with
+        ``reason`` (recorded beside it). A file that cannot be moved either is left, and not
+        tried again by this process."""
+        try:
+            moved = self._set_aside(folder, name, shown, reason, as_name)
+        except OSError as e:
+            self._stuck.add(f"{self._node}/{name}")
+            ctx.count_refused(label)
+            log.error("%s: %s: %s; cannot move it aside either (%s)", ctx.name, shown, reason, e)
+            return False
+        if moved:
+            ctx.count_refused(label)
+            log.warning("%s: %s refused (%s): moved into %s", ctx.name, shown, reason, REJECT_DIR)
+        return moved
+
+    def _candidates(self, ctx: SourceContext) -> list[tuple[str, str, tuple[int, int]]]:
+        """``(folder, name, (size, modification time))`` of the regular files that match,
+        oldest first (folders relative to the spool, ``""`` for the spool itself)."""
+        found: list[tuple[float, str, str, tuple[int, int]]] = []
+        try:
+            folders = [("", os.open(".", _DIR_FLAGS, dir_fd=self._fds["spool"]))]
+        except OSError as e:  # out of descriptors, say: looked at again after a poll
+            log.warning("%s: cannot list %s: %s", ctx.name, self.spool, e)
+            return []
+        while folders:
+            rel_dir, fd = folders.pop()
+            try:
+                self._scan(ctx, rel_dir, fd, found, folders)
+            finally:
+                os.close(fd)
+        return [(rel_dir, name, seen) for _, rel_dir, name, seen in sorted(found)]
+
+    def _scan(
+        self,
+        ctx: SourceContext,
+        rel_dir: str,
+        fd: int,
+        found: list[tuple[float, str, str, tuple[int, int]]],
+        folders: list[tuple[str, int]],
+    ) -> None:
+        try:
+            with os.scandir(fd) as it:
+                entries = list(it)
+        except OSError as e:
+            log.warning("%s: cannot list %s: %s", ctx.name, _shown(rel_dir) or self.spool, e)
+            return
+        for entry in entries:
+            name = entry.name
+            if name.startswith("."):
+                continue
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            try:
                 if self.config.recursive and entry.is_dir(follow_symlinks=False):
-                    if os.path.realpath(entry.path) != done:
-                        folders.append(rel)
+                    st = entry.stat(follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) not in self._own:
+                        folders.append((rel, _open_dir(name, fd)))
                     continue
-                if entry.name.endswith(_TEMP_SUFFIXES) or not fnmatch.fnmatchcase(
-                    entry.name, self.config.pattern
+                if name.endswith(_TEMP_SUFFIXES) or not fnmatch.fnmatchcase(
+                    name, self.config.pattern
                 ):
                     continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    if rel not in self._refused:
-                        self._refused.add(rel)
-                        ctx.count_refused("not_regular_file")
-                        log.warning("%s: %s is not a regular file; refused", ctx.name, entry.path)
-                    continue
-                found.append((st.st_mtime, rel))
-        return [rel for _, rel in sorted(found)]
+                st = entry.stat(follow_symlinks=False)
+            except OSError:  # gone, or replaced by something that is not a folder
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                if rel not in self._refused:
+                    self._refused.add(rel)
+                    ctx.count_refused("not_regular_file")
+                    log.warning("%s: %s is not a regular file; refused", ctx.name, _shown(rel))
+                continue
+            found.append((st.st_mtime, rel_dir, name, (st.st_size, st.st_mtime_ns)))
 
     def _claim_new(self, ctx: SourceContext) -> list[str]:
-        claimed = []
-        for rel in self._candidates(ctx):
-            claim = f"{time.time_ns():020d}-{quote(rel, safe='')}"
-            try:
-                os.rename(os.path.join(self.spool, rel), os.path.join(self.claim_dir, claim))
-            except FileNotFoundError:
-                continue
-            crashpoints.reached("after-claim")
-            claimed.append(claim)
-        if claimed:
-            _fsync_dir(self.claim_dir)
-            for folder in {os.path.dirname(_original(c)) for c in claimed}:
-                _fsync_dir(os.path.join(self.spool, folder))
+        """Rename new files into this node's claim folder: the rename decides which daemon
+        gets a file another one is claiming too. A name that cannot become a claim name is
+        moved aside, once."""
+        claimed: list[str] = []
+        claims = self._fds["claims"]
+        folders: dict[str, int] = {}
+        try:
+            for rel_dir, name, seen in self._candidates(ctx):
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                if rel in self._refused:
+                    continue
+                ns = time.time_ns()
+                claim = _claim_name(ns, rel)
+                try:
+                    if rel_dir not in folders:
+                        if len(folders) >= _HELD_FOLDERS:
+                            _close_synced(folders)
+                        parts = rel_dir.split("/") if rel_dir else []
+                        folders[rel_dir] = _open_path(self._fds["spool"], parts)
+                    size = len(claim.encode())
+                    if size > NAME_MAX:
+                        raise OSError(errno.ENAMETOOLONG, f"{size} bytes, over {NAME_MAX}")
+                    os.rename(name, claim, src_dir_fd=folders[rel_dir], dst_dir_fd=claims)
+                except FileNotFoundError:  # gone: claimed by another daemon, say
+                    continue
+                except OSError as e:
+                    self._refused.add(rel)
+                    if e.errno == errno.ENAMETOOLONG:
+                        digest = hashlib.sha256(os.fsencode(rel)).hexdigest()[:16]
+                        reason = f"name too long to claim ({e.strerror})"
+                        as_name = f"{ns:020d}-{digest}.name-too-long"
+                        self._refuse(
+                            ctx,
+                            folders[rel_dir],
+                            name,
+                            _shown(rel),
+                            "name_too_long",
+                            reason,
+                            as_name,
+                        )
+                    else:
+                        ctx.count_refused("unclaimable")
+                        log.error("%s: cannot claim %s: %s", ctx.name, _shown(rel), e)
+                    continue
+                crashpoints.reached("after-claim")
+                claimed.append(claim)
+                self._seen[claim] = seen
+            if claimed:
+                _fsync_dir(claims)
+        finally:
+            _close_synced(folders)
         return claimed
 
     def _compression(self, name: str) -> Compression:
@@ -283,36 +663,62 @@ class DirectorySource(Source):
             return Compression(self.config.compression)
         return _SUFFIX_COMPRESSION.get(os.path.splitext(name)[1], Compression.NONE)
 
-    async def _read_file(self, ctx: SourceContext, claim: str) -> None:
-        path = os.path.join(self.claim_dir, claim)
-        start = self.committed.get(claim, 0)
-        rel = _original(claim)
-        reader = _Reader(path, self._compression(rel), self.config)
+    def _reader(self, key: str, rel: str) -> _Reader:
+        return _Reader(
+            self._fds["claims"], key.rpartition("/")[2], self._compression(rel), self.config
+        )
+
+    async def _read_file(self, ctx: SourceContext, claim: str) -> bool:
+        """Read one claim to its end; whether it was read (not refused, not failing)."""
+        key = f"{self._node}/{claim}"
+        # A claim adopted from the layout before node folders has its offsets under its name.
+        start = max(self.committed.get(key, 0), self.committed.get(claim, 0))
+        rel = _shown(_original(claim))
+        reader = self._reader(key, rel)
+        reader.seen = self._seen.pop(claim, None)
         try:
             # Shielded, like the close below: an open finishing in its thread after a cancel
             # would leave its file object to the garbage collector.
             with anyio.CancelScope(shield=True):
                 await reader.open()
         except FileNotFoundError:
-            return
-        except OSError as e:
-            ctx.count_refused("unreadable")
-            log.warning("%s: cannot open %s: %s", ctx.name, path, e)
-            return
-        except _Rejected:
-            ctx.count_refused("not_regular_file")
-            return
+            return False
+        except (OSError, _Rejected) as e:
+            if isinstance(e, OSError) and e.errno not in _UNOPENABLE:
+                # Out of descriptors, an I/O error...: may pass, so tried again after a poll.
+                if key not in self._refused:
+                    self._refused.add(key)
+                    log.warning("%s: cannot open %s (will retry): %s", ctx.name, rel, e)
+                return False
+            denied = isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM)
+            label = "unreadable" if denied else "not_regular_file"
+            reason = f"cannot be read: {e.strerror if isinstance(e, OSError) else e}"
+            if start:
+                reason += f" (its first {start} bytes were read and published before)"
+            await anyio.to_thread.run_sync(
+                self._refuse, ctx, self._fds["claims"], claim, rel, label, reason
+            )
+            return False
         try:
             if self.config.format == "whole-file":
-                await self._read_whole(ctx, claim, rel, reader)
+                await self._read_whole(ctx, key, rel, reader)
             elif self.config.format == "jsonl":
-                await self._read_lines(ctx, claim, rel, reader, start)
+                await self._read_lines(ctx, key, rel, reader, start)
             else:
-                await self._read_csv(ctx, claim, rel, reader, start)
+                await self._read_csv(ctx, key, rel, reader, start)
         finally:
             with anyio.CancelScope(shield=True):
                 await reader.close()
-        self._sent_eof.add(claim)
+            if reader.grew:
+                ctx.count_refused("grew_after_publish")
+                log.warning(
+                    "%s: %s changed after it was published into the spool (producers must "
+                    "write elsewhere and rename): read on while it grew",
+                    ctx.name,
+                    rel,
+                )
+        self._sent_eof.add(key)
+        return True
 
     async def _read_whole(self, ctx: SourceContext, claim: str, rel: str, reader: _Reader) -> None:
         limit = self.config.max_file_bytes
@@ -336,7 +742,7 @@ class DirectorySource(Source):
     ) -> None:
         log.warning("%s: %s rejected: %s", ctx.name, rel, reason)
         event = RawEvent(b"", f"{rel}:{offset}", error=f"input rejected: {reason}")
-        await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, True, bad=True)))
+        await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, True, bad=reason)))
 
     async def _read_lines(
         self, ctx: SourceContext, claim: str, rel: str, reader: _Reader, offset: int
@@ -510,7 +916,7 @@ class DirectorySource(Source):
 
     async def _csv_header(self, claim: str, rel: str) -> list[str] | None:
         """The header row of a CSV file being resumed past its start."""
-        reader = _Reader(os.path.join(self.claim_dir, claim), self._compression(rel), self.config)
+        reader = self._reader(claim, rel)
         with anyio.CancelScope(shield=True):
             await reader.open()
         delimiter = ord(self.config.csv_delimiter)
@@ -536,33 +942,62 @@ class DirectorySource(Source):
 
 
 class _Reader:
-    """Decompressed bytes of one claimed file, read without blocking the event loop."""
+    """Decompressed bytes of one claimed file, read without blocking the event loop.
 
-    def __init__(self, path: str, compression: Compression, config: DirectorySourceConfig):
-        self.path = path
+    A file that changes after it was opened (a producer still writing into a published file)
+    is noticed at the end of what was read, by its size and modification time: a plain file is
+    read on while it grows (until it has been still for a poll interval, for at most
+    ``GROW_POLLS`` poll intervals); a compressed one, or one that keeps growing, has the rest
+    refused (:class:`_Rejected`), so the file is moved aside rather than deleted with a tail
+    nobody read."""
+
+    def __init__(
+        self, folder: int, name: str, compression: Compression, config: DirectorySourceConfig
+    ):
+        self.folder = folder
+        self.name = name
         self.compression = compression
         self.config = config
+        self.grew = False
+        """Whether the file changed after it was opened (or ``seen``)."""
+        self.seen: tuple[int, int] | None = None
+        """The file's size and modification time when it was claimed, if known: a change
+        since then is noticed too."""
         self._plain: Any = None
         self._raw: Any = None
         self._stream: Any = None
         self._at_end = False
+        self._fd = -1
+        self._pos = 0  # of a plain file: where the next read starts
+        self._seen = (0, 0)  # size and modification time at the last look
+        self._grew_at = 0.0
+        self._still = False  # looked again after a poll interval: nothing changed
+
+    def _opener(self, name: str, flags: int) -> int:
+        return os.open(name, flags | _FILE_FLAGS, dir_fd=self.folder)
 
     async def open(self) -> None:
         if self.compression is Compression.NONE:
-            self._plain = await aiofiles.open(self.path, "rb", opener=_nofollow)
+            self._plain = await aiofiles.open(self.name, "rb", opener=self._opener)
             fd = self._plain.fileno()
         else:
-            self._raw = await anyio.to_thread.run_sync(_open_raw, self.path)
+            self._raw = await anyio.to_thread.run_sync(self._open_raw)
             fd = self._raw.fileno()
             self._stream = open_decompressed(
                 self._raw,
                 self.compression,
-                path=self.path,
+                path=self.name,
                 max_bytes=self.config.max_decompressed_bytes,
             )
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             await self.close()
             raise _Rejected("not a regular file")
+        self._fd = fd
+        self._seen = self.seen or (st.st_size, st.st_mtime_ns)
+
+    def _open_raw(self) -> Any:
+        return open(self.name, "rb", buffering=0, opener=self._opener)
 
     async def seek(self, offset: int) -> None:
         """Read from ``offset`` (in the decompressed stream) on; a compressed stream is read up
@@ -571,6 +1006,7 @@ class _Reader:
         if self._plain is not None:
             if offset:
                 await self._plain.seek(offset)
+            self._pos = offset
             return
         size = self.config.read_size
         while offset > 0:
@@ -583,27 +1019,69 @@ class _Reader:
     async def read(self) -> bytes:
         """The next bytes, up to ``read_size``; ``b""`` at the end."""
         size = self.config.read_size
-        if self._at_end:
-            return b""
-        if self._plain is None:
-            return await self._decompressed(size)
-        chunk: bytes = await self._plain.read(size)
-        # A buffered read returns less than asked only at the end of the file: no trip to a
-        # thread to hear that again.
-        self._at_end = len(chunk) < size
-        return chunk
+        while True:
+            if not self._at_end:
+                if self._plain is None:
+                    chunk = await self._decompressed(size)
+                else:
+                    chunk = await self._plain.read(size)
+                    self._pos += len(chunk)
+                # A read returns less than asked only at the end of the file: no trip to a
+                # thread to hear that again.
+                self._at_end = len(chunk) < size
+                if chunk:
+                    return chunk
+            if not await self._more():
+                return b""
+            self._at_end = False
 
     async def read_into(self, target: memoryview) -> int:
         """Read the next bytes into ``target``; how many (``0`` at the end)."""
-        if self._at_end:
-            return 0
-        if self._plain is None:
-            chunk = await self._decompressed(len(target))
-            target[: len(chunk)] = chunk
-            return len(chunk)
-        got: int = await self._plain.readinto(target)
-        self._at_end = got < len(target)
-        return got
+        while True:
+            if not self._at_end:
+                if self._plain is None:
+                    chunk = await self._decompressed(len(target))
+                    got = len(chunk)
+                    target[:got] = chunk
+                else:
+                    got = await self._plain.readinto(target)
+                    self._pos += got
+                self._at_end = got < len(target)
+                if got:
+                    return got
+            if not await self._more():
+                return 0
+            self._at_end = False
+
+    async def _more(self) -> bool:
+        """At the end of what was read: whether the file grew since, so reading goes on."""
+        while True:
+            st = os.fstat(self._fd)
+            now = (st.st_size, st.st_mtime_ns)
+            if now == self._seen:
+                if not self.grew or self._still:
+                    return False
+                # It changed before: let a writer that is still at it show itself.
+                await anyio.sleep(self.config.poll_interval)
+                self._still = True
+                continue
+            self._seen, self._still = now, False
+            if not self.grew:
+                self.grew, self._grew_at = True, time.monotonic()
+            if self._plain is None:
+                raise _Rejected(
+                    "the file changed while it was read (published before it was complete); "
+                    "the rest is not read"
+                )
+            if st.st_size < self._pos:
+                raise _Rejected(f"the file was cut to {st.st_size} bytes while it was read")
+            if time.monotonic() - self._grew_at > GROW_POLLS * self.config.poll_interval:
+                raise _Rejected(
+                    f"still being written {GROW_POLLS} poll intervals after it was read to its "
+                    f"end; the rest, from byte {self._pos}, is not read"
+                )
+            if st.st_size > self._pos:
+                return True
 
     async def chunks(self, offset: int) -> AsyncGenerator[bytes, None]:
         """The bytes from ``offset`` (in the decompressed stream) to the end."""
@@ -630,10 +1108,6 @@ class _Reader:
 def _work_size(config: DirectorySourceConfig) -> int:
     """The read buffer's size: a read, after the start of a line left from the read before."""
     return config.read_size + min(config.max_line_bytes, config.read_size)
-
-
-def _open_raw(path: str) -> Any:
-    return open(path, "rb", buffering=0, opener=_nofollow)
 
 
 def _cuts(
@@ -678,10 +1152,11 @@ def _cuts(
         start = end
 
 
-def _token(claim: str, offset: int, eof: bool, *, bad: bool = False) -> Token:
+def _token(claim: str, offset: int, eof: bool, *, bad: str = "") -> Token:
     token: dict[str, Any] = {"f": claim, "o": offset, "eof": eof}
     if bad:
         token["bad"] = True
+        token["why"] = bad
     return token
 
 
@@ -691,9 +1166,16 @@ def _too_long(rel: str, at: int, head: bytes, limit: int) -> RawEvent:
     )
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _fsync_dir(fd: int) -> None:
+    os.fsync(fd)
+
+
+def _close_synced(folders: dict[str, int]) -> None:
+    """fsync (a claim renamed out of them must stay out after a power cut) and close."""
     try:
-        os.fsync(fd)
+        for fd in folders.values():
+            _fsync_dir(fd)
     finally:
-        os.close(fd)
+        for fd in folders.values():
+            os.close(fd)
+        folders.clear()
