@@ -1,7 +1,7 @@
 """The compiled JSON → Example path (tfrecordd._cexample) against the Python path it stands in for.
 
 The rule under test: whenever the plan returns bytes for a payload, the Python path
-(``orjson.loads`` + ``ExampleSchema.encode``) succeeds on that payload and returns the same bytes.
+(``ExampleSchema.encode_json``) succeeds on that payload and returns the same bytes.
 ``None`` is always allowed, and must come for anything the plan cannot be sure of.
 """
 
@@ -59,7 +59,7 @@ def plan_for(schema: ExampleSchema) -> Any:
 def python_path(schema: ExampleSchema, payload: bytes) -> bytes | None:
     """What the Python path writes for ``payload``, or ``None`` when it refuses it."""
     try:
-        return schema.encode(orjson.loads(payload))
+        return schema.encode_json(payload)
     except (orjson.JSONDecodeError, EncodeError):
         return None
 
