@@ -19,20 +19,26 @@ from __future__ import annotations
 import json
 import os
 from decimal import Decimal, localcontext
+from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import pydantic
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.integration.test_daemon_spool import run_until_drained
+from tests.support import dead_letters, read_examples, read_ids, spool_file, write_config
 from tfrecordd import proto, speedups
 from tfrecordd.compression import Compression
-from tfrecordd.plugin import Encoder, EncodeResult, Lines, RawEvent
-from tfrecordd.runtime import ENCODER_ERROR, _encode_events
+from tfrecordd.config import load_config, parse_config
+from tfrecordd.plugin import Encoder, EncodeResult, Lines, RawEvent, Registry
+from tfrecordd.runtime import ENCODER_ERROR, Daemon, _encode_events
 from tfrecordd_plugins.encoders.example import ExampleEncoder, ExampleEncoderConfig
 from tfrecordd_plugins.encoders.sequence import SequenceEncoderConfig
+from tfrecordd_plugins.sources.socket import TcpSource
 
 REASONS = {"malformed", "schema", "format"}
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -652,3 +658,99 @@ def test_an_event_the_encoder_raises_on_is_dead_lettered_alone() -> None:
         ("f.jsonl:102", ENCODER_ERROR),
         ("f.jsonl:110", ENCODER_ERROR),
     ]
+
+
+# --- the daemon: one hostile event in a spool file or on a TCP line ----------------------------
+
+DAEMON_FEATURES = {
+    "id": {"type": "int64", "required": True},
+    "t": {"type": "int64", "time_unit": "ns"},
+    "n": "int64",
+}
+HOSTILE_LINES = [
+    f'{{"id": 1000, "t": "{STAMP}.{"9" * 5000}Z"}}',  # written: floored to the nanosecond
+    '{"id": 1001, "n": 9007199254740993.0}',  # written exactly
+    f'{{"id": 1002, "t": "{STAMP.translate(FULLWIDTH)}Z"}}',
+    '{"id": 1003, "n": -9223372036854775809}',
+    '{"id": 1004, "n": 1.0000000000000001}',
+    '{"id": 1005, "t": 1e5000}',
+    f'{{"id": 1006, "t": "{STAMP}.{"1" * 5000}Z", "x": {deep(995)}}}',  # written
+    f'{{"id": 1007, "n": 2.0, "x": {deep(995)}}}',
+]
+HOSTILE_ROWS = ["1e5000", "-1e5000", "9" * 5000, STAMP.translate(ARABIC_INDIC) + "Z"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+async def test_the_daemon_dead_letters_hostile_events_and_goes_on(
+    tmp_path: Path, fmt: str, workers: int
+) -> None:
+    # Two workers: the events are encoded in a worker process too.
+    cfg = write_config(
+        tmp_path,
+        daemon={"encode_workers": workers},
+        source={"pattern": f"*.{fmt}", "format": fmt},
+        features=DAEMON_FEATURES,
+    )
+    spool = tmp_path / "spool"
+    if fmt == "jsonl":
+        good = [json.dumps({"id": i, "t": i, "n": i}) for i in range(200)]
+        spool_file(spool, "a.jsonl", good[:100] + HOSTILE_LINES + good[100:])
+        written, refused = {1000, 1001, 1006}, {1002, 1003, 1004, 1005, 1007}
+    else:
+        good = [f"{i},{i},{i}" for i in range(200)]
+        bad = [f"{1000 + i},{text},1" for i, text in enumerate(HOSTILE_ROWS)]
+        spool_file(spool, "a.csv", ["id,t,n", *good[:100], *bad, *good[100:]])
+        written, refused = set(), {1000 + i for i in range(len(HOSTILE_ROWS))}
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    await run_until_drained(tmp_path, daemon, 200 + len(written) + len(refused))
+
+    assert read_ids(tmp_path / "shards") == dict.fromkeys([*range(200), *written], 1)
+    letters = dead_letters(tmp_path / "state")
+    # The id leads each line (or row): read it without parsing what follows.
+    ids = [int(d["raw"].split(",")[0].removeprefix('{"id": ')) for d in letters]
+    assert sorted(ids) == sorted(refused)
+    assert len(letters) == len(refused)
+    assert {d["reason"] for d in letters} <= {"schema", "malformed"}
+    assert all(len(d["detail"]) < 300 for d in letters)
+    examples = {int(ex["id"][0]): ex for ex in read_examples(tmp_path / "shards")}
+    if fmt == "jsonl":
+        assert examples[1000]["t"] == [1709251198_999999999]
+        assert examples[1001]["n"] == [9007199254740993]
+
+
+@pytest.mark.anyio
+async def test_one_tcp_line_cannot_stop_the_daemon(tmp_path: Path) -> None:
+    data = {
+        "daemon": {"node_id": "test", "state_dir": str(tmp_path / "state")},
+        "metrics": {"enabled": False},
+        "output": {"dir": str(tmp_path / "shards"), "max_shard_age": "1h"},
+        "sources": [
+            {"name": "in", "encoder": "e", "type": "tcp", "listen": "127.0.0.1:0", "ack": True}
+        ],
+        "encoders": {"e": {"type": "example", "features": DAEMON_FEATURES}},
+    }
+    daemon = Daemon(parse_config(data, Registry.from_entry_points()), handle_signals=False)
+    lines = [b'{"id": 1, "t": 1}', *(h.encode() for h in HOSTILE_LINES), b'{"id": 2, "t": 2}']
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        source = daemon.sources["in"]
+        assert isinstance(source, TcpSource)
+        assert source.address is not None
+        async with await anyio.connect_tcp(*source.address[:2]) as conn:
+            await conn.send(b"".join(line + b"\n" for line in lines))
+            with anyio.fail_after(30):
+                while daemon.metrics.registry.get_sample_value(
+                    "tfrecordd_events_received_total", {"source": "in"}
+                ) != len(lines):
+                    await anyio.sleep(0.02)
+            daemon.request_flush()
+            buf = b""
+            with anyio.fail_after(30):
+                while not buf.endswith(b"\n"):
+                    buf += await conn.receive()
+            assert buf == f"ACK {len(lines)}\n".encode()
+        daemon.request_stop()
+    assert read_ids(tmp_path / "shards") == dict.fromkeys([1, 2, 1000, 1001, 1006], 1)
+    assert len(dead_letters(tmp_path / "state")) == 5
