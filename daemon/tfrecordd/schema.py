@@ -261,6 +261,22 @@ def _timestamp_int(text: str, digits_scale: int) -> int:
     return value
 
 
+def _floor_of_any_text(x: float, digits_scale: int) -> int | None:
+    """``floor(t * 10**digits_scale)``, the same for every decimal text ``t`` that parses to
+    ``x``, or ``None`` when those texts disagree (then only the text can say).
+
+    Every such ``t`` lies within half a ulp of ``x``: when both ends of that interval floor to
+    one count of the unit, so does ``t``. Exact integer arithmetic on the binary values.
+    """
+    p, q = x.as_integer_ratio()
+    up, uq = math.ulp(x).as_integer_ratio()
+    scale = 10**digits_scale
+    den = 2 * q * uq
+    low = (2 * p * uq - up * q) * scale // den
+    high = (2 * p * uq + up * q) * scale // den
+    return low if low == high else None
+
+
 def _int64_element(x: Any) -> int:
     cls = x.__class__
     if cls is int:
@@ -319,7 +335,12 @@ def _timestamp_element(unit: TimeUnit, from_json: bool) -> Callable[[Any], int]:
             return _timestamp_int(x.text, digits_scale)
         if cls is float and math.isfinite(x):
             if from_json:
-                raise _NeedsText
+                value = _floor_of_any_text(x, digits_scale)
+                if value is None:
+                    raise _NeedsText
+                if not INT64_MIN <= value <= INT64_MAX:
+                    raise EncodeError(f"int64 out of range: {clipped(x)}")
+                return value
             # A float given as a value: its shortest repr, as binary float math would turn
             # 0.7 s into 699 ms.
             return _timestamp_int(repr(x), digits_scale)
@@ -625,12 +646,15 @@ def _specs(
     return specs
 
 
+_EXACT_JSON = json.JSONDecoder(parse_float=_TextFloat)
+
+
 def _exact_event(payload: bytes, parsed: Any) -> Any:
     """``payload`` parsed again, each number with a fraction or an exponent as a
     :class:`_TextFloat` and every integer exact; the keys a source added to ``parsed`` (an object
     it parsed from ``payload``) are kept."""
     try:
-        event = json.loads(payload, parse_float=_TextFloat)
+        event = _EXACT_JSON.decode(payload.decode())
     except RecursionError:
         raise EncodeError(
             "nested too deeply to read its numbers exactly (a float for an int64 feature)"

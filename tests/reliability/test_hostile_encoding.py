@@ -560,6 +560,13 @@ def test_int64_takes_exactly_the_written_number_or_refuses_it(text: str) -> None
 @example("1700000000.123456789", "ns")
 @example("0.7", "ms")
 @example("-0.0000000001", "ns")
+@example("1700000000.1234567", "ms")  # the float alone decides: no second parse
+@example("1700000000.25", "ms")
+@example("1700000000.1229999999", "ms")  # the same double as 1700000000.123
+@example("-1700000000.1234567", "us")
+@example("4503599627370495.5", "s")
+@example("1e-320", "ns")
+@example("-0.0", "s")
 def test_timestamps_in_seconds_are_floored_exactly(text: str, unit: str) -> None:
     features = {"t": {"type": "int64", "time_unit": unit}}
     encoder = ExampleEncoderConfig.model_validate({"features": features}).build()
