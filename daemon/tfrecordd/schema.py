@@ -652,7 +652,8 @@ _EXACT_JSON = json.JSONDecoder(parse_float=_TextFloat)
 def _exact_event(payload: bytes, parsed: Any) -> Any:
     """``payload`` parsed again, each number with a fraction or an exponent as a
     :class:`_TextFloat` and every integer exact; the keys a source added to ``parsed`` (an object
-    it parsed from ``payload``) are kept."""
+    it parsed from ``payload``) are kept. ``parsed`` itself when the payload is not JSON text
+    (a source's own structured value)."""
     try:
         event = _EXACT_JSON.decode(payload.decode())
     except RecursionError:
@@ -660,10 +661,9 @@ def _exact_event(payload: bytes, parsed: Any) -> Any:
             "nested too deeply to read its numbers exactly (a float for an int64 feature)"
         ) from None
     except ValueError:
-        raise EncodeError(
-            "its text is not JSON, so its numbers cannot be read exactly (a float for an int64 "
-            "feature)"
-        ) from None
+        if parsed is not None:
+            return parsed
+        raise EncodeError("not JSON text: its numbers cannot be read exactly") from None
     if isinstance(parsed, dict) and isinstance(event, dict):
         for key, value in parsed.items():
             event.setdefault(key, value)
@@ -707,12 +707,14 @@ class ExampleSchema:
         """Serialize the ``Example`` for one JSON text, every number taken exactly as written.
 
         ``parsed`` is ``orjson.loads(payload)`` when the caller has it (a source may have added
-        keys to it), else the payload is parsed here. Where a number with a fraction or an
-        exponent (or an integer beyond 64 bits, which orjson reads as a float) meets an int64
-        feature, the payload is read again keeping each number's text: ``1.0`` is 1, but
-        ``1.0000000000000001`` and ``9007199254740993.0`` are refused, and a timestamp of
-        ``1700000000.123456789`` seconds is exact to the nanosecond. Raises
-        ``orjson.JSONDecodeError`` for a payload that is not JSON, else as :meth:`encode`.
+        keys to it), else the payload is parsed here. Where an integral float (or an integer
+        beyond 64 bits, which orjson reads as a float) meets an int64 feature, or a float of
+        seconds meets a timestamp whose count its digits could change, the payload is read
+        again keeping each number's text: ``1.0`` is 1 and ``9007199254740993.0`` is
+        9007199254740993, ``1.0000000000000001`` is refused, and ``1700000000.123456789``
+        seconds is exact to the nanosecond. A ``parsed`` value whose payload is not JSON text
+        is taken as :meth:`encode` takes it. Raises ``orjson.JSONDecodeError`` for a payload
+        that is not JSON, else as :meth:`encode`.
         """
         event = orjson.loads(payload) if parsed is None else parsed
         try:

@@ -761,3 +761,19 @@ async def test_one_tcp_line_cannot_stop_the_daemon(tmp_path: Path) -> None:
         daemon.request_stop()
     assert read_ids(tmp_path / "shards") == dict.fromkeys([1, 2, 1000, 1001, 1006], 1)
     assert len(dead_letters(tmp_path / "state")) == 5
+
+
+def test_a_source_value_without_json_text_is_taken_at_its_value() -> None:
+    # A source that structures events itself (no JSON payload): its floats are values.
+    encoder = ExampleEncoderConfig.model_validate({"features": {"n": "int64"}}).build()
+    events = [
+        RawEvent(b"", "t", value={"n": 4.0}),
+        RawEvent(b"\xff", "t", value={"n": 2.5}),
+        RawEvent(b"", "t", value={"n": 1e19}),
+    ]
+    result = encoder.encode_batch(events)
+    assert [proto.parse_example(r) for r in result.records] == [{"n": [4]}]
+    assert [(i, detail) for i, _, detail in result.failures] == [
+        (1, "feature 'n': expected int64, got float 2.5"),
+        (2, "feature 'n': int64 out of range: 10000000000000000000"),
+    ]
