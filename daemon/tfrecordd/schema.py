@@ -296,9 +296,9 @@ def _int64_element(x: Any) -> int:
 
 
 def _int64_json_element(x: Any) -> int:
-    if x.__class__ is float and x.is_integer():
-        # An integral float may come from a text that is not (1.0000000000000001); a float
-        # that is not integral never comes from an integer, and is refused as it is.
+    if x.__class__ is float:
+        # The double does not say what was written: 1.0000000000000001 parses to 1.0. The
+        # text decides, as it does in the compiled path.
         raise _NeedsText
     return _int64_element(x)
 
@@ -707,8 +707,9 @@ class ExampleSchema:
         """Serialize the ``Example`` for one JSON text, every number taken exactly as written.
 
         ``parsed`` is ``orjson.loads(payload)`` when the caller has it (a source may have added
-        keys to it), else the payload is parsed here. Where an integral float (or an integer
-        beyond 64 bits, which orjson reads as a float) meets an int64 feature, or a float of
+        keys to it), else the payload is parsed here. Where a float (a number with a fraction
+        or an exponent, or an integer beyond 64 bits, which orjson reads as a float) meets an
+        int64 feature, or a float of
         seconds meets a timestamp whose count its digits could change, the payload is read
         again keeping each number's text: ``1.0`` is 1 and ``9007199254740993.0`` is
         9007199254740993, ``1.0000000000000001`` is refused, and ``1700000000.123456789``
