@@ -8,6 +8,10 @@
  * then encodes the event or reports its failure: malformed JSON of any kind, a value that Python
  * would convert or refuse, a duplicated feature key, anything unusual.
  *
+ * An int64 is read from the token's digits, never through a double: 3.0 and 1e3 are written
+ * (as the Python path writes them, reading the number's text), while anything that is not an
+ * integer as written, or does not fit, is left to Python to refuse with its reason.
+ *
  * The wire format is the one tfrecordd.wire.ExampleWriter writes: map entries in the order of
  * their keys' UTF-8 bytes, int64 as packed varints, float as packed little-endian float32, bytes
  * as one field per value; an empty list writes the feature with an empty value list; a missing
@@ -358,6 +362,17 @@ static int scan_number(Parser *ps, Number *num) {
 }
 
 /* An integer token as an int64, or ENC_FALLBACK when it is not one or does not fit. */
+static int signed_int64(uint64_t v, int negative, int64_t *out) {
+    if (negative) {
+        if (v > (uint64_t)INT64_MAX + 1) return ENC_FALLBACK;
+        *out = v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
+    } else {
+        if (v > (uint64_t)INT64_MAX) return ENC_FALLBACK;
+        *out = (int64_t)v;
+    }
+    return ENC_OK;
+}
+
 static int number_to_int64(const Number *num, int64_t *out) {
     if (!num->is_int) return ENC_FALLBACK;
     uint64_t v = 0;
@@ -366,14 +381,36 @@ static int number_to_int64(const Number *num, int64_t *out) {
         if (v > (UINT64_MAX - d) / 10) return ENC_FALLBACK;
         v = v * 10 + d;
     }
-    if (num->negative) {
-        if (v > (uint64_t)INT64_MAX + 1) return ENC_FALLBACK;
-        *out = v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
-    } else {
-        if (v > (uint64_t)INT64_MAX) return ENC_FALLBACK;
-        *out = (int64_t)v;
+    return signed_int64(v, num->negative, out);
+}
+
+/* A token with a fraction or an exponent whose value, read from its digits, is an integer that
+ * fits an int64 (3.0, 1e3, 2.50e1, 9007199254740993.0), as the Python path reads it from the
+ * text; ENC_FALLBACK for any other (not an integer, out of range: Python refuses it and says
+ * why). Never through a double, which would round 1.0000000000000001 to 1. */
+static int number_to_int64_exact(const Number *num, int64_t *out) {
+    long long int_len = num->int_end - num->int_start;
+    long long count = int_len + (num->frac_end - num->frac_start);
+#define DIGIT_AT(i) ((i) < int_len ? num->int_start[i] : num->frac_start[(i) - int_len])
+    long long lead = 0, trail = count - 1;
+    while (lead < count && DIGIT_AT(lead) == '0') lead++;
+    if (lead == count) {
+        *out = 0;
+        return ENC_OK;
     }
-    return ENC_OK;
+    while (DIGIT_AT(trail) == '0') trail--;
+    long long significant = trail - lead + 1;
+    /* The value is digits[lead..trail] * 10**scale. */
+    long long scale = (long long)num->exponent - (count - int_len) + (count - 1 - trail);
+    if (scale < 0 || significant > 19 || significant + scale > 19) return ENC_FALLBACK;
+    uint64_t v = 0;
+    for (long long i = lead; i <= trail; i++) v = v * 10 + (uint64_t)(DIGIT_AT(i) - '0');
+#undef DIGIT_AT
+    for (long long i = 0; i < scale; i++) {
+        if (v > UINT64_MAX / 10) return ENC_FALLBACK;
+        v *= 10;
+    }
+    return signed_int64(v, num->negative, out);
 }
 
 static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
@@ -538,7 +575,8 @@ static int encode_element(Parser *ps, int kind) {
     if ((r = scan_number(ps, &num)) != ENC_OK) return r;
     if (kind == KIND_INT64) {
         int64_t v;
-        if ((r = number_to_int64(&num, &v)) != ENC_OK) return r;
+        r = num.is_int ? number_to_int64(&num, &v) : number_to_int64_exact(&num, &v);
+        if (r != ENC_OK) return r;
         if (buf_reserve(&ps->payload, 10) < 0) return ENC_NOMEM;
         unsigned char *o = put_varint(ps->payload.data + ps->payload.len, (uint64_t)v);
         ps->payload.len = (size_t)(o - ps->payload.data);

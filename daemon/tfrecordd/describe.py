@@ -16,7 +16,9 @@ and for a sequence encoder two dicts, ``context_features`` and ``sequence_featur
 ``tf.io.parse_sequence_example``. ``--format json`` prints the same as data: for an Example
 encoder ``{name: {"kind", "dtype"[, "shape"][, "default_value"]}}``, for a sequence encoder
 ``{"context_features": {...}, "sequence_features": {...}}`` (see
-:func:`tfrecordd.schema.feature_description`).
+:func:`tfrecordd.schema.feature_description`). The output is strict JSON: a NaN or infinite
+``default_value`` is the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, which ``float()``
+reads back.
 
 An encoder config describes its output through a ``feature_description()`` method returning that
 data; one without the method (or whose records it cannot know, like ``passthrough``) is an error.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -72,6 +75,17 @@ def render_python(name: str, config: EncoderConfig, description: dict[str, Any])
     return f"import tensorflow as tf\n\n# {where}: {call}\n{body}"
 
 
+def _strict_json(value: Any) -> Any:
+    """``value`` with each NaN or infinite float as the string JSON has no number for."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict_json(v) for v in value]
+    return value
+
+
 def _schema(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     names = sorted(config.encoders)
@@ -90,7 +104,7 @@ def _schema(args: argparse.Namespace) -> int:
     encoder = config.encoders[name]
     description = describe_encoder(name, encoder)
     if args.format == "json":
-        json.dump(description, sys.stdout, indent=2)
+        json.dump(_strict_json(description), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_python(name, encoder, description))

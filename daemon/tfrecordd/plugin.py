@@ -272,7 +272,9 @@ class Encoder(abc.ABC):
 
     @abc.abstractmethod
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
-        """Encode every event; a bad event is reported in ``failures``, never raised."""
+        """Encode every event; a bad event is reported in ``failures``, never raised. (Should
+        it raise all the same, the daemon encodes the batch's events one at a time, and those it
+        still raises on are dead-lettered with the reason ``encoder-error``.)"""
 
     def encode_lines(self, payloads: list[bytes]) -> EncodeResult:
         """Encode events that are each one JSON value (the lines of a :class:`Lines`), as

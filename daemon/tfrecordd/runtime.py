@@ -24,6 +24,7 @@ import os
 import signal
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -145,6 +146,29 @@ class _Outcome:
     line_events: int
 
 
+ENCODER_ERROR = "encoder-error"
+"""The dead-letter reason of an event on which the encoder raised instead of reporting it."""
+
+
+def _guarded(encode: Callable[[list[_T]], EncodeResult], items: list[_T]) -> EncodeResult:
+    """``encode(items)``; if it raises, each item alone, so that one event an encoder cannot
+    take (whatever it raises) fails alone, as :data:`ENCODER_ERROR`, and the others go on."""
+    try:
+        return encode(items)
+    except Exception:
+        log.exception("the encoder raised on a batch of %d events: encoding each alone", len(items))
+    result = EncodeResult()
+    for i, item in enumerate(items):
+        try:
+            one = encode([item])
+        except Exception as e:
+            result.failures.append((i, ENCODER_ERROR, f"the encoder raised {type(e).__name__}"))
+            continue
+        result.records.extend(one.records)
+        result.failures.extend((i, reason, detail) for _, reason, detail in one.failures)
+    return result
+
+
 def _encode_events(
     encoder: Encoder,
     events: list[RawEvent],
@@ -154,7 +178,7 @@ def _encode_events(
 ) -> _Outcome:
     """Encode ``events`` and then the events of ``lines``; frame and compress the records into
     a unit of their own when they are large enough to be worth one."""
-    result = encoder.encode_batch(events) if events else EncodeResult()
+    result = _guarded(encoder.encode_batch, events) if events else EncodeResult()
     records, failures = result.records, result.failures
     line_failures: list[tuple[RawEvent, str, str]] = []
     line_events = 0
@@ -162,7 +186,7 @@ def _encode_events(
         payloads, refused = lines.split()
         line_events = len(payloads) + len(refused)
         line_failures = [(ev, "rejected", ev.error or "") for ev in refused]
-        result = encoder.encode_lines(payloads)
+        result = _guarded(encoder.encode_lines, payloads)
         records = records + result.records if records else result.records
         if result.failures:
             offsets = lines.offsets()

@@ -14,6 +14,11 @@ Value rules, the same for every feature:
 - ``int64`` takes integers and integral floats (``3.0``, not ``3.5``); ``float`` takes integers
   and floats that fit a float32 (NaN and infinities pass, an overflow does not); ``bytes`` takes
   strings (written as UTF-8), and ``bytes`` objects from callers that are not JSON.
+- From JSON text (:meth:`ExampleSchema.encode_json`), an int64 or a timestamp is the number the
+  text says, exactly: ``1.0000000000000001`` is not an integer and ``-9223372036854775809`` is
+  out of range, though a double would round the first to 1 and the second to ``-2**63``.
+- Timestamp text is ASCII: an RFC 3339 timestamp written with other digits (full-width,
+  Arabic-Indic) is refused, as Python's ``int()`` would read them.
 - ``true`` / ``false`` are refused for ``int64`` and ``float``: a boolean where a number is
   declared is far more often a producer's bug than a wish for 1 and 0.
 
@@ -35,13 +40,14 @@ each field is converted by the feature's type:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Mapping
 from datetime import date
-from decimal import ROUND_FLOOR, Decimal
 from typing import Any, Literal
 
+import orjson
 import pydantic
 
 from tfrecordd.errors import ConfigError, EncodeError
@@ -67,19 +73,27 @@ __all__ = [
 ]
 
 TimeUnit = Literal["s", "ms", "us", "ns"]
-_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+_SCALE = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+_PER_SECOND: dict[str, int] = {unit: 10**digits for unit, digits in _SCALE.items()}
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
-    r"(?:[Zz]|([+-])(\d{2}):(\d{2}))"
+    r"(?:[Zz]|([+-])(\d{2}):(\d{2}))",
+    re.ASCII,
 )
+_FRACTION_DIGITS = 9
+"""Digits of a fraction of a second that can change a count of the finest unit (ns): the rest
+are floored away, so they are not read."""
 _INT_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
 _DECIMAL_TEXT = re.compile(r"\s*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*")
 _FLOAT_WORDS = frozenset(
     sign + word for sign in ("", "+", "-") for word in ("nan", "inf", "infinity")
 )
-_SEGMENT = re.compile(r"([^.\[\]]*)((?:\[-?\d+\])*)")
-_INDEX = re.compile(r"\[(-?\d+)\]")
+_NUMBER_TEXT = re.compile(r"\s*([+-]?)([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?)([0-9]+))?\s*")
+_SEGMENT = re.compile(r"([^.\[\]]*)((?:\[-?\d+\])*)", re.ASCII)
+_INDEX = re.compile(r"\[(-?\d+)\]", re.ASCII)
+_INT64_DIGITS = 19
+"""Every integer of more digits is outside int64."""
 
 PathStep = tuple[str | None, int | None]
 """One step of a path: a key of an object, an index into a list, or (for ``a.0``) either."""
@@ -177,10 +191,101 @@ def parse_feature(value: FeatureSpec | str | Mapping[str, Any]) -> FeatureSpec:
     return FeatureSpec.model_validate(value)
 
 
+class _TextFloat(float):
+    """A JSON number with a fraction or an exponent, with the text it was read from: an int64
+    feature takes the number the text says, not the float it rounds to."""
+
+    __slots__ = ("text",)
+    text: str
+
+    def __new__(cls, text: str) -> _TextFloat:
+        self = super().__new__(cls, text)
+        self.text = text
+        return self
+
+
+class _NeedsText(Exception):
+    """A float reached an int64 feature in an event parsed by orjson, which keeps no text: the
+    event is read again from its text (:func:`_exact_event`) to know the number exactly."""
+
+
+def _clip_text(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _decimal_int(text: str, digits_scale: int, floor: bool) -> int | None:
+    """The decimal number ``text`` times ``10**digits_scale`` as an int64, computed exactly; when
+    it is not an integer, floored if ``floor``, else ``None``. Raises
+    :class:`~tfrecordd.errors.EncodeError` outside int64.
+
+    Works on the digits, so no exponent or length of text can build a huge number.
+    """
+    match = _NUMBER_TEXT.fullmatch(text)
+    if match is None or not (match.group(2) or match.group(3)):
+        raise EncodeError(f"expected a number, got {clipped(text)}")
+    sign, whole, fraction, exp_sign, exp = match.groups()
+    fraction = fraction or ""
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return 0
+    significant = digits.rstrip("0")
+    exponent = 0
+    if exp is not None:
+        exp = exp.lstrip("0") or "0"
+        exponent = int(exp) if len(exp) <= 18 else 10**18
+        if exp_sign == "-":
+            exponent = -exponent
+    exponent += len(digits) - len(significant) - len(fraction) + digits_scale
+    if len(significant) + exponent > _INT64_DIGITS:
+        raise EncodeError(f"int64 out of range: {_clip_text(text)}")
+    value: int
+    if exponent >= 0:
+        value, inexact = int(significant) * 10**exponent, False
+    else:
+        cut = len(significant) + exponent
+        value, inexact = (int(significant[:cut]) if cut > 0 else 0), True
+    if inexact and not floor:
+        return None
+    if sign == "-":
+        value = -value - inexact
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise EncodeError(f"int64 out of range: {_clip_text(text)}")
+    return value
+
+
+def _timestamp_int(text: str, digits_scale: int) -> int:
+    """A number of seconds written as ``text``, in units of ``10**-digits_scale`` s, floored."""
+    value = _decimal_int(text, digits_scale, True)
+    assert value is not None
+    return value
+
+
+def _floor_of_any_text(x: float, digits_scale: int) -> int | None:
+    """``floor(t * 10**digits_scale)``, the same for every decimal text ``t`` that parses to
+    ``x``, or ``None`` when those texts disagree (then only the text can say).
+
+    Every such ``t`` lies within half a ulp of ``x``: when both ends of that interval floor to
+    one count of the unit, so does ``t``. Exact integer arithmetic on the binary values.
+    """
+    p, q = x.as_integer_ratio()
+    up, uq = math.ulp(x).as_integer_ratio()
+    scale = 10**digits_scale
+    den = 2 * q * uq
+    low = (2 * p * uq - up * q) * scale // den
+    high = (2 * p * uq + up * q) * scale // den
+    return low if low == high else None
+
+
 def _int64_element(x: Any) -> int:
     cls = x.__class__
     if cls is int:
         return int(x)
+    if cls is _TextFloat:
+        value = _decimal_int(x.text, 0, False)
+        if value is None:
+            raise EncodeError(f"expected int64, got float {_clip_text(x.text)}")
+        return value
     if cls is float and x.is_integer():
         return int(x)
     if cls is list:
@@ -188,6 +293,14 @@ def _int64_element(x: Any) -> int:
     if isinstance(x, int) and cls is not bool:
         return int(x)
     raise EncodeError(f"expected int64, got {describe(x)}")
+
+
+def _int64_json_element(x: Any) -> int:
+    if x.__class__ is float:
+        # The double does not say what was written: 1.0000000000000001 parses to 1.0. The
+        # text decides, as it does in the compiled path.
+        raise _NeedsText
+    return _int64_element(x)
 
 
 def _float_element(x: Any) -> float | int:
@@ -210,18 +323,27 @@ def _bytes_element(x: Any) -> str | bytes:
     raise EncodeError(f"expected bytes, got {describe(x)}")
 
 
-def _timestamp_element(unit: TimeUnit) -> Callable[[Any], int]:
+def _timestamp_element(unit: TimeUnit, from_json: bool) -> Callable[[Any], int]:
     per_second = _PER_SECOND[unit]
+    digits_scale = _SCALE[unit]
 
     def convert(x: Any) -> int:
         cls = x.__class__
         if cls is int:
             return int(x) * per_second
+        if cls is _TextFloat:
+            return _timestamp_int(x.text, digits_scale)
         if cls is float and math.isfinite(x):
-            # The shortest repr is the decimal the producer wrote; binary float math would turn
+            if from_json:
+                value = _floor_of_any_text(x, digits_scale)
+                if value is None:
+                    raise _NeedsText
+                if not INT64_MIN <= value <= INT64_MAX:
+                    raise EncodeError(f"int64 out of range: {clipped(x)}")
+                return value
+            # A float given as a value: its shortest repr, as binary float math would turn
             # 0.7 s into 699 ms.
-            scaled = Decimal(repr(x)) * per_second
-            return int(scaled.to_integral_value(rounding=ROUND_FLOOR))
+            return _timestamp_int(repr(x), digits_scale)
         if cls is str:
             return _parse_rfc3339(x, per_second)
         if cls is list:
@@ -234,30 +356,37 @@ def _timestamp_element(unit: TimeUnit) -> Callable[[Any], int]:
 def _parse_rfc3339(text: str, per_second: int) -> int:
     match = _RFC3339.fullmatch(text)
     if match is None:
-        raise EncodeError(f"not an RFC 3339 timestamp: {text[:40]!r}")
+        raise EncodeError(f"not an RFC 3339 timestamp: {clipped(text)}")
     year, month, day, hour, minute, second = (int(g) for g in match.group(1, 2, 3, 4, 5, 6))
     fraction, sign, offset_h, offset_m = match.group(7, 8, 9, 10)
     try:
         days = date(year, month, day).toordinal() - _EPOCH_ORDINAL
     except ValueError as e:
-        raise EncodeError(f"invalid date in {text!r}: {e}") from None
+        raise EncodeError(f"invalid date in {clipped(text)}: {e}") from None
     if hour > 23 or minute > 59 or second > 59:
-        raise EncodeError(f"invalid time of day in {text!r} (leap seconds are not supported)")
+        raise EncodeError(
+            f"invalid time of day in {clipped(text)} (leap seconds are not supported)"
+        )
     seconds = days * 86400 + hour * 3600 + minute * 60 + second
     if sign:
         if int(offset_h) > 23 or int(offset_m) > 59:
-            raise EncodeError(f"invalid UTC offset in {text!r}")
+            raise EncodeError(f"invalid UTC offset in {clipped(text)}")
         offset = int(offset_h) * 3600 + int(offset_m) * 60
         seconds -= offset if sign == "+" else -offset
     if not fraction:
         return seconds * per_second
+    fraction = fraction[:_FRACTION_DIGITS]
     scale: int = 10 ** len(fraction)
     return (seconds * scale + int(fraction)) * per_second // scale
 
 
-def _element_converter(spec: FeatureSpec) -> Callable[[Any], Any]:
+def _element_converter(spec: FeatureSpec, from_json: bool = False) -> Callable[[Any], Any]:
+    """The converter of one value; ``from_json``: for values parsed by orjson, where a float
+    for an int64 feature raises :class:`_NeedsText`."""
     if spec.time_unit is not None:
-        return _timestamp_element(spec.time_unit)
+        return _timestamp_element(spec.time_unit, from_json)
+    if spec.type is FeatureType.INT64 and from_json:
+        return _int64_json_element
     return {
         FeatureType.INT64: _int64_element,
         FeatureType.FLOAT: _float_element,
@@ -283,27 +412,35 @@ def _shape_of(value: Any) -> list[int]:
 
 def _flatten(value: Any, shape: list[int]) -> list[Any]:
     out: list[Any] = []
+    rank = len(shape)
 
-    def walk(x: Any, depth: int) -> bool:
-        if depth == len(shape):
-            if isinstance(x, list):
+    def fits() -> bool:
+        # A stack, not recursion: a shape may have more dimensions than Python recurses.
+        stack = [(value, 0)]
+        while stack:
+            x, depth = stack.pop()
+            if depth == rank:
+                if isinstance(x, list):
+                    return False
+                out.append(x)
+            elif not isinstance(x, list) or len(x) != shape[depth]:
                 return False
-            out.append(x)
-            return True
-        if not isinstance(x, list) or len(x) != shape[depth]:
-            return False
-        return all(walk(e, depth + 1) for e in x)
+            else:
+                stack.extend((e, depth + 1) for e in reversed(x))
+        return True
 
-    if not walk(value, 0):
+    if not fits():
         got = _shape_of(value)
-        detail = "a scalar" if not got else f"{got} (ragged)" if got == shape else str(got)
-        raise EncodeError(f"shape mismatch: expected {shape}, got {detail}")
+        detail = (
+            "a scalar" if not got else f"{clipped(got)} (ragged)" if got == shape else clipped(got)
+        )
+        raise EncodeError(f"shape mismatch: expected {clipped(shape)}, got {detail}")
     return out
 
 
-def _value_converter(spec: FeatureSpec) -> Callable[[Any], list[Any]]:
+def _value_converter(spec: FeatureSpec, from_json: bool = False) -> Callable[[Any], list[Any]]:
     """A function from a present (not ``None``) raw value to the writer's list of values."""
-    element = _element_converter(spec)
+    element = _element_converter(spec, from_json)
     plain = _PLAIN_TYPES[spec.type] if spec.time_unit is None else frozenset()
     shape = spec.shape
 
@@ -386,11 +523,11 @@ CompiledFeature = tuple[bytes, bytes, str, bool, bytes | None]
 (name, JSON key, type, required, default entry)."""
 
 
-def _compile_feature(name: str, spec: FeatureSpec) -> _Plan:
+def _compile_feature(name: str, spec: FeatureSpec, from_json: bool = False) -> _Plan:
     text = spec.path if spec.path is not None else name
     path = parse_path(spec.path) if spec.path is not None else ((name, None),)
     key = path[0][0] if len(path) == 1 and path[0][1] is None else None
-    convert = _value_converter(spec)
+    convert = _value_converter(spec, from_json)
     default = None
     if spec.default is not None:
         default = _default_converter(spec)(spec.default)
@@ -428,17 +565,12 @@ def _csv_bytes(text: str) -> str:
 
 def _csv_timestamp(unit: TimeUnit) -> Callable[[str], int]:
     per_second = _PER_SECOND[unit]
+    digits_scale = _SCALE[unit]
 
     def convert(text: str) -> int:
         t = text.strip()
-        try:
-            if _INT_TEXT.fullmatch(t) is not None:
-                return int(t) * per_second
-            if _DECIMAL_TEXT.fullmatch(t) is not None:
-                scaled = Decimal(t) * per_second
-                return int(scaled.to_integral_value(rounding=ROUND_FLOOR))
-        except (ValueError, ArithmeticError):
-            raise EncodeError(f"timestamp out of range: {clipped(t)}") from None
+        if _DECIMAL_TEXT.fullmatch(t) is not None:
+            return _timestamp_int(t, digits_scale)
         return _parse_rfc3339(t, per_second)
 
     return convert
@@ -479,7 +611,8 @@ def _csv_converter(spec: FeatureSpec) -> Callable[[Any], list[Any]]:
                 raise EncodeError(f"value {len(values)}: {e.reason}") from None
         if count is not None and len(values) != count:
             raise EncodeError(
-                f"shape mismatch: shape {shape} needs {count} values, got {len(values)}"
+                f"shape mismatch: shape {clipped(shape)} needs {clipped(count)} values, "
+                f"got {len(values)}"
             )
         return values
 
@@ -513,6 +646,30 @@ def _specs(
     return specs
 
 
+_EXACT_JSON = json.JSONDecoder(parse_float=_TextFloat)
+
+
+def _exact_event(payload: bytes, parsed: Any) -> Any:
+    """``payload`` parsed again, each number with a fraction or an exponent as a
+    :class:`_TextFloat` and every integer exact; the keys a source added to ``parsed`` (an object
+    it parsed from ``payload``) are kept. ``parsed`` itself when the payload is not JSON text
+    (a source's own structured value)."""
+    try:
+        event = _EXACT_JSON.decode(payload.decode())
+    except RecursionError:
+        raise EncodeError(
+            "nested too deeply to read its numbers exactly (a float for an int64 feature)"
+        ) from None
+    except ValueError:
+        if parsed is not None:
+            return parsed
+        raise EncodeError("not JSON text: its numbers cannot be read exactly") from None
+    if isinstance(parsed, dict) and isinstance(event, dict):
+        for key, value in parsed.items():
+            event.setdefault(key, value)
+    return event
+
+
 def _not_an_object(event: Any) -> EncodeError:
     return EncodeError(f"not an object: got {describe(event)}")
 
@@ -529,6 +686,9 @@ class ExampleSchema:
         """The features as declared, in declaration order."""
         self._writer = ExampleWriter([(name, spec.type) for name, spec in self.features.items()])
         self._plan = tuple(_compile_feature(name, spec) for name, spec in self.features.items())
+        self._json_plan = tuple(
+            _compile_feature(name, spec, True) for name, spec in self.features.items()
+        )
         self._csv_plan = tuple(
             _compile_csv_feature(name, spec) for name, spec in self.features.items()
         )
@@ -536,15 +696,40 @@ class ExampleSchema:
     def encode(self, event: Any) -> bytes:
         """Serialize the ``Example`` for one decoded JSON object.
 
-        Raises :class:`~tfrecordd.errors.EncodeError` naming the feature at fault (``None`` when
-        the event is not an object).
+        A float for an int64 feature is taken at its exact binary value (``3.0`` is 3); the
+        number a JSON text holds is read exactly by :meth:`encode_json`. Raises
+        :class:`~tfrecordd.errors.EncodeError` naming the feature at fault (``None`` when the
+        event is not an object).
         """
+        return self._encode(event, self._plan)
+
+    def encode_json(self, payload: bytes, parsed: Any = None) -> bytes:
+        """Serialize the ``Example`` for one JSON text, every number taken exactly as written.
+
+        ``parsed`` is ``orjson.loads(payload)`` when the caller has it (a source may have added
+        keys to it), else the payload is parsed here. Where a float (a number with a fraction
+        or an exponent, or an integer beyond 64 bits, which orjson reads as a float) meets an
+        int64 feature, or a float of
+        seconds meets a timestamp whose count its digits could change, the payload is read
+        again keeping each number's text: ``1.0`` is 1 and ``9007199254740993.0`` is
+        9007199254740993, ``1.0000000000000001`` is refused, and ``1700000000.123456789``
+        seconds is exact to the nanosecond. A ``parsed`` value whose payload is not JSON text
+        is taken as :meth:`encode` takes it. Raises ``orjson.JSONDecodeError`` for a payload
+        that is not JSON, else as :meth:`encode`.
+        """
+        event = orjson.loads(payload) if parsed is None else parsed
+        try:
+            return self._encode(event, self._json_plan)
+        except _NeedsText:
+            return self._encode(_exact_event(payload, event), self._plan)
+
+    def _encode(self, event: Any, plan: tuple[_Plan, ...]) -> bytes:
         if event.__class__ is not dict and not isinstance(event, Mapping):
             raise _not_an_object(event)
         values: list[list[Any] | None] = []
         name = None
         try:
-            for name, key, get, convert, default, required, plain in self._plan:  # noqa: B007
+            for name, key, get, convert, default, required, plain in plan:  # noqa: B007
                 raw = event.get(key) if key is not None else get(event)
                 if raw.__class__ in plain:
                     values.append([raw])
@@ -655,6 +840,10 @@ class SequenceSchema:
         self._steps = _getter(steps_path, steps) if steps is not None else None
         self._context = tuple(_compile_feature(n, s) for n, s in self.context.items())
         self._lists = tuple(_compile_feature(n, s) for n, s in self.feature_lists.items())
+        self._json_context = tuple(_compile_feature(n, s, True) for n, s in self.context.items())
+        self._json_lists = tuple(
+            _compile_feature(n, s, True) for n, s in self.feature_lists.items()
+        )
         self._writer = SequenceExampleWriter(
             [(n, s.type) for n, s in self.context.items()],
             [(n, s.type) for n, s in self.feature_lists.items()],
@@ -663,15 +852,30 @@ class SequenceSchema:
     def encode(self, event: Any) -> bytes:
         """Serialize the ``SequenceExample`` for one decoded JSON object.
 
-        Raises :class:`~tfrecordd.errors.EncodeError` naming the feature (or feature list) at
-        fault; a step's problem is reported as ``"step <i>: <reason>"``.
+        Values are taken as :meth:`ExampleSchema.encode` takes them. Raises
+        :class:`~tfrecordd.errors.EncodeError` naming the feature (or feature list) at fault; a
+        step's problem is reported as ``"step <i>: <reason>"``.
         """
+        return self._encode(event, self._context, self._lists)
+
+    def encode_json(self, payload: bytes, parsed: Any = None) -> bytes:
+        """Serialize the ``SequenceExample`` for one JSON text, every number taken exactly as
+        written (as :meth:`ExampleSchema.encode_json` does)."""
+        event = orjson.loads(payload) if parsed is None else parsed
+        try:
+            return self._encode(event, self._json_context, self._json_lists)
+        except _NeedsText:
+            return self._encode(_exact_event(payload, event), self._context, self._lists)
+
+    def _encode(
+        self, event: Any, context_plan: tuple[_Plan, ...], lists_plan: tuple[_Plan, ...]
+    ) -> bytes:
         if not isinstance(event, Mapping):
             raise _not_an_object(event)
         context: list[list[Any] | None] = []
         name = None
         try:
-            for name, key, get, convert, default, required, plain in self._context:  # noqa: B007
+            for name, key, get, convert, default, required, plain in context_plan:  # noqa: B007
                 raw = event.get(key) if key is not None else get(event)
                 if raw.__class__ in plain:
                     context.append([raw])
@@ -682,12 +886,15 @@ class SequenceSchema:
                 else:
                     context.append(convert(raw))
             name = None
-            lists = self._by_steps(event) if self._steps is not None else self._parallel(event)
+            if self._steps is not None:
+                lists = self._by_steps(event, lists_plan)
+            else:
+                lists = self._parallel(event, lists_plan)
         except EncodeError as e:
             raise EncodeError(e.reason, e.feature or name) from None
         return self._writer.encode(context, lists)
 
-    def _by_steps(self, event: Any) -> list[list[list[Any]] | None]:
+    def _by_steps(self, event: Any, plan: tuple[_Plan, ...]) -> list[list[list[Any]] | None]:
         assert self._steps is not None
         steps = self._steps(event)
         if steps is None:
@@ -698,7 +905,7 @@ class SequenceSchema:
             if not isinstance(step, Mapping):
                 raise EncodeError(f"step {i} is not an object: got {describe(step)}")
         lists: list[list[list[Any]] | None] = []
-        for name, key, get, convert, default, required, _ in self._lists:
+        for name, key, get, convert, default, required, _ in plan:
             values = []
             i = 0
             try:
@@ -710,10 +917,10 @@ class SequenceSchema:
             lists.append(values)
         return lists
 
-    def _parallel(self, event: Any) -> list[list[list[Any]] | None]:
+    def _parallel(self, event: Any, plan: tuple[_Plan, ...]) -> list[list[list[Any]] | None]:
         lists: list[list[list[Any]] | None] = []
         first: tuple[str, int] | None = None
-        for name, key, get, convert, default, required, _ in self._lists:
+        for name, key, get, convert, default, required, _ in plan:
             try:
                 raw = event.get(key) if key is not None else get(event)
             except EncodeError as e:

@@ -17,6 +17,8 @@ written as such.
 
 from __future__ import annotations
 
+import contextlib
+import reprlib
 import struct
 from collections.abc import Callable, Sequence
 from enum import StrEnum
@@ -85,15 +87,36 @@ _FLOAT_PACKERS: tuple[Callable[..., bytes], ...] = tuple(
 )
 
 
+_HUGE_INT_BITS = 4000
+"""Beyond this, ``repr`` of an int may raise (the limit on int-to-text digits): give its size."""
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxother = 40
+
+
 def clipped(value: Any) -> str:
-    """The repr of ``value``, cut to 40 characters: error reasons stay short whatever the input."""
-    text = repr(value)
+    """The repr of ``value``, cut to 40 characters: error reasons stay short whatever the input.
+
+    Never raises: an int too long to print, a list nested too deep for ``repr`` or an object
+    whose ``repr`` fails is shown by an abridged form or by its type.
+    """
+    if isinstance(value, int) and value.bit_length() > _HUGE_INT_BITS:
+        return f"<{'-' if value < 0 else ''}int of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+        if isinstance(value, list | tuple | dict):
+            with contextlib.suppress(Exception):
+                text = _SHORT_REPR.repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
 def describe(value: Any) -> str:
     """An offending value as an error reason shows it: its type and a clipped repr."""
-    return f"{type(value).__name__} {clipped(value)}"
+    kind = "float" if isinstance(value, float) else type(value).__name__
+    return f"{kind} {clipped(value)}"
 
 
 def _int64_error(values: Sequence[Any]) -> EncodeError:

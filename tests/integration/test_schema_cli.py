@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -146,3 +147,50 @@ def test_invalid_config_exits_78(tmp_path: Path, capsys: pytest.CaptureFixture[s
     code, out, err = run(capsys, "-c", str(path), "--encoder", "movies")
     assert (code, out) == (EXIT_CONFIG, "")
     assert "encoders.movies.features.user" in err
+
+
+def strict_json(text: str) -> object:
+    """``text`` parsed as JSON is defined (RFC 8259): no NaN, Infinity or -Infinity tokens."""
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_strict_json_with_non_finite_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "nan.toml"
+    text = CONFIG.format(root=tmp_path, tagging="")
+    features = (
+        "[encoders.movies.features]\n"
+        "a = { type = 'float', default = nan }\n"
+        "b = { type = 'float', shape = [3], default = [inf, -inf, 1.5] }\n"
+        "c = { type = 'float', shape = [2, 1], default = [[-nan], [0.25]] }\n"
+    )
+    path.write_text(text[: text.index("[encoders.movies.features]")] + features)
+    code, out, err = run(capsys, "-c", str(path), "--format", "json")
+    assert (code, err) == (0, "")
+    description = strict_json(out)
+    assert description == {
+        "a": {"kind": "VarLenFeature", "dtype": "float32"},
+        "b": {
+            "kind": "FixedLenFeature",
+            "shape": [3],
+            "dtype": "float32",
+            "default_value": ["Infinity", "-Infinity", 1.5],
+        },
+        "c": {
+            "kind": "FixedLenFeature",
+            "shape": [2, 1],
+            "dtype": "float32",
+            "default_value": [["NaN"], [0.25]],
+        },
+    }
+    # What the docs promise a reader: float() gives back the values the encoder writes.
+    assert [float(v) for v in description["b"]["default_value"]] == [math.inf, -math.inf, 1.5]
+    assert math.isnan(float(description["c"]["default_value"][0][0]))
+    code, source, _ = run(capsys, "-c", str(path))
+    assert code == 0
+    assert "default_value=[float('inf'), float('-inf'), 1.5]" in source

@@ -1,7 +1,7 @@
 """The compiled JSON → Example path (tfrecordd._cexample) against the Python path it stands in for.
 
 The rule under test: whenever the plan returns bytes for a payload, the Python path
-(``orjson.loads`` + ``ExampleSchema.encode``) succeeds on that payload and returns the same bytes.
+(``ExampleSchema.encode_json``) succeeds on that payload and returns the same bytes.
 ``None`` is always allowed, and must come for anything the plan cannot be sure of.
 """
 
@@ -59,7 +59,7 @@ def plan_for(schema: ExampleSchema) -> Any:
 def python_path(schema: ExampleSchema, payload: bytes) -> bytes | None:
     """What the Python path writes for ``payload``, or ``None`` when it refuses it."""
     try:
-        return schema.encode(orjson.loads(payload))
+        return schema.encode_json(payload)
     except (orjson.JSONDecodeError, EncodeError):
         return None
 
@@ -217,6 +217,10 @@ def test_records_parse_to_the_values() -> None:
         ({"a": "bytes"}, b'{"a":"' + b"x" * 20000 + b'"}'),
         ({"a": "int64"}, b'{"a":[' + b",".join(b"300" for _ in range(5000)) + b"]}"),
         ({"a": "int64"}, b'{"x":' + b"[" * 63 + b"]" * 63 + b"}"),
+        # Integers written with a fraction or an exponent: the number the text says, exactly.
+        ({"a": "int64"}, b'{"a":[1.0, 2e0, 2.50e1, 9007199254740993.0, -0.0, 0e999, 1E+2]}'),
+        ({"a": "int64"}, b'{"a":[-9223372036854775808.0, 92233720368547758070e-1]}'),
+        ({"a": "int64"}, b'{"a":0.00000000000000000000000000001e29}'),
     ],
 )
 def test_unusual_but_plain_events_take_the_fast_path(
@@ -241,7 +245,13 @@ def test_unusual_but_plain_events_take_the_fast_path(
         ({"a": "int64"}, b'{"a":1,"a":2}'),  # a duplicated feature key
         ({"a": "int64"}, b'{"a":1,"\\u0061":2}'),
         ({"a": "int64"}, b'{"a":01}'),
-        ({"a": "int64"}, b'{"a":1.0}'),  # Python writes 1; the compiled path does not convert
+        ({"a": "int64"}, b'{"a":1.5}'),
+        ({"a": "int64"}, b'{"a":1.0000000000000001}'),  # 1.0 as a double; not an integer
+        ({"a": "int64"}, b'{"a":9223372036854775808.0}'),
+        ({"a": "int64"}, b'{"a":-92233720368547758090e-1}'),
+        ({"a": "int64"}, b'{"a":1e19}'),
+        ({"a": "int64"}, b'{"a":1e-1}'),
+        ({"a": "int64"}, b'{"a":10000000000000000000000e-3}'),  # more than 19 digits
         ({"a": "int64"}, b'{"a":9223372036854775808}'),
         ({"a": "int64"}, b'{"a":-9223372036854775809}'),
         ({"a": "int64"}, b'{"a":true}'),
@@ -569,7 +579,9 @@ def _declined(kind: str | None, value: Any) -> bool:
         return True
     values = value if isinstance(value, list) else [value]
     if kind == "int64":
-        return any(isinstance(v, float) for v in values)  # Python converts 3.0 to 3
+        # A float here was written with a fraction or an exponent: the compiled path takes it
+        # only when it reads an int64 from the digits as easily as Python does.
+        return any(isinstance(v, float) for v in values)
     if kind == "float":
         return any(isinstance(v, int) and not -(2**63) <= v < 2**63 for v in values)
     return False

@@ -106,6 +106,17 @@ def test_bad_paths(path: str) -> None:
         parse_path(path)
 
 
+@pytest.mark.parametrize("digit", ["\uff11", "\u0661", "\u06f1", "\u0967"])
+def test_an_index_is_written_in_ascii_digits(digit: str) -> None:
+    # int() reads full-width, Arabic-Indic, Persian and Devanagari digits; a path does not.
+    with pytest.raises(ValueError, match="invalid path"):
+        parse_path(f"items[{digit}]")
+    with pytest.raises(pydantic.ValidationError):
+        FeatureSpec.model_validate({"type": "int64", "path": f"grid[0][{digit}]"})
+    # A dotted segment of such digits is a key, never an index.
+    assert parse_path(f"items.{digit}") == (("items", None), (digit, None))
+
+
 # --- values ---------------------------------------------------------------------------------------
 
 

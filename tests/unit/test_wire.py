@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tfrecordd import proto
 from tfrecordd.errors import EncodeError
-from tfrecordd.wire import ExampleWriter, FeatureType, SequenceExampleWriter
+from tfrecordd.wire import ExampleWriter, FeatureType, SequenceExampleWriter, clipped, describe
 
 FLT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -310,3 +310,42 @@ def test_clipped_keeps_reasons_short_whatever_the_value() -> None:
     long = clipped("x" * 10_000)
     assert len(long) == 40
     assert long.endswith("...")
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (10**5000, "<int of 16610 bits>"),
+        (-(10**5000), "<-int of 16610 bits>"),
+        ([1, 10**5000], "<list>"),
+        (_nested(100000), "[[[[...]]]]"),
+        (_BadRepr(), "<_BadRepr>"),
+        ("x" * 1000, "'" + "x" * 36 + "..."),
+        (1.5, "1.5"),
+    ],
+    ids=["huge-int", "huge-negative-int", "list-of-huge-int", "deep", "bad-repr", "long", "float"],
+)
+def test_an_offending_value_is_shown_short_whatever_it_is(value: Any, shown: str) -> None:
+    # Error reasons are built from event values: showing one must never raise (an int past
+    # Python's digit limit, a list deeper than repr recurses) nor grow with the value.
+    assert clipped(value) == shown
+    assert len(describe(value)) <= 60
+
+
+def test_int64_out_of_range_far_beyond_the_digit_limit_is_refused() -> None:
+    with pytest.raises(EncodeError) as info:
+        ExampleWriter([("n", FeatureType.INT64)]).encode([[10**5000]])
+    assert info.value.feature == "n"
+    assert info.value.reason == "int64 out of range: <int of 16610 bits>"

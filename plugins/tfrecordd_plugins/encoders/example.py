@@ -65,7 +65,7 @@ class ExampleEncoder(Encoder):
         fast: list[bytes | None] | None = None
         if self._plan is not None:
             # b"" is never a record: events that are not JSON payloads come back as None.
-            fast = self._plan.encode_batch(
+            fast = self._fast(
                 [ev.payload if ev.format is None and ev.value is None else b"" for ev in events]
             )
         return self._finish(events, fast)
@@ -73,10 +73,18 @@ class ExampleEncoder(Encoder):
     def encode_lines(self, payloads: list[bytes]) -> EncodeResult:
         if self._plan is None:
             return super().encode_lines(payloads)
-        fast = self._plan.encode_batch(payloads)
+        fast = self._fast(payloads)
         # Events are made only for the Python path to name failures by: when one is needed.
         events = [] if None not in fast else [RawEvent(p, "") for p in payloads]
         return self._finish(events, fast)
+
+    def _fast(self, payloads: list[bytes]) -> list[bytes | None]:
+        """The compiled plan's answers; all ``None`` (the Python path) if it cannot allocate."""
+        assert self._plan is not None
+        try:
+            return self._plan.encode_batch(payloads)
+        except MemoryError:
+            return [None] * len(payloads)
 
     def _finish(self, events: Sequence[RawEvent], fast: list[bytes | None] | None) -> EncodeResult:
         """The records: the compiled plan's where it gave one, the Python path's elsewhere."""
@@ -85,7 +93,7 @@ class ExampleEncoder(Encoder):
         if fast is not None and None not in fast:
             records.extend(cast("list[bytes]", fast))
             return result
-        encode, encode_csv, loads = self.schema.encode, self.schema.encode_csv, orjson.loads
+        encode_json, encode_csv = self.schema.encode_json, self.schema.encode_csv
         for i, ev in enumerate(events):
             if fast is not None and (record := fast[i]) is not None:
                 records.append(record)
@@ -93,8 +101,7 @@ class ExampleEncoder(Encoder):
             fmt = ev.format
             try:
                 if fmt is None:
-                    value = ev.value if ev.value is not None else loads(ev.payload)
-                    records.append(encode(value))
+                    records.append(encode_json(ev.payload, ev.value))
                 elif fmt == "csv":
                     records.append(encode_csv(ev.value))
                 else:

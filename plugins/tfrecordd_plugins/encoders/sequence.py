@@ -61,7 +61,7 @@ class SequenceEncoder(Encoder):
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
         result = EncodeResult()
         records, failures = result.records, result.failures
-        encode, loads = self.schema.encode, orjson.loads
+        encode_json = self.schema.encode_json
         for i, ev in enumerate(events):
             if ev.format is not None:
                 failures.append(
@@ -69,12 +69,9 @@ class SequenceEncoder(Encoder):
                 )
                 continue
             try:
-                value = ev.value if ev.value is not None else loads(ev.payload)
+                records.append(encode_json(ev.payload, ev.value))
             except orjson.JSONDecodeError as e:
                 failures.append((i, "malformed", f"not valid JSON: {e}"))
-                continue
-            try:
-                records.append(encode(value))
             except EncodeError as e:
                 failures.append((i, "schema", str(e)))
         return result
