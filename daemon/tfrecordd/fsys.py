@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from typing import BinaryIO
 
 
@@ -90,6 +91,19 @@ class FileSystem:
 
 LOCAL = FileSystem()
 """The real local file system."""
+
+
+def read_nofollow(path: str) -> bytes:
+    """The whole content of the regular file ``path``, opened without following a symlink
+    (``OSError`` ``ELOOP`` if it is one, ``EINVAL`` if it is not a regular file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
