@@ -939,17 +939,15 @@ class Daemon:
         published): if the journal cannot take it, the file stays for recovery to drop."""
         assert unit.shard is not None
         intent = unit.intent
-        if intent is not None and not self.output.is_published(intent):
-            try:
+        try:
+            if intent is not None and not self.output.is_published(intent):
                 self.journal.drop(intent.seq)
-            except (OSError, DurabilityError) as e:
-                log.error(
-                    "%s: left in progress for the next start to discard (journal: %s)",
-                    intent.shard,
-                    e,
-                )
-                unit.shard.offsets.remove()
-                return
+        except Exception as e:
+            log.error(
+                "%s: left in progress for the next start to decide on (%s)", unit.shard.name, e
+            )
+            unit.shard.offsets.remove()
+            return
         unit.shard.discard()
 
     def _commit_sync(self, unit: _Unit) -> tuple[Intent, FinishedShard | None]:
