@@ -466,9 +466,9 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
     )
     files: dict[str, set[int]] = {}
     for f in range(12):
-        ids = set(range(f * 10, f * 10 + 10))
-        spool_file(spool, f"f{f:03d}.jsonl", [movie_event(i) for i in sorted(ids)])
-        files[f"f{f:03d}.jsonl"] = ids
+        in_file = set(range(f * 10, f * 10 + 10))
+        spool_file(spool, f"f{f:03d}.jsonl", [movie_event(i) for i in sorted(in_file)])
+        files[f"f{f:03d}.jsonl"] = in_file
     d = DaemonProcess(cfg_path, env={"TFRECORDD_CRASH_AT": f"after-publish:{nth}"})
     assert d.wait(60) == 137, d.output()
     scan = scan_journal(str(state / "journal"))
