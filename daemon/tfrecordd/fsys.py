@@ -113,9 +113,14 @@ def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
     fs.remove(tmp)
     f = fs.create_exclusive(tmp)
     try:
-        fs.write(f, data)
-        fs.fsync(f)
-    finally:
-        fs.close(f)
+        try:
+            fs.write(f, data)
+            fs.fsync(f)
+        finally:
+            fs.close(f)
+    except BaseException:
+        # A part-written copy would hold on to the space a full disk needs back.
+        fs.remove(tmp)
+        raise
     fs.replace(tmp, path)
     fs.fsync_dir(directory)

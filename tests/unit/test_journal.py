@@ -338,3 +338,86 @@ def test_a_removed_sources_positions_are_kept_until_it_comes_back(tmp_path: Path
     back.close()
     assert rec.states["spool"] == {"a": 20}
     assert rec.states["other"] == {"x": 12}
+
+
+class _FullAfter(type(LOCAL)):  # type: ignore[misc]
+    """Writes ``room`` more bytes, then fails with ENOSPC, as a full file system does."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def write(self, f: Any, data: bytes | memoryview) -> None:
+        import errno
+
+        view = memoryview(data)
+        if len(view) > self.room:
+            f.write(view[: self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(view)
+        super().write(f, view)
+
+
+@pytest.mark.parametrize("room", [0, 30, 200])
+def test_a_full_state_dir_stops_commits_and_leaves_the_journal_whole(
+    tmp_path: Path, room: int
+) -> None:
+    from tfrecordd.errors import DurabilityError
+
+    j = journal(tmp_path)
+    j.recover()
+    commit(j, "s1", [tok("a", 10)])
+    size = os.path.getsize(tmp_path / JOURNAL)
+    j.fs = _FullAfter(room)
+
+    def fill() -> None:
+        for i in range(2, 20):
+            commit(j, f"s{i}", [tok("a", i * 10)])
+
+    with pytest.raises(DurabilityError, match="state_dir is full"):
+        fill()
+    j.close()
+    assert os.path.getsize(tmp_path / JOURNAL) >= size
+    rec = recovered(tmp_path)
+    assert rec.torn_at is None, "a partial record was left in the journal"
+    assert rec.states["spool"]["a"] >= 10
+
+
+class _NoRoomForNewFiles(type(LOCAL)):  # type: ignore[misc]
+    """Appends succeed; a new file (the checkpoint's and the journal's temp copies) gets ENOSPC."""
+
+    def __init__(self) -> None:
+        self.new: set[int] = set()
+
+    def create_exclusive(self, path: str) -> Any:
+        f = super().create_exclusive(path)
+        self.new.add(f.fileno())
+        return f
+
+    def write(self, f: Any, data: bytes | memoryview) -> None:
+        import errno
+
+        if f.fileno() in self.new:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write(f, data)
+
+
+def test_a_full_state_dir_during_compaction_keeps_the_old_checkpoint(tmp_path: Path) -> None:
+    from tfrecordd.errors import DurabilityError
+
+    j = journal(tmp_path, compact_after=3)
+    j.recover()
+    for i in range(3):
+        commit(j, f"s{i}", [tok("a", i + 1)])
+    before = (tmp_path / CHECKPOINT).read_bytes()
+    commit(j, "s3", [tok("a", 4)])
+    commit(j, "s4", [tok("a", 5)])
+    intent = j.next_intent("s5", {"spool": [tok("a", 6)]})
+    j.write_intent(intent)
+    j.fs = _NoRoomForNewFiles()
+    with pytest.raises(DurabilityError, match="state_dir is full"):
+        j.write_done(intent.seq)  # the third finished commit: compaction
+    j.close()
+    assert (tmp_path / CHECKPOINT).read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert recovered(tmp_path).states == {"spool": {"a": 6}}
