@@ -24,16 +24,21 @@ class FileSystem:
         return os.fdopen(fd, "wb", buffering=0)
 
     def open_append(self, path: str) -> tuple[BinaryIO, bool]:
-        """Open ``path`` for appending, creating it if missing (never through a symlink).
+        """Open ``path`` for appending, creating it if missing (never through a symlink, and
+        only a regular file).
         Returns the file and whether it was created: a new file's directory entry is durable
         only after :meth:`fsync_dir` of its directory."""
-        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        # O_NONBLOCK: a FIFO put in its place fails to open instead of blocking.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             fd = os.open(path, flags)
             created = False
         except FileNotFoundError:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o640)
             created = True
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", path)
         return os.fdopen(fd, "ab", buffering=0), created
 
     def write(self, f: BinaryIO, data: bytes | memoryview) -> None:

@@ -137,3 +137,23 @@ def test_a_line_cut_short_by_a_crash_is_cut_off_at_open(tmp_path: Path) -> None:
     dl.write("spool", "a.jsonl:2", "malformed", "not JSON", b"{two")
     dl.close()
     assert [x["where"] for x in lines(tmp_path / NAME)] == ["a.jsonl:1", "a.jsonl:2"]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_symlink_or_fifo_in_place_of_the_file_is_refused_not_followed(
+    tmp_path: Path, kind: str
+) -> None:
+    import os
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    if kind == "symlink":
+        (tmp_path / NAME).symlink_to(victim)
+    else:
+        os.mkfifo(tmp_path / NAME)
+    dl = DeadLetters(str(tmp_path), LOCAL, 1 << 20)
+    with pytest.raises(DurabilityError, match=str(tmp_path / NAME)):
+        dl.write("spool", "a.jsonl:1", "malformed", "not JSON", b"{one")
+    dl.close()
+    assert victim.read_bytes() == b"precious\n"
