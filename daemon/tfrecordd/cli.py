@@ -13,7 +13,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from tfrecordd import describe, initcmd, service, status, tools
+    from tfrecordd import describe, initcmd, service, statecmd, status, tools
 
     p = argparse.ArgumentParser(
         prog="tfrecordd",
@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"tfrecordd {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (service, tools, describe, status, initcmd):
+    for module in (service, tools, describe, status, initcmd, statecmd):
         module.add_commands(sub)
     return p
 

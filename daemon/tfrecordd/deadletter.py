@@ -20,9 +20,45 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from tfrecordd.fsys import FileSystem
+from tfrecordd.errors import DurabilityError
+from tfrecordd.fsys import FileSystem, read_nofollow
 
 NAME = "dead-letters.jsonl"
+
+
+def dead_letter_error(path: str, e: OSError) -> DurabilityError:
+    """The error that stops the daemon when a dead letter cannot be written or synced."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DurabilityError(
+            f"{path}: no space left for dead letters (state_dir is full); nothing more is "
+            "acknowledged. Free space on its file system and start again: unacknowledged "
+            "events replay"
+        )
+    return DurabilityError(f"{path}: {e.strerror or e}")
+
+
+def _whole_lines(f: BinaryIO) -> int:
+    """Cut a line left unfinished by a crash off the end of the open file ``f``; its new size.
+    Dead letters not yet synced belong to unacknowledged events, which are read and
+    dead-lettered again after the restart."""
+    size = end = os.fstat(f.fileno()).st_size
+    if not size:
+        return 0
+    fd = os.open(f"/proc/self/fd/{f.fileno()}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        while end > 0:
+            start = max(0, end - 65536)
+            block = os.pread(fd, end - start, start)
+            at = block.rfind(b"\n")
+            if at >= 0:
+                end = start + at + 1
+                break
+            end = start
+    finally:
+        os.close(fd)
+    if end != size:
+        os.ftruncate(f.fileno(), end)
+    return end
 
 
 class DeadLetters:
@@ -48,7 +84,7 @@ class DeadLetters:
         if self._file is None:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._file, self._created = self.fs.open_append(self.path)
-            self._size = os.fstat(self._file.fileno()).st_size
+            self._size = _whole_lines(self._file)
             self._lines = 0
         return self._file
 
@@ -69,22 +105,36 @@ class DeadLetters:
         line = orjson.dumps(entry) + b"\n"
         discarded = 0
         with self._lock:
-            f = self._open()
-            if self._size and self._size + len(line) > self.max_bytes:
-                discarded = self._rotate()
+            try:
                 f = self._open()
-            self.fs.write(f, line)
+                if self._size and self._size + len(line) > self.max_bytes:
+                    discarded = self._rotate()
+                    f = self._open()
+            except OSError as e:
+                raise dead_letter_error(self.path, e) from e
+            try:
+                self.fs.write(f, line)
+            except OSError as e:
+                self._undo_partial(f)
+                raise dead_letter_error(self.path, e) from e
             self._size += len(line)
             self._lines += 1
             self._dirty = True
         return discarded
 
+    def _undo_partial(self, f: BinaryIO) -> None:
+        """Cut a line written in part (a full disk) back off: the file holds whole lines only.
+        If even that fails, the file is never written again."""
+        try:
+            os.ftruncate(f.fileno(), self._size)
+        except OSError:
+            self._failed = True
+
     def _rotate(self) -> int:
         old = self.path + ".1"
         discarded = 0
-        if os.path.exists(old):
-            with open(old, "rb") as f:
-                discarded = sum(1 for _ in f)
+        with contextlib.suppress(FileNotFoundError):
+            discarded = read_nofollow(old).count(b"\n")
         self.sync()
         assert self._file is not None
         self._file.close()

@@ -98,6 +98,19 @@ class StateInUseError(TfrecorddError):
     exit_code = EXIT_IN_USE
 
 
+class StateError(TfrecorddError):
+    """A file of ``state_dir`` (the journal, the checkpoint) is damaged: not what a crash
+    leaves. The daemon does not start on it (``tfrecordd state check`` / ``repair``)."""
+
+    exit_code = EXIT_DATA
+
+    def __init__(self, path: str, detail: str, todo: str = "") -> None:
+        self.path = path
+        self.detail = detail
+        message = f"{path} {detail}"
+        super().__init__(f"{message}; {todo}" if todo else message)
+
+
 class WorkerError(TfrecorddError):
     """An encode worker process exited or broke its protocol: the daemon stops (its batches are
     in no published shard, so they replay after a restart)."""

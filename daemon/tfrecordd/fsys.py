@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from typing import BinaryIO
 
 
@@ -23,16 +24,21 @@ class FileSystem:
         return os.fdopen(fd, "wb", buffering=0)
 
     def open_append(self, path: str) -> tuple[BinaryIO, bool]:
-        """Open ``path`` for appending, creating it if missing (never through a symlink).
+        """Open ``path`` for appending, creating it if missing (never through a symlink, and
+        only a regular file).
         Returns the file and whether it was created: a new file's directory entry is durable
         only after :meth:`fsync_dir` of its directory."""
-        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        # O_NONBLOCK: a FIFO put in its place fails to open instead of blocking.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             fd = os.open(path, flags)
             created = False
         except FileNotFoundError:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o640)
             created = True
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", path)
         return os.fdopen(fd, "ab", buffering=0), created
 
     def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
@@ -92,6 +98,19 @@ LOCAL = FileSystem()
 """The real local file system."""
 
 
+def read_nofollow(path: str) -> bytes:
+    """The whole content of the regular file ``path``, opened without following a symlink
+    (``OSError`` ``ELOOP`` if it is one, ``EINVAL`` if it is not a regular file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
     """Write a small file so that readers see either the old content or all of ``data``."""
     directory, name = os.path.split(os.path.abspath(path))
@@ -99,9 +118,14 @@ def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
     fs.remove(tmp)
     f = fs.create_exclusive(tmp)
     try:
-        fs.write(f, data)
-        fs.fsync(f)
-    finally:
-        fs.close(f)
+        try:
+            fs.write(f, data)
+            fs.fsync(f)
+        finally:
+            fs.close(f)
+    except BaseException:
+        # A part-written copy would hold on to the space a full disk needs back.
+        fs.remove(tmp)
+        raise
     fs.replace(tmp, path)
     fs.fsync_dir(directory)

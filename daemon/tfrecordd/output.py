@@ -3,8 +3,10 @@
 The committer writes each shard as a hidden in-progress file in :attr:`Output.staging_dir`,
 fsyncs it, journals the intent, then calls :meth:`Output.publish`. Only when that returns are
 the sources acknowledged. At start-up, :meth:`Output.is_published` and :meth:`Output.resume`
-decide, for each journalled intent without ``done``, whether its acks are redone, its publishing
-is finished from the staged copy, or it is dropped (its events replay from the sources).
+help decide, for each journalled intent without ``done``, whether its acks are redone, its
+publishing is finished from the staged copy, or it is dropped (its events replay from the
+sources); a shard moved away after it was published is known from its intent (see
+``Daemon._was_published``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class Output(abc.ABC):
     def sidecar_exists(self, name: str) -> bool:
         """Whether the small file ``name`` is published (recovery; blocking)."""
 
+    def sync(self) -> None:  # noqa: B027
+        """Make every shard published so far durable (recovery calls it before redoing the
+        acks of shards published just before a crash). Default: nothing to do."""
+
     def resume(self, intent: Intent, staged: str) -> bool:
         """Finish publishing an intent's shard from its staged copy at ``staged`` if the copy
         is complete; return whether it is now published. Default: cannot resume."""
@@ -86,7 +92,14 @@ class LocalOutput(Output):
         crashpoints.reached("after-dir-fsync")
 
     def is_published(self, intent: Intent) -> bool:
-        return intent.shard is not None and os.path.exists(self.final_path(intent.shard))
+        return intent.shard is not None and os.path.lexists(self.final_path(intent.shard))
+
+    def sync(self) -> None:
+        if self.fsync:
+            try:
+                self.fs.fsync_dir(self.staging_dir)
+            except OSError as e:
+                raise DurabilityError(f"{self.staging_dir}: fsync: {e.strerror or e}") from e
 
     def publish_sidecar(self, name: str, parts: Iterable[bytes]) -> None:
         try:

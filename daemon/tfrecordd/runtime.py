@@ -238,6 +238,8 @@ class _Unit:
     tokens: dict[str, list[Token]] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
     first_at: float | None = None
+    intent: Intent | None = None
+    """Set once the commit's intent may be in the journal."""
 
     def empty(self) -> bool:
         return self.shard is None and not self.tokens
@@ -324,6 +326,7 @@ class Daemon:
             fs,
             folds={name: type(src).fold for name, src in self.sources.items()},
             fsync=self.fsync,
+            types={s.name: s.type for s in config.sources},
         )
         self.dead_letters = DeadLetters(
             self.state_dir, fs, config.daemon.dead_letter_max_bytes, fsync=self.fsync
@@ -479,12 +482,15 @@ class Daemon:
             staged = os.path.join(self.out_dir, inprogress_name(intent.shard or ""))
             if intent.shard is None:
                 redo.append(intent)
-            elif self.output.is_published(intent) or self.output.resume(intent, staged):
+            elif self._was_published(intent, staged):
                 self._ensure_manifest(intent)
                 redo.append(intent)
             else:
-                self.journal.drop(intent.seq)
+                self.journal.drop(intent.seq, sync=False)
                 dropped += 1
+        if dropped:
+            # Durable before any in-progress file goes (see _was_published).
+            self.journal.sync()
         discarded = 0
         for entry in os.listdir(self.out_dir):
             if self.namer.owns_inprogress(entry):
@@ -492,11 +498,40 @@ class Daemon:
                 discarded += 1
         return redo, dropped, discarded
 
+    def _was_published(self, intent: Intent, staged: str) -> bool:
+        """Whether an unfinished intent's shard was published (finishing an interrupted upload
+        from the staged copy where the output can).
+
+        Decided from the journal, not from the shard's presence: a shipper may have moved the
+        shard away since. Once its intent is journalled, a shard's in-progress file goes only
+        when the shard is published, or after a durable ``drop`` of the intent (recovery's
+        discard, a failed commit). So an intent whose in-progress file is gone was published,
+        whether its shard is still there or not."""
+        assert intent.shard is not None
+        if self.output.is_published(intent):
+            return True
+        try:
+            st = os.lstat(staged)
+        except FileNotFoundError:
+            log.warning(
+                "%s: published before the restart and moved away since (its in-progress file "
+                "is gone too); its acknowledgements are redone, its events not written again",
+                intent.shard,
+            )
+            return True
+        if isinstance(self.output, LocalOutput) and st.st_nlink > 1:
+            # Linked to its final name, then moved away before the in-progress name was removed.
+            return True
+        return self.output.resume(intent, staged)
+
     def _ensure_manifest(self, intent: Intent) -> None:
         """Rebuild the manifest of a shard published just before a crash, if it is missing."""
         assert intent.shard is not None
         name = manifest.manifest_name(intent.shard)
         if not self.config.output.manifests or self.output.sidecar_exists(name):
+            return
+        if isinstance(self.output, LocalOutput) and not self.output.is_published(intent):
+            log.info("%s: moved away; its manifest is not rebuilt", intent.shard)
             return
         if not isinstance(self.output, LocalOutput):
             log.warning("%s: manifest missing after a crash; not rebuilt remotely", intent.shard)
@@ -540,6 +575,11 @@ class Daemon:
             self._sort_unfinished, rec.unfinished
         )
         self.metrics.shards_discarded.inc(discarded)
+        if any(intent.shard is not None for intent in redo):
+            # A shard linked just before a crash may not be durable yet: its directory is
+            # fsynced before any of its acks is redone (a manifest rebuilt for it would do it
+            # too, but not every redone shard needs one).
+            await anyio.to_thread.run_sync(self.output.sync)
         pending: dict[str, list[Token]] = {}
         for intent in redo:
             for source, tokens in intent.positions.items():
@@ -905,7 +945,7 @@ class Daemon:
             except BaseException:
                 if unit.shard is not None:
                     with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(unit.shard.discard)
+                        await anyio.to_thread.run_sync(self._abandon, unit)
                     self.metrics.shards_discarded.inc()
                 raise
         if finished is not None:
@@ -924,6 +964,23 @@ class Daemon:
         crashpoints.reached("after-done")
         self.metrics.journal_bytes.set(self.journal.size)
 
+    def _abandon(self, unit: _Unit) -> None:
+        """Discard a failed commit's shard. Once its intent may be journalled, the in-progress
+        file goes only after a durable ``drop`` (recovery takes an intent without one for
+        published): if the journal cannot take it, the file stays for recovery to drop."""
+        assert unit.shard is not None
+        intent = unit.intent
+        try:
+            if intent is not None and not self.output.is_published(intent):
+                self.journal.drop(intent.seq)
+        except Exception as e:
+            log.error(
+                "%s: left in progress for the next start to decide on (%s)", unit.shard.name, e
+            )
+            unit.shard.offsets.remove()
+            return
+        unit.shard.discard()
+
     def _commit_sync(self, unit: _Unit) -> tuple[Intent, FinishedShard | None]:
         finished: FinishedShard | None = None
         if unit.shard is not None:
@@ -941,6 +998,7 @@ class Daemon:
             size=finished.size if finished else 0,
             sha256=finished.sha256 if finished else None,
         )
+        unit.intent = intent
         try:
             with Stopwatch(self.metrics.fsync_duration):
                 self.journal.write_intent(intent)

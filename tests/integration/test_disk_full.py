@@ -84,3 +84,62 @@ async def test_full_disk_pauses_and_resumes(tmp_path: Path, small_disk: Path) ->
         assert value("tfrecordd_paused") == 0
         daemon.request_stop()
     assert read_ids(out) == dict.fromkeys(range(events), 1)
+
+
+def test_a_full_state_dir_stops_with_exit_74_and_never_tears_a_dead_letter(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """The state_dir's file system fills while bad events are dead-lettered: the daemon exits 74
+    saying so (no traceback), every line of dead-letters.jsonl is whole, nothing unpublished is
+    acked, and after space returns every event arrives once and every bad one is dead-lettered."""
+    import json
+
+    from tests.reliability.harness import count_ids
+    from tests.support import DaemonProcess, run_clean_until
+
+    state = small_disk / "state"
+    cfg = write_config(
+        tmp_path,
+        output={"max_shard_records": 100, "max_shard_age": "200ms"},
+        daemon={"state_dir": state, "max_batch_events": 50},
+    )
+    lines: list[object] = []
+    bad = 0
+    for i in range(3000):
+        lines.append(movie_event(i))
+        if i % 5 == 4:
+            lines.append("{broken " + "x" * 3000)
+            bad += 1
+    spool_file(tmp_path / "spool", "a.jsonl", lines)  # type: ignore[arg-type]
+    state.mkdir()
+    st = os.statvfs(small_disk)
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 64 * 1024 - 1000))
+    d = DaemonProcess(cfg)
+    try:
+        rc = d.wait(60)
+    finally:
+        d.kill()
+    out = d.output()
+    assert rc == 74, out
+    assert "state_dir is full" in out
+    assert "Traceback" not in out
+    letters = (state / "dead-letters.jsonl").read_bytes()
+    assert letters
+    assert letters.endswith(b"\n"), "a torn dead letter was left"
+    for line in letters.splitlines():
+        json.loads(line)
+    filler.unlink()
+
+    def drained() -> bool:
+        return not list((tmp_path / "spool").glob("*.jsonl")) and not claimed_files(
+            tmp_path / "spool"
+        )
+
+    run_clean_until(cfg, drained)
+    ids, problems = count_ids(out_dir := tmp_path / "shards")
+    assert problems == [], out_dir
+    assert ids == dict.fromkeys(range(3000), 1)
+    letters = (state / "dead-letters.jsonl").read_bytes()
+    wheres = [json.loads(line)["where"] for line in letters.splitlines()]
+    assert len(set(wheres)) == bad

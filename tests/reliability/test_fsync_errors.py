@@ -142,10 +142,13 @@ async def test_io_error_is_fatal_and_nothing_is_lost(
     assert [c for c in fs.after_fault if c[1] == fs.failed and c[0] == "fsync"] == []
     # Nothing acked: the spool file is still there. A failed shard, or a manifest whose write,
     # fsync or close failed (after its shard was published), is removed at once; the restart
-    # rebuilds the manifest from the shard.
+    # rebuilds the manifest from the shard. When the journal failed, its intent may be in it
+    # and cannot be dropped: the shard stays in progress for the restart to drop and discard
+    # (recovery takes an intent whose in-progress file is gone for published).
     assert _claimed_or_spooled(tmp_path), "the spool file was acked after an I/O error"
     out = tmp_path / "shards"
-    assert [p.name for p in out.glob(".*.inprogress")] == []
+    left = [p.name for p in out.glob(".*.inprogress")]
+    assert left == [] if kind != "journal" else len(left) <= 1, left
     # Restart on a healthy file system: everything arrives, once.
     daemon = Daemon(cfg, handle_signals=False)
     async with anyio.create_task_group() as tg:

@@ -441,3 +441,81 @@ async def test_power_cuts_from_the_first_boot(tmp_path: Path) -> None:
     """The journal and the dead-letter file are new: their directory entries must be made
     durable before anything they hold is acked."""
     check(await run_cuts(tmp_path, cuts=10, seed=14, first_boot_synced=False), 10)
+
+
+@pytest.mark.parametrize("manifests", [False, True])
+@pytest.mark.parametrize("nth", [1, 3])
+async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
+    tmp_path: Path, manifests: bool, nth: int
+) -> None:
+    """Crash then cut: ``tfrecordd run`` is killed right after a shard's link, before the
+    output directory's fsync (so the link is not durable yet); the restart redoes the commit's
+    acks (spool files deleted), and the power is cut as soon as the first of them is durable.
+    Every event of a deleted spool file must survive in a published shard: recovery fsyncs the
+    output before it redoes any ack, with manifests (whose rebuild fsyncs it anyway) and
+    without."""
+    from tests.support import DaemonProcess, spool_file
+    from tfrecordd.journal import scan_journal
+    from tfrecordd.shards import inprogress_name
+
+    shards, state, spool = tmp_path / "shards", tmp_path / "state", tmp_path / "spool"
+    cfg_path = write_config(
+        tmp_path,
+        output={"max_shard_records": 40, "max_shard_age": "200ms", "manifests": manifests},
+        daemon={"max_batch_events": 10},
+    )
+    files: dict[str, set[int]] = {}
+    for f in range(12):
+        in_file = set(range(f * 10, f * 10 + 10))
+        spool_file(spool, f"f{f:03d}.jsonl", [movie_event(i) for i in sorted(in_file)])
+        files[f"f{f:03d}.jsonl"] = in_file
+    d = DaemonProcess(cfg_path, env={"TFRECORDD_CRASH_AT": f"after-publish:{nth}"})
+    assert d.wait(60) == 137, d.output()
+    scan = scan_journal(str(state / "journal"))
+    done = {r["seq"] for r in scan.records if r["t"] == "done"}
+    open_shards = [r["shard"] for r in scan.records if r["t"] == "intent" and r["seq"] not in done]
+    assert len(open_shards) == 1, scan.records
+    linked = open_shards[0]
+    assert (shards / linked).exists()
+
+    model = DurabilityModel([shards, state, spool, spool / CLAIM_DIR, spool / CLAIM_DIR / "test"])
+    # The kill came after the link and the unlink of the in-progress name, before the output
+    # directory was fsynced: durably, the shard is still under its in-progress name.
+    out_entries = model.entries[str(shards.resolve())]
+    out_entries[inprogress_name(linked)] = out_entries.pop(linked)
+    spool_dirs = str(spool.resolve())
+
+    real = directory_source._fsync_dir
+
+    def fsync_then_cut(fd: int) -> None:
+        model.op()
+        real(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        model.sync_dir(path)
+        if os.path.realpath(path).startswith(spool_dirs):
+            model.freeze()  # the first redone ack is durable: cut now
+
+    directory_source._fsync_dir = fsync_then_cut
+    try:
+        daemon = Daemon(load_config(cfg_path), fs=PowerLossFs(model), handle_signals=False)
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            with anyio.fail_after(10):
+                while not model.frozen:
+                    await anyio.sleep(0.005)
+            acked = set(files) - producer_present(spool, files)
+            tg.cancel_scope.cancel()
+    finally:
+        directory_source._fsync_dir = real
+    assert acked, "the restart redid the acks of the killed commit"
+    model.apply_cut()
+    ids, problems = count_ids(shards)
+    assert problems == []
+    lost = {name: len(files[name] - ids.keys()) for name in acked if files[name] - ids.keys()}
+    assert lost == {}, f"acked spool files whose events the cut took: {lost}"
+
+
+def producer_present(spool: Path, files: dict[str, set[int]]) -> set[str]:
+    """Spool files not yet acked (in the spool or claimed)."""
+    names = {n for n in os.listdir(spool) if n in files}
+    return names | {_original(c.name) for c in claimed_files(spool)}

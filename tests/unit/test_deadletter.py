@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import threading
 from pathlib import Path
+from typing import BinaryIO
+
+import pytest
 
 from tfrecordd.deadletter import NAME, DeadLetters
-from tfrecordd.fsys import LOCAL
+from tfrecordd.errors import DurabilityError
+from tfrecordd.fsys import LOCAL, FileSystem
 
 
 def lines(path: Path) -> list[dict[str, object]]:
@@ -84,3 +89,71 @@ def test_writes_and_syncs_from_several_threads_keep_every_line_whole(tmp_path: P
         mine = [int(str(e["where"]).split(":")[1]) for e in kept if str(e["where"])[0] == str(k)]
         assert mine == sorted(mine)
     assert str(kept[-1]["where"]).endswith(":2999")
+
+
+class _FullAfter(FileSystem):
+    """Writes ``room`` more bytes, then fails with ENOSPC, as a full file system does."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        if len(view) > self.room:
+            f.write(view[: self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(view)
+        super().write(f, view)
+
+
+@pytest.mark.parametrize("room", [0, 1, 150, 333])
+def test_a_full_disk_never_leaves_a_torn_dead_letter(tmp_path: Path, room: int) -> None:
+    dl = DeadLetters(str(tmp_path), _FullAfter(room), 1 << 20)
+    written: list[int] = []
+
+    def fill() -> None:
+        for i in range(100):
+            dl.write("spool", f"a.jsonl:{i}", "malformed", "not JSON", b"{" + b"x" * 100)
+            written.append(i)
+
+    with pytest.raises(DurabilityError, match="state_dir is full"):
+        fill()
+    with pytest.raises(DurabilityError):
+        dl.write("spool", "a.jsonl:x", "malformed", "not JSON", b"{")
+    dl.close()
+    data = (tmp_path / NAME).read_bytes()
+    assert data == b"" or data.endswith(b"\n")
+    assert [x["where"] for x in lines(tmp_path / NAME)] == [f"a.jsonl:{i}" for i in written]
+
+
+def test_a_line_cut_short_by_a_crash_is_cut_off_at_open(tmp_path: Path) -> None:
+    dl = DeadLetters(str(tmp_path), LOCAL, 1 << 20)
+    dl.write("spool", "a.jsonl:1", "malformed", "not JSON", b"{one")
+    dl.close()
+    with (tmp_path / NAME).open("ab") as f:
+        f.write(b'{"time": 1, "source": "spool", "wh')
+    dl = DeadLetters(str(tmp_path), LOCAL, 1 << 20)
+    dl.write("spool", "a.jsonl:2", "malformed", "not JSON", b"{two")
+    dl.close()
+    assert [x["where"] for x in lines(tmp_path / NAME)] == ["a.jsonl:1", "a.jsonl:2"]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_symlink_or_fifo_in_place_of_the_file_is_refused_not_followed(
+    tmp_path: Path, kind: str
+) -> None:
+    import os
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    if kind == "symlink":
+        (tmp_path / NAME).symlink_to(victim)
+    else:
+        os.mkfifo(tmp_path / NAME)
+    dl = DeadLetters(str(tmp_path), LOCAL, 1 << 20)
+    with pytest.raises(DurabilityError, match=str(tmp_path / NAME)):
+        dl.write("spool", "a.jsonl:1", "malformed", "not JSON", b"{one")
+    dl.close()
+    assert victim.read_bytes() == b"precious\n"

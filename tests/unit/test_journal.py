@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tfrecordd.errors import StateError
 from tfrecordd.fsys import LOCAL
 from tfrecordd.journal import CHECKPOINT, JOURNAL, Journal, Recovered
 from tfrecordd_plugins.sources.directory import DirectorySource
@@ -99,8 +100,10 @@ def test_a_torn_tail_is_cut_and_appends_continue(tmp_path: Path, cut: int) -> No
     assert recovered(tmp_path).states == {"spool": {"a": 30}}
 
 
-def test_random_corruption_stops_at_the_first_bad_record(tmp_path: Path) -> None:
-    """Flip bits anywhere: recovery keeps exactly the records before the damaged one."""
+def test_random_corruption_is_a_torn_tail_only_where_no_intent_follows(tmp_path: Path) -> None:
+    """Flip bits anywhere. In the last commit (nothing fsynced after it), recovery keeps exactly
+    the records before the damaged one; anywhere else committed intents follow the damage, so
+    recovery refuses to start (StateError, file untouched) rather than forget them."""
     rng = random.Random(7)
     j = journal(tmp_path)
     j.recover()
@@ -110,18 +113,27 @@ def test_random_corruption_stops_at_the_first_bad_record(tmp_path: Path) -> None
         ends.append(os.path.getsize(tmp_path / JOURNAL))
     j.close()
     pristine = (tmp_path / JOURNAL).read_bytes()
+    refused = torn = 0
     for _ in range(300):
         data = bytearray(pristine)
         pos = rng.randrange(len(data))
         data[pos] ^= 1 << rng.randrange(8)
         (tmp_path / JOURNAL).write_bytes(bytes(data))
-        rec = recovered(tmp_path)
         # Each commit is two records (intent, done); the intact prefix ends before `pos`.
         intact = [e for e in ends if e <= pos]
-        expected = {"a": len(intact)} if intact else {}
-        assert rec.states.get("spool", {}) == expected
+        if len(intact) < len(ends) - 1:
+            with pytest.raises(StateError, match="intent\\(s\\) follow"):
+                recovered(tmp_path)
+            assert (tmp_path / JOURNAL).read_bytes() == bytes(data)
+            refused += 1
+            continue
+        rec = recovered(tmp_path)
+        assert rec.states.get("spool", {}) == {"a": len(intact)}
         assert rec.torn_at is not None
         assert rec.torn_at <= pos
+        torn += 1
+    assert refused
+    assert torn
 
 
 def test_compaction_folds_into_a_checkpoint(tmp_path: Path) -> None:
@@ -175,3 +187,237 @@ def test_a_crash_between_checkpoint_and_journal_rewrite_is_harmless(tmp_path: Pa
     # As if the crash came after the checkpoint was renamed in, before the journal was.
     (tmp_path / JOURNAL).write_bytes(old_journal)
     assert recovered(tmp_path).states == before
+
+
+def test_a_committed_record_over_any_size_limit_is_read_back_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit covering millions of positions makes one big record: no record-size limit may
+    make it look torn. The framing reader's limit is lowered to 1 MiB so the record stays small."""
+    from tfrecordd import framing
+
+    monkeypatch.setattr(framing.iter_framed, "__kwdefaults__", {"max_record_bytes": 1 << 20})
+    j = journal(tmp_path)
+    j.recover()
+    commit(j, "s1", [tok("a", 1)])
+    big = [tok(f"file-{k:07d}", k) for k in range(60_000)]  # about 2.4 MiB of JSON
+    commit(j, "s2", big)
+    commit(j, "s3", [tok("b", 7)], done=False)
+    j.close()
+    size = os.path.getsize(tmp_path / JOURNAL)
+    rec = recovered(tmp_path)
+    assert rec.torn_at is None
+    assert os.path.getsize(tmp_path / JOURNAL) == size
+    assert len(rec.states["spool"]) == 60_001
+    assert [i.shard for i in rec.unfinished] == ["s3"]
+
+
+@pytest.mark.parametrize("keep", [0, 1, 10, -1])
+def test_a_damaged_checkpoint_is_a_clear_error_naming_the_file(tmp_path: Path, keep: int) -> None:
+    j = journal(tmp_path, compact_after=2)
+    j.recover()
+    for i in range(3):
+        commit(j, f"s{i}", [tok("a", i + 1)])
+    j.close()
+    data = (tmp_path / CHECKPOINT).read_bytes()
+    (tmp_path / CHECKPOINT).write_bytes(data[:keep] if keep >= 0 else b"[1, 2]")
+    with pytest.raises(StateError) as caught:
+        recovered(tmp_path)
+    message = str(caught.value)
+    assert str(tmp_path / CHECKPOINT) in message
+    assert "tfrecordd state check" in message
+    assert "tfrecordd state repair" in message
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced", "state_dir removed", "checkpoint removed"])
+def test_a_journal_removed_or_replaced_while_running_stops_the_next_commit(
+    tmp_path: Path, how: str
+) -> None:
+    import shutil
+
+    from tfrecordd.errors import DurabilityError
+
+    state = tmp_path / "state"
+    j = journal(state, compact_after=3)
+    j.recover()
+    for i in range(4):  # past one compaction: a checkpoint exists
+        commit(j, f"s{i}", [tok("a", i + 1)])
+    assert (state / CHECKPOINT).exists()
+    if how == "removed":
+        os.unlink(state / JOURNAL)
+    elif how == "replaced":
+        old = (state / JOURNAL).read_bytes()
+        os.unlink(state / JOURNAL)
+        (state / JOURNAL).write_bytes(old)
+    elif how == "state_dir removed":
+        shutil.rmtree(state)
+    else:
+        os.unlink(state / CHECKPOINT)
+    intent = j.next_intent("s9", {"spool": [tok("a", 99)]})
+    with pytest.raises(DurabilityError, match=how.split()[-1]):
+        j.write_intent(intent)
+    j.close()
+
+
+def test_a_symlink_planted_in_state_dir_is_never_followed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    (state / JOURNAL).symlink_to(victim)
+    with pytest.raises(StateError, match="symbolic link"):
+        recovered(state)
+    os.unlink(state / JOURNAL)
+    (state / CHECKPOINT).symlink_to(victim)
+    with pytest.raises(StateError, match="symbolic link"):
+        recovered(state)
+    os.unlink(state / CHECKPOINT)
+    j = journal(state, compact_after=1)
+    j.recover()
+    # A temp file name planted as a symlink: the checkpoint is still written, the target not.
+    (state / f".{CHECKPOINT}.{os.getpid()}.tmp").symlink_to(victim)
+    commit(j, "s1", [tok("a", 1)])
+    j.close()
+    assert recovered(state).states == {"spool": {"a": 1}}
+    assert victim.read_bytes() == b"precious\n"
+
+
+def _typed(path: Path, folds: dict[str, Any], types: dict[str, str], **kw: Any) -> Journal:
+    return Journal(str(path), LOCAL, folds, types=types, **kw)
+
+
+def test_a_renamed_source_refuses_to_start_naming_both(tmp_path: Path) -> None:
+    from tfrecordd.errors import ConfigError
+
+    j = _typed(tmp_path, FOLDS, {"spool": "directory"})
+    j.recover()
+    commit(j, "s1", [tok("half-read", 400)])
+    j.close()
+    renamed = _typed(tmp_path, {"inbox": DirectorySource.fold}, {"inbox": "directory"})
+    with pytest.raises(ConfigError) as caught:
+        renamed.recover()
+    message = str(caught.value)
+    assert "'spool'" in message
+    assert "'inbox'" in message
+    assert "tfrecordd state rename-source" in message
+    # After a compaction the positions live in the checkpoint: still refused.
+    j = _typed(tmp_path, FOLDS, {"spool": "directory"})
+    j.recover()
+    j.compact()
+    j.close()
+    with pytest.raises(ConfigError, match="rename-source"):
+        _typed(tmp_path, {"inbox": DirectorySource.fold}, {"inbox": "directory"}).recover()
+    # A configured source of another type is no rename.
+    other = _typed(tmp_path, {"q": DirectorySource.fold}, {"q": "redis-stream"})
+    other.recover()
+    other.close()
+
+
+def test_a_removed_sources_positions_are_kept_until_it_comes_back(tmp_path: Path) -> None:
+    both = {"spool": DirectorySource.fold, "other": DirectorySource.fold}
+    types = {"spool": "directory", "other": "directory"}
+    j = _typed(tmp_path, both, types, compact_after=2)
+    j.recover()
+    commit(j, "s1", [tok("a", 10)])
+    intent = j.next_intent("s2", {"spool": [tok("a", 20)], "other": [tok("x", 5)]})
+    j.write_intent(intent)
+    j.write_done(intent.seq)
+    j.close()
+    # "spool" removed (the other source keeps running): its positions are kept, through
+    # compactions, and come back with it.
+    j = _typed(tmp_path, {"other": DirectorySource.fold}, {"other": "directory"}, compact_after=2)
+    j.recover()
+    for i in range(3):
+        commit_other = j.next_intent(f"o{i}", {"other": [tok("x", 10 + i)]})
+        j.write_intent(commit_other)
+        j.write_done(commit_other.seq)
+    j.close()
+    assert (tmp_path / CHECKPOINT).exists()
+    back = _typed(tmp_path, both, types)
+    rec = back.recover()
+    back.close()
+    assert rec.states["spool"] == {"a": 20}
+    assert rec.states["other"] == {"x": 12}
+
+
+class _FullAfter(type(LOCAL)):  # type: ignore[misc]
+    """Writes ``room`` more bytes, then fails with ENOSPC, as a full file system does."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def write(self, f: Any, data: bytes | memoryview) -> None:
+        import errno
+
+        view = memoryview(data)
+        if len(view) > self.room:
+            f.write(view[: self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(view)
+        super().write(f, view)
+
+
+@pytest.mark.parametrize("room", [0, 30, 200])
+def test_a_full_state_dir_stops_commits_and_leaves_the_journal_whole(
+    tmp_path: Path, room: int
+) -> None:
+    from tfrecordd.errors import DurabilityError
+
+    j = journal(tmp_path)
+    j.recover()
+    commit(j, "s1", [tok("a", 10)])
+    size = os.path.getsize(tmp_path / JOURNAL)
+    j.fs = _FullAfter(room)
+
+    def fill() -> None:
+        for i in range(2, 20):
+            commit(j, f"s{i}", [tok("a", i * 10)])
+
+    with pytest.raises(DurabilityError, match="state_dir is full"):
+        fill()
+    j.close()
+    assert os.path.getsize(tmp_path / JOURNAL) >= size
+    rec = recovered(tmp_path)
+    assert rec.torn_at is None, "a partial record was left in the journal"
+    assert rec.states["spool"]["a"] >= 10
+
+
+class _NoRoomForNewFiles(type(LOCAL)):  # type: ignore[misc]
+    """Appends succeed; a new file (the checkpoint's and the journal's temp copies) gets ENOSPC."""
+
+    def __init__(self) -> None:
+        self.new: set[int] = set()
+
+    def create_exclusive(self, path: str) -> Any:
+        f = super().create_exclusive(path)
+        self.new.add(f.fileno())
+        return f
+
+    def write(self, f: Any, data: bytes | memoryview) -> None:
+        import errno
+
+        if f.fileno() in self.new:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write(f, data)
+
+
+def test_a_full_state_dir_during_compaction_keeps_the_old_checkpoint(tmp_path: Path) -> None:
+    from tfrecordd.errors import DurabilityError
+
+    j = journal(tmp_path, compact_after=3)
+    j.recover()
+    for i in range(3):
+        commit(j, f"s{i}", [tok("a", i + 1)])
+    before = (tmp_path / CHECKPOINT).read_bytes()
+    commit(j, "s3", [tok("a", 4)])
+    commit(j, "s4", [tok("a", 5)])
+    intent = j.next_intent("s5", {"spool": [tok("a", 6)]})
+    j.write_intent(intent)
+    j.fs = _NoRoomForNewFiles()
+    with pytest.raises(DurabilityError, match="state_dir is full"):
+        j.write_done(intent.seq)  # the third finished commit: compaction
+    j.close()
+    assert (tmp_path / CHECKPOINT).read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert recovered(tmp_path).states == {"spool": {"a": 6}}

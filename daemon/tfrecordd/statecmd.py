@@ -1,0 +1,287 @@
+"""``tfrecordd state``: check and repair the daemon's state (journal and checkpoint) while it is
+stopped, and move a source's committed positions to a new name.
+
+``check`` reads ``state_dir`` without changing anything and says whether the daemon would start
+on it: exit 0 if so, 65 if a file is damaged, 78 if the state belongs to sources the config no
+longer has. ``repair`` cuts a torn journal tail, rebuilds a damaged journal from every sound
+record in it (the damaged file is kept beside it), and, only with ``--discard-checkpoint``,
+sets a damaged checkpoint aside: the positions it held are then lost, and half-read inputs are
+read again from their start. ``rename-source OLD NEW`` moves OLD's positions (checkpoint,
+journal, ``sources/OLD``) to NEW; ``forget-source NAME`` drops them (its half-read inputs will
+be read from their start if it is configured again).
+
+Every command but ``check`` refuses to run while a daemon holds ``state_dir/lock``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from tfrecordd import statelock
+from tfrecordd.config import load_config
+from tfrecordd.errors import (
+    EXIT_CONFIG,
+    EXIT_DATA,
+    EXIT_OK,
+    ConfigError,
+    StateError,
+)
+from tfrecordd.framing import frame
+from tfrecordd.fsys import LOCAL, write_atomically
+from tfrecordd.journal import (
+    CHECKPOINT,
+    JOURNAL,
+    Checkpoint,
+    Intent,
+    check_sources,
+    read_checkpoint,
+    scan_journal,
+)
+from tfrecordd.output import is_url
+from tfrecordd.shards import inprogress_name
+
+
+@contextlib.contextmanager
+def _exclusive(state_dir: str) -> Iterator[None]:
+    """Hold the daemon's lock on ``state_dir`` while the command changes it: no daemon runs on
+    it now (:class:`~tfrecordd.errors.StateInUseError`, exit 75) and none starts meanwhile."""
+    if not os.path.isdir(state_dir):
+        yield
+        return
+    fd = statelock.acquire(state_dir)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _state_dir(args: argparse.Namespace) -> tuple[str, dict[str, str], str | None]:
+    """``state_dir``, the configured sources' types, and the local output directory."""
+    config = load_config(args.config)
+    out = str(config.output.dir)
+    local = None if is_url(out) else out.removeprefix("file://")
+    return str(config.daemon.state_dir), {s.name: s.type for s in config.sources}, local
+
+
+def _intents(records: list[dict[str, Any]]) -> tuple[list[Intent], list[Intent]]:
+    """Finished and unfinished intents of a journal's records."""
+    intents: dict[int, Intent] = {}
+    ended: dict[int, bool] = {}
+    for rec in records:
+        if rec["t"] == "intent":
+            intents[int(rec["seq"])] = Intent.from_json(rec)
+        elif rec["t"] == "done":
+            ended[int(rec["seq"])] = bool(rec.get("dropped"))
+    finished = [intents[s] for s in sorted(intents) if ended.get(s) is False]
+    unfinished = [intents[s] for s in sorted(intents) if s not in ended]
+    return finished, unfinished
+
+
+def _types(records: list[dict[str, Any]], ckpt: Checkpoint) -> dict[str, str]:
+    types = dict(ckpt.types)
+    for rec in records:
+        if rec["t"] == "sources":
+            types.update(rec["types"])
+    return types
+
+
+def _shard_state(out: str | None, shard: str | None) -> str:
+    if shard is None:
+        return "positions only"
+    if out is None:
+        return "remote output: decided at start"
+    if os.path.lexists(os.path.join(out, shard)):
+        return "published: its acks are redone at start"
+    if os.path.lexists(os.path.join(out, inprogress_name(shard))):
+        return "in progress: dropped at start (its events replay)"
+    return "published and moved away: its acks are redone at start"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Say whether the daemon would start on its state, and why not."""
+    state_dir, configured, out = _state_dir(args)
+    ckpt_path = os.path.join(state_dir, CHECKPOINT)
+    journal_path = os.path.join(state_dir, JOURNAL)
+    code = EXIT_OK
+    try:
+        ckpt = read_checkpoint(ckpt_path)
+        print(f"{ckpt_path}: " + ("absent" if ckpt is None else "OK"))
+    except StateError as e:
+        print(f"{ckpt_path}: DAMAGED: {e.detail}")
+        print("  repair: `tfrecordd state repair --discard-checkpoint` (its positions are lost)")
+        ckpt, code = None, EXIT_DATA
+    try:
+        scan = scan_journal(journal_path)
+    except StateError as e:
+        print(f"{journal_path}: {e.detail}")
+        return EXIT_DATA
+    finished, unfinished = _intents(scan.records)
+    print(
+        f"{journal_path}: {len(scan.records)} sound record(s), {scan.good_end} of {scan.size} "
+        f"bytes; {len(finished)} finished commit(s), {len(unfinished)} unfinished"
+    )
+    if scan.damage is not None:
+        d = scan.damage
+        print(
+            f"  DAMAGED at byte {d.offset} ({d.detail}); {d.intents_after} sound intent(s) "
+            "after it: `tfrecordd state repair` rebuilds it from every sound record"
+        )
+        code = EXIT_DATA
+    elif scan.torn:
+        print(f"  torn tail at byte {scan.good_end}: harmless, cut off at the next start")
+    for intent in unfinished:
+        print(
+            f"  unfinished commit {intent.seq}: {intent.shard} ({_shard_state(out, intent.shard)})"
+        )
+    if ckpt is not None or code == EXIT_OK:
+        try:
+            check_sources(
+                journal_path,
+                configured,
+                ckpt or Checkpoint(),
+                finished,
+                unfinished,
+                _types(scan.records, ckpt or Checkpoint()),
+            )
+        except ConfigError as e:
+            for line in e.errors:
+                print(f"  {line}")
+            code = code or EXIT_CONFIG
+    print("OK: the daemon can start on this state" if code == EXIT_OK else "NOT OK")
+    return code
+
+
+def _write_journal(state_dir: str, records: list[dict[str, Any]]) -> None:
+    data = b"".join(frame(orjson.dumps(r)) for r in records)
+    write_atomically(LOCAL, os.path.join(state_dir, JOURNAL), data)
+
+
+def _set_aside(path: str) -> str:
+    aside = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+    os.rename(path, aside)
+    return aside
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    """Cut a torn tail, rebuild a damaged journal, set a damaged checkpoint aside if asked."""
+    state_dir, _, _ = _state_dir(args)
+    ckpt_path = os.path.join(state_dir, CHECKPOINT)
+    journal_path = os.path.join(state_dir, JOURNAL)
+    with _exclusive(state_dir):
+        try:
+            read_checkpoint(ckpt_path)
+        except StateError as e:
+            if not args.discard_checkpoint:
+                print(
+                    f"{ckpt_path}: damaged ({e.detail}); rerun with --discard-checkpoint to set "
+                    "it aside: the positions it held are lost, and inputs read in part are read "
+                    "again from their start (their events are written twice)"
+                )
+                return EXIT_DATA
+            print(f"{ckpt_path}: damaged; set aside as {_set_aside(ckpt_path)}")
+        scan = scan_journal(journal_path)
+        if scan.damage is not None:
+            kept = scan.records + scan.salvage
+            aside = f"{journal_path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+            os.link(journal_path, aside, follow_symlinks=False)
+            _write_journal(state_dir, kept)
+            print(
+                f"{journal_path}: rebuilt from {len(kept)} sound record(s) (the damaged record "
+                f"at byte {scan.damage.offset} is left out); the damaged file is kept as {aside}"
+            )
+        elif scan.torn:
+            _write_journal(state_dir, scan.records)
+            print(f"{journal_path}: torn tail at byte {scan.good_end} cut off")
+        else:
+            print(f"{journal_path}: sound, nothing to repair")
+    return EXIT_OK
+
+
+def _rename_in(value: dict[str, Any], old: str, new: str | None) -> None:
+    if old in value:
+        moved = value.pop(old)
+        if new is not None:
+            value[new] = moved
+
+
+def _rewrite_source(state_dir: str, old: str, new: str | None) -> None:
+    """Move (or, with ``new`` ``None``, drop) ``old``'s state everywhere it is kept."""
+    ckpt_path = os.path.join(state_dir, CHECKPOINT)
+    ckpt = read_checkpoint(ckpt_path)
+    scan = scan_journal(os.path.join(state_dir, JOURNAL))
+    if scan.damage is not None:
+        raise StateError(os.path.join(state_dir, JOURNAL), "is damaged", "run `state repair`")
+    if new is not None:
+        finished, unfinished = _intents(scan.records)
+        holders = set(ckpt.sources) | set(ckpt.unfolded) if ckpt is not None else set()
+        for intent in [*finished, *unfinished]:
+            holders.update(intent.positions)
+        if new in holders:
+            raise ConfigError([f"state rename-source: {new!r} already has state of its own"])
+    for rec in scan.records:
+        if rec["t"] == "intent":
+            _rename_in(rec["positions"], old, new)
+        elif rec["t"] == "sources":
+            _rename_in(rec["types"], old, new)
+    if ckpt is not None:
+        for part in (ckpt.sources, ckpt.types, ckpt.unfolded):
+            _rename_in(part, old, new)
+        write_atomically(LOCAL, ckpt_path, orjson.dumps(ckpt.to_json()))
+    _write_journal(state_dir, scan.records)
+    own = os.path.join(state_dir, "sources", old)
+    if new is not None and os.path.isdir(own):
+        os.rename(own, os.path.join(state_dir, "sources", new))
+
+
+def cmd_rename_source(args: argparse.Namespace) -> int:
+    """Give source OLD's committed positions to NEW."""
+    state_dir, _, _ = _state_dir(args)
+    with _exclusive(state_dir):
+        _rewrite_source(state_dir, args.old, args.new)
+    print(f"{state_dir}: the positions of source {args.old!r} are now {args.new!r}'s")
+    return EXIT_OK
+
+
+def cmd_forget_source(args: argparse.Namespace) -> int:
+    """Drop source NAME's committed positions."""
+    state_dir, configured, _ = _state_dir(args)
+    if args.name in configured:
+        raise ConfigError([f"state forget-source: {args.name!r} is still configured"])
+    with _exclusive(state_dir):
+        _rewrite_source(state_dir, args.name, None)
+    print(f"{state_dir}: the positions of source {args.name!r} are forgotten")
+    return EXIT_OK
+
+
+def add_commands(sub: Any) -> None:
+    """Register ``state check|repair|rename-source|forget-source`` on the CLI's subparsers."""
+    help_text = "check or repair the daemon's state (journal, checkpoint) while it is stopped"
+    state = sub.add_parser("state", help=help_text, description=help_text)
+    commands = state.add_subparsers(dest="state_command", metavar="COMMAND", required=True)
+
+    def command(name: str, func: Any, text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = commands.add_parser(name, help=text, description=text)
+        p.add_argument("--config", "-c", required=True, help="the daemon's TOML config file")
+        p.set_defaults(func=func)
+        return p
+
+    command("check", cmd_check, "say whether the daemon would start on its state (read-only)")
+    p = command("repair", cmd_repair, "cut a torn tail, rebuild a damaged journal")
+    p.add_argument(
+        "--discard-checkpoint",
+        action="store_true",
+        help="set a damaged checkpoint aside (its positions are lost: inputs read in part are "
+        "read again from their start)",
+    )
+    p = command("rename-source", cmd_rename_source, "give a renamed source its positions")
+    p.add_argument("old", help="the name the state was written under")
+    p.add_argument("new", help="the source's name in the config now")
+    p = command("forget-source", cmd_forget_source, "drop a removed source's positions")
+    p.add_argument("name", help="a source that is no longer configured")

@@ -1,0 +1,210 @@
+"""State an operator may change: shards shipped away between a crash and the restart, a
+state_dir that fills up, damaged state and the ``tfrecordd state`` commands."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_daemon_process import drained, fill_spool
+from tests.reliability.harness import count_ids
+from tests.support import DaemonProcess, run_clean_until, write_config
+from tfrecordd.crashpoints import POINTS
+
+COMMIT_POINTS = [p for p in POINTS if p not in ("mid-upload", "after-claim", "mid-write")]
+
+
+def _ship(out: Path, shipped: Path) -> int:
+    """What a shipper does: move every published shard (and its manifest) away."""
+    moved = 0
+    for p in sorted(out.iterdir()):
+        if not p.name.startswith(".") and p.is_file():
+            shutil.move(str(p), shipped / p.name)
+            moved += 1
+    return moved
+
+
+@pytest.mark.parametrize("point", COMMIT_POINTS)
+@pytest.mark.parametrize("manifests", [True, False])
+def test_shards_shipped_away_after_a_crash_are_not_written_again(
+    tmp_path: Path, point: str, manifests: bool
+) -> None:
+    """Killed at each step of a commit, then every published shard is moved away (the runbook
+    ships shards) before the restart: nothing is lost and nothing written twice."""
+    cfg = write_config(
+        tmp_path,
+        output={"max_shard_records": 40, "max_shard_age": "200ms", "manifests": manifests},
+        daemon={"max_batch_events": 16},
+    )
+    expected = fill_spool(tmp_path, 4, 50)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": f"{point}:2"})
+    rc = d.wait(60)
+    assert rc == 137, f"crash point {point} not reached: exit {rc}\n{d.output()}"
+    out, shipped = tmp_path / "shards", tmp_path / "shipped"
+    shipped.mkdir()
+    _ship(out, shipped)
+    run_clean_until(cfg, lambda: drained(tmp_path))
+    _ship(out, shipped)
+    ids, problems = count_ids(shipped)
+    assert problems == []
+    lost = expected - set(ids)
+    duplicated = {i: c for i, c in ids.items() if c > 1}
+    assert (len(lost), len(duplicated)) == (0, 0), (sorted(lost)[:10], list(duplicated)[:10])
+    assert not [p for p in out.iterdir() if p.name.endswith(".inprogress")]
+
+
+def _run_to_exit(cfg: Path, timeout: float = 60) -> tuple[int, str]:
+    d = DaemonProcess(cfg)
+    try:
+        rc = d.wait(timeout)
+    finally:
+        d.kill()
+    return rc, d.output()
+
+
+def _state(cfg: Path, *args: str) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tfrecordd", "state", *args[:1], "--config", str(cfg), *args[1:]],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def _assert_once(root: Path, expected: set[int]) -> None:
+    ids, problems = count_ids(root / "shards")
+    assert problems == []
+    assert set(ids) == expected
+    assert {i: c for i, c in ids.items() if c > 1} == {}
+
+
+def _half_read(tmp_path: Path, **source: object) -> tuple[Path, set[int]]:
+    """A daemon killed after two finished commits of one big file: positions committed in the
+    middle of it (compaction every commit, so they are in the checkpoint too)."""
+    cfg = write_config(
+        tmp_path,
+        output={"max_shard_records": 40, "max_shard_age": "200ms"},
+        daemon={"max_batch_events": 20},
+        source=source,
+    )
+    expected = fill_spool(tmp_path, 1, 400)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-done:3"})
+    assert d.wait(60) == 137, d.output()
+    return cfg, expected
+
+
+def test_a_renamed_source_refuses_to_start_then_resumes_after_rename_source(
+    tmp_path: Path,
+) -> None:
+    cfg, expected = _half_read(tmp_path)
+    text = cfg.read_text().replace('name = "spool"', 'name = "inbox"')
+    cfg.write_text(text)
+    rc, out = _run_to_exit(cfg)
+    assert rc == 78, out
+    assert "'spool'" in out
+    assert "'inbox'" in out
+    assert "Traceback" not in out
+    rc, out = _state(cfg, "check")
+    assert rc == 78, out
+    rc, out = _state(cfg, "rename-source", "spool", "inbox")
+    assert rc == 0, out
+    assert _state(cfg, "check")[0] == 0
+    run_clean_until(cfg, lambda: drained(tmp_path))
+    _assert_once(tmp_path, expected)
+
+
+@pytest.mark.parametrize("keep", [0, 7, -3])
+def test_a_truncated_checkpoint_is_a_clear_error_and_state_repair_fixes_it(
+    tmp_path: Path, keep: int
+) -> None:
+    cfg, expected = _half_read(tmp_path)
+    ckpt = tmp_path / "state" / "checkpoint.json"
+    if not ckpt.exists():  # compaction runs every 512 commits: make one now
+        from tfrecordd.fsys import LOCAL
+        from tfrecordd.journal import Journal
+        from tfrecordd_plugins.sources.directory import DirectorySource
+
+        j = Journal(str(tmp_path / "state"), LOCAL, {"spool": DirectorySource.fold})
+        j.recover()
+        j.compact()
+        j.close()
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[:keep])
+    rc, out = _run_to_exit(cfg)
+    assert rc == 65, out
+    assert str(ckpt) in out
+    assert "tfrecordd state repair" in out
+    assert "Traceback" not in out
+    assert _state(cfg, "check")[0] == 65
+    rc, out = _state(cfg, "repair")
+    assert rc == 65, out
+    assert "--discard-checkpoint" in out
+    rc, out = _state(cfg, "repair", "--discard-checkpoint")
+    assert rc == 0, out
+    assert _state(cfg, "check")[0] == 0
+    # The positions are lost, as the repair said: the half-read file is read from its start.
+    run_clean_until(cfg, lambda: drained(tmp_path))
+    ids, problems = count_ids(tmp_path / "shards")
+    assert problems == []
+    assert set(ids) == expected
+
+
+def test_a_damaged_journal_refuses_to_start_and_repair_keeps_every_sound_commit(
+    tmp_path: Path,
+) -> None:
+    from tfrecordd.journal import scan_journal
+
+    cfg, expected = _half_read(tmp_path)
+    journal = tmp_path / "state" / "journal"
+    scan = scan_journal(str(journal))
+    assert len([r for r in scan.records if r["t"] == "intent"]) >= 3
+    data = bytearray(journal.read_bytes())
+    data[20] ^= 0x40  # inside the first record: committed intents follow it
+    journal.write_bytes(bytes(data))
+    rc, out = _run_to_exit(cfg)
+    assert rc == 65, out
+    assert "damaged" in out
+    assert "Traceback" not in out
+    assert _state(cfg, "check")[0] == 65
+    rc, out = _state(cfg, "repair")
+    assert rc == 0, out
+    assert list((tmp_path / "state").glob("journal.damaged-*"))
+    run_clean_until(cfg, lambda: drained(tmp_path))
+    # The first commit's intent is lost; the later commits' positions (beyond it) survive.
+    _assert_once(tmp_path, expected)
+
+
+def test_state_commands_refuse_while_a_daemon_holds_the_lock(tmp_path: Path) -> None:
+    import fcntl
+
+    cfg, _ = _half_read(tmp_path)
+    lock = tmp_path / "state" / "lock"
+    lock.touch()
+    with lock.open("rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        for args in (("repair",), ("rename-source", "spool", "x")):
+            rc, out = _state(cfg, *args)
+            assert rc == 75, out
+            assert "in use by another tfrecordd" in out
+
+
+def test_a_journal_removed_while_running_stops_the_daemon_with_exit_74(tmp_path: Path) -> None:
+    from tests.support import spool_file, wait_for
+
+    cfg = write_config(tmp_path, output={"max_shard_age": "100ms"})
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        shutil.rmtree(tmp_path / "state")
+        spool_file(tmp_path / "spool", "a.jsonl", [{"id": 1, "title": "x"}])
+        wait_for(lambda: d.proc.poll() is not None, 30)
+    finally:
+        d.kill()
+    assert d.proc.returncode == 74, d.output()
+    assert "removed while the daemon ran" in d.output()
