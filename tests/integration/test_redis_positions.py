@@ -250,3 +250,49 @@ async def test_a_missing_group_is_created_when_nothing_was_committed(
     finally:
         await r.aclose()
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(50), 1)
+
+
+async def test_claimed_entries_between_entries_in_flight_get_ranges_of_their_own(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    cfg = write_redis_config(
+        tmp_path,
+        redis_server.url,
+        source={"claim_idle": "500ms", "claim_interval": "100ms"},
+    )
+    r = Redis.from_url(redis_server.url)
+    try:
+        await r.xgroup_create(STREAM, GROUP, "0", mkstream=True)
+        ids = await xadd(r, [movie_event(i) for i in range(60)])
+        # A dead consumer holds every entry, this daemon's consumer every third: at start-up
+        # the daemon rereads its own (they stay in its open shard), then claims the dead one's,
+        # which lie between them.
+        await r.xreadgroup(GROUP, "dead", {STREAM: ">"}, count=60)
+        ours: list[Any] = ids[0::3]
+        await r.xclaim(STREAM, GROUP, "test", 0, ours)
+        daemon = Daemon(load_config(cfg), handle_signals=False)
+
+        def all_sent() -> bool:
+            received = daemon.metrics.registry.get_sample_value(
+                "tfrecordd_events_received_total", {"source": "events"}
+            )
+            return received == 60
+
+        await run_until(daemon, all_sent)
+        assert await all_acked(r)()
+    finally:
+        await r.aclose()
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(60), 1)
+    spans = [
+        (t, t) if isinstance(t, str) else (t[0], t[1])
+        for intent in journal_intents(tmp_path / "state")
+        for token in intent["positions"].get("events", [])
+        for t in token
+    ]
+    keys = [_k(i) for i in ids]
+    covered = [[i for i, k in enumerate(keys) if _k(low) <= k <= _k(high)] for low, high in spans]
+    assert sorted(i for c in covered for i in c) == list(range(60)), "disjoint, and all of them"
+
+
+def _k(entry_id: str) -> tuple[int, ...]:
+    return tuple(map(int, entry_id.split("-")))
