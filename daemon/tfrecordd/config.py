@@ -114,7 +114,8 @@ class OutputSection(_Section):
     compare its SHA-256 (``sha256``), or compare the size only (``size``: no download)."""
     retry_for: Duration = Field(default=300.0, gt=0)
     """For a URL ``dir``: how long one upload rides out transient errors (with backoff)
-    before the daemon stops."""
+    before the daemon stops; during a drain, no longer than what is left of
+    ``daemon.drain_timeout``."""
     manifests: bool = True
     """Publish a manifest beside each shard (``<name>.manifest.json``: record count and
     offsets, CRC32C and SHA-256, schema hash, time range, source positions)."""

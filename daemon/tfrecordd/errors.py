@@ -9,6 +9,10 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_DATA = 65
 """A file is not sound: truncated, corrupted or not TFRecord (sysexits' EX_DATAERR)."""
+EXIT_UNAVAILABLE = 69
+"""A source's server lost the state the daemon's positions rest on (a Redis consumer group was
+deleted): reading on would write events twice or skip them. An operator must act (the message
+says how), so systemd is told not to restart on it (sysexits' EX_UNAVAILABLE)."""
 EXIT_IO = 74
 """An I/O error that is not about the data itself (sysexits' EX_IOERR)."""
 EXIT_IN_USE = 75
@@ -109,6 +113,14 @@ class StateError(TfrecorddError):
         self.detail = detail
         message = f"{path} {detail}"
         super().__init__(f"{message}; {todo}" if todo else message)
+
+
+class SourceLostError(TfrecorddError):
+    """A source can no longer read on from its committed positions without writing events
+    again or skipping some (a Redis consumer group deleted or reset under the daemon). The
+    daemon stops; the message says how to resume from the journal's positions."""
+
+    exit_code = EXIT_UNAVAILABLE
 
 
 class WorkerError(TfrecorddError):

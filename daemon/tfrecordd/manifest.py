@@ -10,19 +10,22 @@ covers. ``tfrecordd verify`` checks a shard against its manifest when one sits b
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import crc32c
 import orjson
 
-from tfrecordd.compression import SUFFIXES
+from tfrecordd.compression import SUFFIXES, Compression
 from tfrecordd.framing import OVERHEAD, extend_record_starts
 from tfrecordd.reader import iter_records
 
 if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
     from tfrecordd.shards import RecordOffsets
 
 _LENGTHS_AT_ONCE = 1 << 16
@@ -79,10 +82,47 @@ def parts(
     yield b"]}"
 
 
-def scan(path: str, offsets: RecordOffsets | None = None) -> dict[str, Any]:
-    """Size, digests, record count and offsets measured from a shard file. The offsets go to
-    ``offsets`` when given (which keeps only a bounded part of them in memory; the result then
-    has no ``record_offsets``), else into the result's ``record_offsets`` (an ``array``)."""
+class _Measured(io.RawIOBase):
+    """A stream read through once, its bytes counted and digested as they pass."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self.sha256 = hashlib.sha256()
+        self.crc = 0
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: WriteableBuffer) -> int:
+        view = memoryview(b).cast("B")
+        data = self._stream.read(len(view))
+        n = len(data)
+        view[:n] = data
+        self.sha256.update(data)
+        self.crc = crc32c.crc32c(data, self.crc)
+        self.size += n
+        return n
+
+    def drain(self) -> None:
+        """Measure whatever the record reader left unread (nothing, for a sound shard)."""
+        while self.read(1 << 20):
+            pass
+
+
+def scan(
+    path: str | BinaryIO,
+    offsets: RecordOffsets | None = None,
+    *,
+    compression: Compression | None = None,
+) -> dict[str, Any]:
+    """Size, digests, record count and offsets measured from a shard file, or from a stream
+    (an object read back from a store: read once, in chunks, never whole in memory). The
+    offsets go to ``offsets`` when given (which keeps only a bounded part of them in memory;
+    the result then has no ``record_offsets``), else into the result's ``record_offsets``
+    (an ``array``). ``compression``: the shard's, detected when ``None``."""
+    if not isinstance(path, str):
+        return _scan_stream(path, offsets, compression)
     digest = hashlib.sha256()
     crc = 0
     size = 0
@@ -91,9 +131,26 @@ def scan(path: str, offsets: RecordOffsets | None = None) -> dict[str, Any]:
             digest.update(chunk)
             crc = crc32c.crc32c(chunk, crc)
             size += len(chunk)
+    measured = _scan_records(iter_records(path), offsets)
+    return {"size": size, "sha256": digest.hexdigest(), "crc32c": crc} | measured
+
+
+def _scan_stream(
+    stream: BinaryIO, offsets: RecordOffsets | None, compression: Compression | None
+) -> dict[str, Any]:
+    measured = _Measured(stream)
+    records = _scan_records(
+        iter_records(cast(BinaryIO, measured), compression=compression), offsets
+    )
+    measured.drain()
+    sums = {"size": measured.size, "sha256": measured.sha256.hexdigest(), "crc32c": measured.crc}
+    return sums | records
+
+
+def _scan_records(records: Iterable[bytes], offsets: RecordOffsets | None) -> dict[str, Any]:
     kept: array[int] = array("Q")
     lengths: array[int] = array("Q")
-    at = records = 0
+    at = count = 0
 
     def flush() -> None:
         nonlocal at
@@ -104,18 +161,13 @@ def scan(path: str, offsets: RecordOffsets | None = None) -> dict[str, Any]:
         at += sum(lengths) + OVERHEAD * len(lengths)
         del lengths[:]
 
-    for record in iter_records(path):
+    for record in records:
         lengths.append(len(record))
-        records += 1
+        count += 1
         if len(lengths) >= _LENGTHS_AT_ONCE:
             flush()
     flush()
-    measured: dict[str, Any] = {
-        "size": size,
-        "sha256": digest.hexdigest(),
-        "crc32c": crc,
-        "records": records,
-    }
+    measured: dict[str, Any] = {"records": count}
     if offsets is None:
         measured["record_offsets"] = kept
     return measured

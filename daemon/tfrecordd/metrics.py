@@ -161,8 +161,8 @@ class Metrics:
         self.upload_errors = Counter(
             "tfrecordd_upload_errors_total",
             "Object-store upload failures by kind: transient (retried), exhausted (retries past "
-            "[output].retry_for), permanent, exists (another object under a shard's name), "
-            "verify (read-back mismatch), staged (staged copy damaged).",
+            "[output].retry_for, or cut short by a drain), permanent, exists (another object "
+            "under a shard's name), verify (read-back mismatch), staged (staged copy damaged).",
             ["kind"],
             registry=r,
         )

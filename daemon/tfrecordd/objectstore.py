@@ -32,10 +32,11 @@ import importlib
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypeVar
+from typing import Any, BinaryIO, Literal, TypeVar, cast
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import ConfigError, UploadError
@@ -76,6 +77,10 @@ _CLIENT_LIBRARIES = frozenset(
 
 class _StagedCopyDamaged(Exception):
     """The staged file's bytes do not match the digest in its intent."""
+
+
+class _LeftBehind(Exception):
+    """The drain's deadline passed while an attempt was still under way."""
 
 
 def is_transient(error: BaseException) -> bool:
@@ -137,6 +142,9 @@ class FsspecOutput(Output):
         self.retry_for = float(
             retry_for if retry_for is not None else getattr(out, "retry_for", DEFAULT_RETRY_FOR)
         )
+        self._stop_at: float | None = None
+        self._wake = threading.Event()
+        """Set when :meth:`stop_retrying_at` moves the deadline or an attempt ends."""
         # fsspec ships no type information; imported by name so its lack of stubs is no error.
         fsspec: Any = importlib.import_module("fsspec")
         scheme = str(out.dir).partition("://")[0]
@@ -219,6 +227,18 @@ class FsspecOutput(Output):
             self._retrying(f"publishing {name}", attempt)
         finally:
             self.fs.remove(staged)
+
+    def read_published(self, name: str, read: Callable[[BinaryIO], T]) -> T:
+        """``read`` over the object, streamed in blocks (never whole in memory); a transient
+        error restarts it from the object's first byte, within the retry budget."""
+        key = self._key(name)
+
+        def attempt() -> T:
+            f: BinaryIO
+            with self.store.open(key, "rb", block_size=_CHUNK, cache_type="none") as f:
+                return read(f)
+
+        return self._retrying(f"reading {name} back", attempt)
 
     def sidecar_exists(self, name: str) -> bool:
         key = self._key(name)
@@ -360,19 +380,31 @@ class FsspecOutput(Output):
 
     # -- retries ---------------------------------------------------------------------------
 
+    def stop_retrying_at(self, deadline: float) -> None:
+        """End retries at ``deadline`` (a drain's) if that comes before :attr:`retry_for` is
+        spent. A backoff sleeping then wakes to see it, and an attempt still under way at the
+        deadline (the client's own retries and timeouts can make one last a minute) is left
+        behind in its thread, as a kill would leave it: nothing is acked, and the next start
+        finishes the upload from the staged copy."""
+        self._stop_at = deadline if self._stop_at is None else min(self._stop_at, deadline)
+        self._wake.set()
+
     def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Run ``attempt`` until it succeeds, retrying transient errors with capped exponential
-        backoff (full jitter) for up to :attr:`retry_for` seconds."""
-        deadline = time.monotonic() + self.retry_for
+        backoff (full jitter) for up to :attr:`retry_for` seconds, or until the deadline of
+        :meth:`stop_retrying_at`, whichever comes first."""
+        budget_end = time.monotonic() + self.retry_for
         failures = 0
         while True:
             try:
-                return attempt()
+                return self._attempt(attempt)
             except UploadError as e:
                 self._count_error(e.kind)
                 raise
             except _StagedCopyDamaged:
                 raise
+            except _LeftBehind as e:
+                raise self._exhausted(what, failures + 1, e, budget_end) from e
             except Exception as e:
                 if not is_transient(e):
                     self._count_error("permanent")
@@ -382,19 +414,65 @@ class FsspecOutput(Output):
                 delay = random.uniform(0.5, 1.0) * min(
                     _BACKOFF_MAX, _BACKOFF_FIRST * 2 ** (failures - 1)
                 )
-                left = deadline - time.monotonic()
+                left = self._deadline(budget_end) - time.monotonic()
                 if left <= 0:
-                    self._count_error("exhausted")
-                    raise UploadError(
-                        f"{what}: still failing after {self.retry_for:.0f}s and {failures} "
-                        f"attempt(s): {_describe(e)}",
-                        kind="exhausted",
-                    ) from e
+                    raise self._exhausted(what, failures, e, budget_end) from e
                 log.warning(
                     "%s: %s; retry %d in %.1fs", what, _describe(e), failures, min(delay, left)
                 )
                 self._count_retry()
-                time.sleep(min(delay, left))
+                retry_at = time.monotonic() + delay
+                while True:
+                    # Cleared before the deadline is read: a cut made meanwhile still wakes us.
+                    self._wake.clear()
+                    wait = min(retry_at, self._deadline(budget_end)) - time.monotonic()
+                    if wait <= 0:
+                        break
+                    self._wake.wait(wait)
+                if time.monotonic() >= self._deadline(budget_end):
+                    raise self._exhausted(what, failures, e, budget_end) from e
+
+    def _attempt(self, attempt: Callable[[], T]) -> T:
+        """Run one attempt in a thread of its own, waiting for it until it ends or a drain's
+        deadline passes (then :class:`_LeftBehind`)."""
+        outcome: list[tuple[bool, Any]] = []
+
+        def run() -> None:
+            try:
+                outcome.append((True, attempt()))
+            except BaseException as e:
+                outcome.append((False, e))
+            finally:
+                self._wake.set()
+
+        threading.Thread(target=run, name="tfrecordd-upload", daemon=True).start()
+        while True:
+            self._wake.clear()
+            if outcome:
+                ok, value = outcome[0]
+                if ok:
+                    return cast(T, value)
+                raise value
+            stop_at = self._stop_at
+            if stop_at is not None and time.monotonic() >= stop_at:
+                raise _LeftBehind("an attempt was still under way at the drain's deadline")
+            self._wake.wait(None if stop_at is None else stop_at - time.monotonic())
+
+    def _deadline(self, budget_end: float) -> float:
+        stop_at = self._stop_at
+        return budget_end if stop_at is None else min(budget_end, stop_at)
+
+    def _exhausted(
+        self, what: str, failures: int, error: Exception, budget_end: float
+    ) -> UploadError:
+        self._count_error("exhausted")
+        if self._stop_at is not None and self._stop_at < budget_end:
+            why = "retries cut short by the drain (drain_timeout)"
+        else:
+            why = f"still failing after {self.retry_for:.0f}s"
+        return UploadError(
+            f"{what}: {why}, {failures} attempt(s): {_describe(error)}", kind="exhausted"
+        )
 
     def _count_error(self, kind: str) -> None:
         counter = getattr(self.metrics, "upload_errors", None)

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, BinaryIO, TypeVar
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.journal import Intent
 from tfrecordd.shards import FinishedShard, inprogress_name
+
+_T = TypeVar("_T")
 
 
 class Output(abc.ABC):
@@ -59,6 +61,12 @@ class Output(abc.ABC):
         """Make every shard published so far durable (recovery calls it before redoing the
         acks of shards published just before a crash). Default: nothing to do."""
 
+    def read_published(self, name: str, read: Callable[[BinaryIO], _T]) -> _T:
+        """``read(stream)`` over the published file ``name``, read from its start (recovery
+        rebuilding a manifest; blocking). Retried whole where reading can fail transiently."""
+        with open(self.final_path(name), "rb") as f:
+            return read(f)
+
     def resume(self, intent: Intent, staged: str) -> bool:
         """Finish publishing an intent's shard from its staged copy at ``staged`` if the copy
         is complete; return whether it is now published. Default: cannot resume."""
@@ -68,6 +76,11 @@ class Output(abc.ABC):
     def redact(self) -> dict[str, Any]:
         """A description for logs and ``check-config`` without secrets."""
         return {"location": self.location}
+
+    def stop_retrying_at(self, deadline: float) -> None:  # noqa: B027
+        """Give up retrying publishes at ``deadline`` (``time.monotonic()``): the daemon is
+        draining, and an upload may wait no longer than the drain. May be called from any
+        thread. Default: nothing is retried, so nothing to cut."""
 
 
 class LocalOutput(Output):

@@ -26,14 +26,14 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tfrecordd import crashpoints, manifest, statelock
-from tfrecordd.compression import Compression, Compressor
+from tfrecordd.compression import Compression, Compressor, compression_from_name
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError, UploadError
@@ -354,8 +354,11 @@ class Daemon:
         self.notifier.stopping("draining")
         if self._sources_scope is not None:
             self._sources_scope.cancel()
+        deadline = time.monotonic() + self.config.daemon.drain_timeout
+        # An upload retrying in the committer's thread cannot be cancelled: its budget is cut.
+        self.output.stop_retrying_at(deadline)
         if self._pipeline_scope is not None:
-            self._pipeline_scope.deadline = time.monotonic() + self.config.daemon.drain_timeout
+            self._pipeline_scope.deadline = deadline
 
     def request_flush(self) -> None:
         """Publish the open shard now (what SIGHUP does)."""
@@ -533,15 +536,25 @@ class Daemon:
         if isinstance(self.output, LocalOutput) and not self.output.is_published(intent):
             log.info("%s: moved away; its manifest is not rebuilt", intent.shard)
             return
-        if not isinstance(self.output, LocalOutput):
-            log.warning("%s: manifest missing after a crash; not rebuilt remotely", intent.shard)
-            return
         # The offsets wait in a file as a shard's being written do: memory stays bounded
         # whatever the shard's record count.
         spill = os.path.join(self.out_dir, inprogress_name(f"{intent.shard}.offsets"))
         offsets = RecordOffsets(self.fs, spill)
         try:
-            m = manifest.scan(self.output.final_path(intent.shard), offsets)
+            if isinstance(self.output, LocalOutput):
+                m = manifest.scan(self.output.final_path(intent.shard), offsets)
+            else:
+                # Streamed back from the store; an attempt cut short starts the offsets again.
+                compression = compression_from_name(intent.shard)
+
+                def scan(f: BinaryIO) -> dict[str, Any]:
+                    nonlocal offsets
+                    offsets.remove()
+                    offsets = RecordOffsets(self.fs, spill)
+                    return manifest.scan(f, offsets, compression=compression)
+
+                m = self.output.read_published(intent.shard, scan)
+                log.info("%s: manifest rebuilt from the published object", intent.shard)
             offsets.close()
             self._publish_manifest(
                 intent.shard,

@@ -4,9 +4,12 @@ in exactly one complete object, and no credential ever reaches a log."""
 
 from __future__ import annotations
 
+import json
 import secrets
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from tests.support import (
     wait_for,
     write_config,
 )
+from tfrecordd import manifest
 from tfrecordd.crashpoints import POINTS
 from tfrecordd.reader import iter_records
 
@@ -36,10 +40,17 @@ def s3_server() -> Iterator[S3Server]:
     yield from running_s3()
 
 
-def config(root: Path, server: S3Server, bucket: str, **output: Any) -> Path:
+def config(
+    root: Path,
+    server: S3Server,
+    bucket: str,
+    daemon: dict[str, Any] | None = None,
+    **output: Any,
+) -> Path:
     return write_config(
         root,
         features=FEATURES,
+        daemon=daemon,
         output={
             "dir": f"s3://{bucket}/shards",
             "storage_options": server.storage_options(default_block_size=PART),
@@ -217,3 +228,69 @@ def test_check_config_never_prints_credentials(tmp_path: Path, s3_server: S3Serv
     assert done.returncode == 0, done.stderr
     assert "s3://any-bucket/shards" in done.stdout
     assert SECRET_KEY not in done.stdout + done.stderr
+
+
+def test_sigterm_during_an_outage_drains_within_drain_timeout(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    bucket = s3_server.create_bucket()
+    drain = 3.0
+    cfg = config(tmp_path, s3_server, bucket, {"drain_timeout": f"{drain:g}s"}, retry_for="300s")
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        s3_server.stop()
+        expected = fill_spool(tmp_path, 2, 300)
+        # An upload is failing and being retried: the store is down.
+        wait_for(lambda: "retry 2 in" in d.output(), 120)
+        t0 = time.monotonic()
+        d.signal(signal.SIGTERM)
+        code = d.wait(120)
+        took = time.monotonic() - t0
+    finally:
+        d.kill()
+        s3_server.start()
+    first_log = d.output()
+    assert took < drain + 2.0, f"SIGTERM took {took:.1f}s with drain_timeout = {drain}s"
+    assert code not in (0, 137), first_log
+    assert "retries cut short by the drain" in first_log, first_log[-3000:]
+    assert not drained(tmp_path), "nothing unpublished was acked"
+    assert s3_server.shard_urls(bucket, "shards") == []
+
+    log = finish(tmp_path, cfg)
+    assert_exactly_once(s3_server, bucket, expected)
+    assert SECRET_KEY not in first_log + log
+
+
+@pytest.mark.parametrize("point", ["after-intent", "after-publish"])
+def test_a_manifest_lost_to_a_crash_is_rebuilt_from_the_object(
+    tmp_path: Path, s3_server: S3Server, point: str
+) -> None:
+    bucket = s3_server.create_bucket()
+    cfg = config(tmp_path, s3_server, bucket)
+    expected = fill_spool(tmp_path, 2, 1500)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": point})
+    try:
+        assert d.wait(120) == 137, d.output()
+    finally:
+        d.kill()
+    assert not any(k.endswith(manifest.SUFFIX) for k in s3_server.keys(bucket))
+
+    log = finish(tmp_path, cfg)
+    assert_exactly_once(s3_server, bucket, expected)
+    client = s3_server.client()
+    shards = s3_server.shard_urls(bucket, "shards")
+    assert shards
+    for url in shards:
+        key = url.removeprefix(f"s3://{bucket}/")
+        local = tmp_path / "check" / key.rpartition("/")[2]
+        local.parent.mkdir(exist_ok=True)
+        client.download_file(bucket, key, str(local))
+        mkey = key.rpartition("/")[0] + "/" + manifest.manifest_name(local.name)
+        mpath = tmp_path / "check" / manifest.manifest_name(local.name)
+        assert mkey in s3_server.keys(bucket), f"{key} has no manifest"
+        client.download_file(bucket, mkey, str(mpath))
+        assert manifest.check(str(local), str(mpath)) == [], key
+        doc = json.loads(mpath.read_text())
+        assert doc["positions"], "the manifest names the positions its shard covers"
+    assert "rebuilt from the published object" in log

@@ -43,7 +43,11 @@ from tfrecordd_plugins.sources.directory import (
     DirectorySourceConfig,
     _original,
 )
-from tfrecordd_plugins.sources.redis_stream import RedisStreamSource, RedisStreamSourceConfig
+from tfrecordd_plugins.sources.redis_stream import (
+    RedisStreamSource,
+    RedisStreamSourceConfig,
+    _Entry,
+)
 from tfrecordd_plugins.sources.socket import _Deframer
 
 settings.register_profile(
@@ -203,6 +207,16 @@ def test_stream_framing_of_any_bytes_in_any_chunks(
             assert len(payload) <= 64
 
 
+def _as_read(entry_id: str, fields: dict[bytes, bytes] | None, field: bytes, cut: int) -> _Entry:
+    """An entry as the source's read script hands it over (its event cut inside Redis)."""
+    if fields is None:
+        return _Entry(entry_id, 2, b"", 0, [], False)
+    if field in fields:
+        return _Entry(entry_id, 0, fields[field][:cut], len(fields[field]), [], False)
+    kept = [x[:256] for kv in list(fields.items())[:16] for x in kv]
+    return _Entry(entry_id, 1, b"", 0, kept, False)
+
+
 @hostile
 @given(
     st.dictionaries(st.binary(max_size=12), st.binary(max_size=300), max_size=5),
@@ -216,7 +230,7 @@ def test_redis_entries_of_any_fields(
         fields = {**fields, b"data": data}
     cfg = {"name": "r", "encoder": "e", "stream": "s", "max_event_bytes": 128}
     source = RedisStreamSource(RedisStreamSourceConfig.model_validate(cfg | {"id_field": id_field}))
-    event = source._event("1700000000000-0", fields or None)
+    event = source._event(_as_read("1700000000000-0", fields or None, b"data", 128))
     if not fields:
         assert event is None  # a deleted entry: counted and acked, not an event
         return

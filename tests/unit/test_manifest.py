@@ -5,13 +5,13 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import orjson
 import pytest
 
 from tfrecordd import manifest, shards
-from tfrecordd.compression import Compression
+from tfrecordd.compression import SUFFIXES, Compression
 from tfrecordd.fsys import LOCAL
 from tfrecordd.writer import RecordWriter
 
@@ -108,3 +108,30 @@ def test_a_scan_into_record_offsets_keeps_a_bounded_part_in_memory(
     assert array("Q", [o for c in chunks for o in c]) == plain["record_offsets"]
     offsets.remove()
     assert not spill.exists()
+
+
+class _Dribble:
+    """A stream that hands out at most a few bytes per read, as a network stream may."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data)
+
+    def read(self, n: int = -1) -> bytes:
+        n = min(n if n >= 0 else len(self._data), 7)
+        out, self._data = bytes(self._data[:n]), self._data[n:]
+        return out
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+def test_a_stream_scans_as_the_file_does(tmp_path: Path, compression: Compression) -> None:
+    # A manifest rebuilt from an object read back from a store: one pass over a stream.
+    path = tmp_path / f"a{SUFFIXES[compression]}"
+    with path.open("wb") as f:
+        writer = RecordWriter(f.write, compression)
+        writer.write_many([b"y" * (i % 53) for i in range(700)])
+        writer.finish()
+    plain = manifest.scan(str(path))
+    stream = cast(BinaryIO, _Dribble(path.read_bytes()))
+    streamed = manifest.scan(stream, compression=compression)
+    assert streamed == plain
+    assert streamed["size"] == path.stat().st_size

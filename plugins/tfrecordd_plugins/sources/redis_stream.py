@@ -3,8 +3,12 @@
 Each daemon is one consumer (named after its ``node_id`` unless configured) of a consumer group;
 the daemons of a group share a stream, and Redis hands each entry to one of them. An entry
 stays in its consumer's pending entries list (PEL) from XREADGROUP until the shard holding its
-record is published and durable; only then is it XACKed. A batch's token is the list of its entry
-IDs, journalled with the shard.
+record is published and durable; only then is it XACKed. A batch's token is the ID ranges it
+covers (``[first, last]``, or an ID alone), journalled with the shard: a range never spans an
+entry pending in the group outside the batch, so XACKing what the group has pending in it acks
+the batch and nothing else, and a shard's positions stay a few ranges per batch, not an ID per
+entry. Reads go through Lua scripts that hand out no more than ``max_batch_bytes`` (plus one
+event cut to ``max_event_bytes``) at a time.
 
 Exactly once, within one daemon:
 
@@ -14,7 +18,9 @@ Exactly once, within one daemon:
   as ``pending``: they are XACKed there, before anything is read, so the pending read no longer
   returns them and nothing committed is written twice. ``recover`` waits (retrying with backoff)
   until Redis takes those XACKs, because the daemon marks the intent done when it returns;
-* finished commits were XACKed before they were marked done, so ``fold`` keeps no state.
+* finished commits were XACKed before they were marked done, so ``fold`` keeps only the highest
+  committed entry ID: where the group resumes should it be deleted (a deleted or reset group
+  stops the source with :class:`~tfrecordd.errors.SourceLostError`, never a silent replay).
 
 Across daemons, entries left pending by a consumer that died are taken over with XAUTOCLAIM
 once they have been idle for ``claim_idle``. Redis cannot tell a dead consumer from a slow one,
@@ -29,9 +35,11 @@ survive a Redis crash.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -41,17 +49,170 @@ from pydantic import Field, field_validator
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
+from tfrecordd.errors import SourceLostError
 from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
 from tfrecordd.units import Duration, Size
 
 log = logging.getLogger(__name__)
 
-Entry = tuple[str, dict[bytes, bytes] | None]
-"""A stream entry: its ID and its fields (``None`` once the entry was deleted from the stream)."""
+Key = tuple[int, int]
+"""An entry ID as numbers (``"1700000000000-3"`` is ``(1700000000000, 3)``), to compare."""
 
 _ACK_CHUNK = 5000
+_KEPT_FIELDS = 16
+_KEPT_FIELD_BYTES = 256
+
+# Every read goes through these scripts, so that no reply holds more than the byte budget
+# (max_batch_bytes) plus one event: XREADGROUP, XRANGE and XAUTOCLAIM have no byte limit. Inside
+# Redis, new entries are measured before they are handed out, pending and claimed ones are read
+# one at a time, and each event is cut to max_event_bytes. Each entry comes back as {id, kind
+# (0 event, 1 no such field, 2 deleted), event, its whole length, other fields, joined};
+# "joined": the group's PEL holds nothing between it and the entry before, so the two can share
+# an ID range in a token.
+_ENTRY_LUA = """
+local function entry(key, group, id, fields, field, max, check, prev)
+  local e = {id, 2, '', 0, {}, 0}
+  if fields then
+    local payload = nil
+    for i = 1, #fields, 2 do
+      if fields[i] == field then payload = fields[i + 1] end
+    end
+    if payload then
+      e[2] = 0
+      e[4] = #payload
+      e[3] = string.sub(payload, 1, max)
+    else
+      e[2] = 1
+      local kept = {}
+      for i = 1, math.min(#fields, KEPT_ITEMS), 1 do
+        kept[i] = string.sub(fields[i], 1, KEPT_BYTES)
+      end
+      e[5] = kept
+    end
+  end
+  if prev then
+    if check == '0' or #redis.call('XPENDING', key, group, '(' .. prev, '(' .. id, 1) == 0 then
+      e[6] = 1
+    end
+  end
+  return e
+end
+local function size(e)
+  local n = #e[3] + 64
+  for _, v in ipairs(e[5]) do n = n + #v end
+  return n
+end
+""".replace("KEPT_ITEMS", str(2 * _KEPT_FIELDS)).replace("KEPT_BYTES", str(_KEPT_FIELD_BYTES))
+
+_READ_LUA = (
+    _ENTRY_LUA
+    + """
+-- ARGV: group, consumer, start ('>' or an ID), count, budget, field, max_event_bytes
+local key, group, consumer, at = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local count, budget, max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
+local out, used, prev = {}, 0, nil
+if at == '>' then
+  -- New entries: measured first (XRANGE from where the group stands, a few at a time), then
+  -- as many as fit the budget handed out by one XREADGROUP.
+  local from = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    local info = {}
+    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+    if info['name'] == group then from = info['last-delivered-id'] end
+  end
+  if not from then
+    return redis.error_reply('NOGROUP No such consumer group ' .. group .. ' for key ' .. key)
+  end
+  local n, step = 0, 16
+  while n < count and used < budget do
+    local r = redis.call('XRANGE', key, '(' .. from, '+', 'COUNT', math.min(step, count - n))
+    if #r == 0 then break end
+    for _, raw in ipairs(r) do
+      n = n + 1
+      from = raw[1]
+      for _, v in ipairs(raw[2]) do used = used + #v end
+      if used >= budget or n >= count then break end
+    end
+    step = math.max(1, math.min(128, math.floor((budget - used) * n / math.max(used, 1))))
+  end
+  if n == 0 then return out end
+  local r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', n, 'STREAMS', key, '>')
+  for i, raw in ipairs(r[1][2]) do
+    out[i] = entry(key, group, raw[1], raw[2], ARGV[6], max, '0', prev)
+    prev = raw[1]
+  end
+  return out
+end
+-- This consumer's pending entries after an ID, one at a time (read only after a restart or a
+-- lost connection).
+while #out < count and used < budget do
+  local r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, at)
+  if #r[1][2] == 0 then break end
+  local raw = r[1][2][1]
+  local e = entry(key, group, raw[1], raw[2], ARGV[6], max, '1', prev)
+  out[#out + 1] = e
+  at, prev = raw[1], raw[1]
+  used = used + size(e)
+end
+return out
+"""
+)
+
+_FETCH_LUA = (
+    _ENTRY_LUA
+    + """
+-- ARGV: group, budget, field, max_event_bytes, IDs...
+local key, group = KEYS[1], ARGV[1]
+local budget, max = tonumber(ARGV[2]), tonumber(ARGV[4])
+local out, used, prev = {}, 0, nil
+for i = 5, #ARGV do
+  if used >= budget then break end
+  local r = redis.call('XRANGE', key, ARGV[i], ARGV[i])
+  local fields = false
+  if #r > 0 then fields = r[1][2] end
+  local e = entry(key, group, ARGV[i], fields, ARGV[3], max, '1', prev)
+  prev = ARGV[i]
+  out[#out + 1] = e
+  used = used + size(e)
+end
+return out
+"""
+)
+
+# Through a script only because redis-py drops the cursor of a JUSTID reply.
+_CLAIM_LUA = """
+return redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5],
+                  'JUSTID')
+"""
+
+_ACK_LUA = """
+-- ARGV: group, limit, then first and last ID of each range. XACKs every entry pending in the
+-- group within the ranges, at most about `limit` of them; returns {ranges done, where the next
+-- one resumes, count acked}.
+local key, group, limit = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local done, acked, i = 0, 0, 3
+local start = nil
+while i < #ARGV do
+  local first, last = start or ARGV[i], ARGV[i + 1]
+  local p = redis.call('XPENDING', key, group, first, last, limit)
+  if #p > 0 then
+    local ids = {}
+    for j = 1, #p do ids[j] = p[j][1] end
+    redis.call('XACK', key, group, unpack(ids))
+    acked = acked + #ids
+  end
+  if #p < limit then
+    done, start, i = done + 1, nil, i + 2
+  else
+    start = '(' .. p[#p][1]
+  end
+  if acked >= limit then break end
+end
+return {done, start or '', acked}
+"""
 
 
 class RedisStreamSourceConfig(SourceConfig):
@@ -64,7 +225,9 @@ class RedisStreamSourceConfig(SourceConfig):
     stream: str = Field(min_length=1)
     """The stream key to read."""
     group: str = Field(default="tfrecordd", min_length=1)
-    """The consumer group; created (with the stream, if missing) at ``start_id`` when absent."""
+    """The consumer group; created (with the stream, if missing) at ``start_id`` when absent
+    and nothing of it is committed yet. A group deleted after this source committed entries
+    stops the daemon (exit 69) with the command that recreates it where the journal stands."""
     start_id: str = Field(default="0", pattern=r"^(\$|\d+(-\d+)?)$")
     """Where a newly created group starts: ``"0"`` reads the stream from its first entry,
     ``"$"`` only entries added after the group was created. An existing group keeps its place."""
@@ -79,7 +242,8 @@ class RedisStreamSourceConfig(SourceConfig):
     encoder can write it as a feature. The payload must then be a JSON object that lacks the key;
     any other payload is dead-lettered with the reason."""
     max_event_bytes: Size = Field(default=1 << 20, ge=16)
-    """A longer payload is dead-lettered (its first ``max_event_bytes`` bytes kept)."""
+    """A longer payload is dead-lettered (its first ``max_event_bytes`` bytes kept); it is cut
+    inside Redis, so no more than that of it is ever read."""
     claim_idle: Duration = Field(default=1800.0, gt=0)
     """Entries pending in the group for longer than this (their consumer died) are claimed by
     this daemon with XAUTOCLAIM. Must exceed the longest time any daemon of the group holds an
@@ -89,7 +253,8 @@ class RedisStreamSourceConfig(SourceConfig):
     claim_interval: Duration = Field(default=60.0, gt=0)
     """How often to look for entries to claim."""
     block: Duration = Field(default=1.0, gt=0, le=60)
-    """How long one XREADGROUP waits for new entries; short, so claims and stops stay prompt."""
+    """When the stream has no new entry, how long to wait before asking again. (Reads do not
+    block in Redis: a blocking XREADGROUP returns entries whole, whatever their size.)"""
     timeout: Duration = Field(default=10.0, gt=0)
     """Connect timeout, and how much longer than ``block`` a command may take before the
     connection counts as lost."""
@@ -126,7 +291,80 @@ class _Backoff:
 
 
 def _is_nogroup(e: RedisError) -> bool:
-    return isinstance(e, ResponseError) and str(e).startswith("NOGROUP")
+    # From a script, Redis wraps the command's error: NOGROUP is then not at the start.
+    return isinstance(e, ResponseError) and "NOGROUP" in str(e)
+
+
+def _key(entry_id: str) -> Key:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _id(key: Key) -> str:
+    return f"{key[0]}-{key[1]}"
+
+
+def _before(key: Key) -> Key:
+    """The greatest possible entry ID below ``key``."""
+    return (key[0], key[1] - 1) if key[1] else (key[0] - 1, 2**64 - 1)
+
+
+def _spans(token: Token) -> list[tuple[str, str]]:
+    """The ``(first, last)`` ID ranges of a token: a list whose items are entry IDs or
+    ``[first, last]`` ranges (a token of an older release is a list of IDs alone)."""
+    return [(t, t) if isinstance(t, str) else (str(t[0]), str(t[1])) for t in token]
+
+
+class _InFlight:
+    """The ID ranges of the batches sent and not yet acked, disjoint, in order."""
+
+    def __init__(self) -> None:
+        self._firsts: list[Key] = []
+        self._lasts: list[Key] = []
+
+    def __len__(self) -> int:
+        return len(self._firsts)
+
+    def __contains__(self, key: Key) -> bool:
+        i = bisect.bisect_right(self._firsts, key) - 1
+        return i >= 0 and key <= self._lasts[i]
+
+    def add(self, first: Key, last: Key) -> None:
+        i = bisect.bisect_left(self._firsts, first)
+        self._firsts.insert(i, first)
+        self._lasts.insert(i, last)
+
+    def discard(self, first: Key, last: Key) -> None:
+        i = bisect.bisect_left(self._firsts, first)
+        if i < len(self._firsts) and self._firsts[i] == first and self._lasts[i] == last:
+            del self._firsts[i], self._lasts[i]
+
+    def lowest(self) -> Key | None:
+        return self._firsts[0] if self._firsts else None
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A stream entry as the read scripts return it."""
+
+    id: str
+    kind: int
+    """0: the event is in ``payload``; 1: the entry has no such field; 2: deleted."""
+    payload: bytes
+    """The event, cut to ``max_event_bytes``."""
+    length: int
+    """The event's whole length."""
+    kept: list[bytes]
+    """With kind 1: the entry's first fields (names and values, cut) for the dead letter."""
+    joined: bool
+    """Nothing is pending in the group between this entry and the one before it."""
+
+    @classmethod
+    def parse(cls, raw: Any) -> _Entry:
+        entry_id, kind, payload, length, kept, joined = raw
+        return cls(
+            _text(entry_id), int(kind), bytes(payload), int(length), list(kept), bool(joined)
+        )
 
 
 class RedisStreamSource(Source):
@@ -135,10 +373,14 @@ class RedisStreamSource(Source):
     def __init__(self, config: RedisStreamSourceConfig) -> None:
         self.config = config
         self._client: Redis | None = None
+        self._scripts: dict[str, AsyncScript] = {}
         self._closed = False
-        self._field = config.field.encode()
-        self._inflight: set[str] = set()
-        """IDs sent to the pipeline and not yet XACKed: never sent twice by this process."""
+        self._inflight = _InFlight()
+        """Ranges sent to the pipeline and not yet XACKed: never sent twice by this process."""
+        self._committed: Key | None = None
+        """The highest entry ID in a commit of this source (from the journal, then the acks)."""
+        self._read_max: Key | None = None
+        """The highest entry ID read as new (``>``) by this process."""
 
     # -- connection --------------------------------------------------------------------------
 
@@ -154,10 +396,23 @@ class RedisStreamSource(Source):
                 retry=Retry(NoBackoff(), 0),
                 decode_responses=False,
             )
+            self._scripts = {
+                name: self._client.register_script(lua)
+                for name, lua in (
+                    ("read", _READ_LUA),
+                    ("fetch", _FETCH_LUA),
+                    ("claim", _CLAIM_LUA),
+                    ("ack", _ACK_LUA),
+                )
+            }
         return self._client
 
     async def _cmd(self, *args: Any) -> Any:
         return await self._redis().execute_command(*args)  # type: ignore[no-untyped-call]
+
+    async def _script(self, name: str, *args: Any) -> Any:
+        self._redis()
+        return await self._scripts[name](keys=[self.config.stream], args=list(args))
 
     async def aclose(self) -> None:
         self._closed = True
@@ -166,7 +421,19 @@ class RedisStreamSource(Source):
             await client.aclose()
 
     async def _ensure_group(self) -> None:
+        """Create the group if it is missing and nothing of it was committed or read yet;
+        otherwise a missing group stops the source (:class:`SourceLostError`)."""
         cfg = self.config
+        try:
+            groups = await self._cmd("XINFO", "GROUPS", cfg.stream)
+        except ResponseError as e:
+            if "no such key" not in str(e).lower():
+                raise
+            groups = []
+        if any(_text(dict(_pairs(g)).get("name", b"")) == cfg.group for g in groups):
+            return
+        if self._committed is not None or self._read_max is not None:
+            raise self._lost("does not exist")
         try:
             await self._cmd("XGROUP", "CREATE", cfg.stream, cfg.group, cfg.start_id, "MKSTREAM")
             log.info("redis stream %s: created group %s at %s", cfg.stream, cfg.group, cfg.start_id)
@@ -174,59 +441,125 @@ class RedisStreamSource(Source):
             if not str(e).startswith("BUSYGROUP"):
                 raise
 
+    def _lost(self, what: str) -> SourceLostError:
+        """The error that stops the source when the group is gone or was reset."""
+        cfg = self.config
+        if self._committed is None:
+            resume = (
+                f"nothing of it is committed yet: recreate it where it started "
+                f"(XGROUP CREATE {cfg.stream} {cfg.group} {cfg.start_id} MKSTREAM)"
+            )
+        else:
+            at = _id(self._committed)
+            resume = (
+                f"the journal's last committed entry is {at}: recreate the group after it with "
+                f"XGROUP CREATE {cfg.stream} {cfg.group} {at} MKSTREAM"
+            )
+            lowest = self._inflight.lowest()
+            if lowest is not None and lowest <= self._committed:
+                resume += (
+                    f" (entries from {_id(lowest)} were read and not yet committed: to be sure "
+                    f"none is skipped, create it at {_id(_before(lowest))} instead; committed "
+                    "entries after that are then written again)"
+                )
+        return SourceLostError(
+            f"redis stream {cfg.stream}: consumer group {cfg.group} {what}: reading on would "
+            f"write the stream's entries again or skip some, so the source stops. {resume}, "
+            "then start tfrecordd again (see 'Consumer group deleted' in "
+            "docs/sources/redis-stream.md)"
+        )
+
     # -- acknowledgement ---------------------------------------------------------------------
 
     @staticmethod
     def fold(state: Any, tokens: Sequence[Token]) -> Any:
-        """Nothing to keep: a commit is marked done only after its entries were XACKed."""
-        del state, tokens
-        return None
+        """Keep the highest committed entry ID (``{"last": id}``): where the group resumes if
+        it has to be recreated. Every commit was XACKed before it was marked done."""
+        last = _key(state["last"]) if isinstance(state, dict) and "last" in state else None
+        for token in tokens:
+            for _, high in _spans(token):
+                k = _key(high)
+                if last is None or k > last:
+                    last = k
+        return state if last is None else {"last": _id(last)}
 
     async def recover(self, state: Any, pending: Sequence[Token]) -> None:
         """XACK the entries of commits published before a crash, before anything is read.
 
         Waits for Redis if it is down: the daemon marks these commits done when this returns,
         and an entry left pending after that would be read and written again."""
-        del state
-        ids = [i for token in pending for i in token]
-        if ids:
-            await self._xack(ids)
-            log.info("redis stream %s: acked %d committed entries", self.config.stream, len(ids))
+        committed = self.fold(state, pending)
+        if isinstance(committed, dict):
+            self._committed = _key(committed["last"])
+        if pending:
+            n = await self._ack_tokens(pending)
+            log.info("redis stream %s: acked %d committed entries", self.config.stream, n)
 
     async def ack(self, tokens: Sequence[Token]) -> None:
-        ids = [i for token in tokens for i in token]
-        if not ids:
+        if not tokens:
             return
         try:
-            await self._xack(ids)
+            await self._ack_tokens(tokens)
         finally:
             if self._closed:
                 # Acks may still come after close (a late redo): that client is not kept.
                 await self.aclose()
-        self._inflight.difference_update(ids)
+        for token in tokens:
+            for low, high in _spans(token):
+                self._inflight.discard(_key(low), _key(high))
+                if self._committed is None or _key(high) > self._committed:
+                    self._committed = _key(high)
 
-    async def _xack(self, ids: list[str]) -> None:
-        """XACK every ID, retrying with backoff until Redis has taken them all."""
+    async def _ack_tokens(self, tokens: Sequence[Token]) -> int:
+        """XACK what the tokens cover: single IDs as they are, ranges by what the group has
+        pending in them (only the token's entries: see :class:`_Entry`). Returns the count."""
+        ids: list[str] = []
+        spans: list[tuple[str, str]] = []
+        for token in tokens:
+            for low, high in _spans(token):
+                if low == high:
+                    ids.append(low)
+                else:
+                    spans.append((low, high))
+        acked = await self._retrying("XACK", lambda: self._xack_ids(ids))
+        return acked + await self._retrying("XACK", lambda: self._xack_spans(spans))
+
+    async def _xack_ids(self, ids: list[str]) -> int:
+        cfg = self.config
+        acked = 0
+        while ids:
+            acked += int(await self._cmd("XACK", cfg.stream, cfg.group, *ids[:_ACK_CHUNK]))
+            del ids[:_ACK_CHUNK]
+        return acked
+
+    async def _xack_spans(self, spans: list[tuple[str, str]]) -> int:
+        acked = 0
+        while spans:
+            flat = [i for span in spans[:_ACK_CHUNK] for i in span]
+            done, start, n = await self._script("ack", self.config.group, _ACK_CHUNK, *flat)
+            del spans[: int(done)]
+            if start:
+                spans[0] = (_text(start), spans[0][1])
+            acked += int(n)
+        return acked
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[int]]) -> int:
+        """``call`` until Redis takes it, backing off while it fails; a missing group means
+        nothing is left to acknowledge (its pending entries went with it)."""
         cfg = self.config
         backoff = _Backoff(cfg.reconnect_max_delay)
-        done = 0
-        while done < len(ids):
-            chunk = ids[done : done + _ACK_CHUNK]
+        while True:
             try:
-                await self._cmd("XACK", cfg.stream, cfg.group, *chunk)
+                return await call()
             except (RedisError, OSError) as e:
                 if isinstance(e, RedisError) and _is_nogroup(e):
-                    # The group (or stream) is gone, and with it every pending entry.
                     log.warning("redis stream %s: group %s is gone", cfg.stream, cfg.group)
-                    return
+                    return 0
                 delay = backoff.next()
                 log.warning(
-                    "redis stream %s: XACK failed (%s); retrying in %.1fs", cfg.stream, e, delay
+                    "redis stream %s: %s failed (%s); retrying in %.1fs", cfg.stream, what, e, delay
                 )
                 await anyio.sleep(delay)
-                continue
-            backoff.reset()
-            done += len(chunk)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -254,36 +587,48 @@ class RedisStreamSource(Source):
                     if time.monotonic() >= next_claim:
                         await self._claim(ctx, consumer)
                         next_claim = time.monotonic() + cfg.claim_interval
-                    reply = await self._cmd(
-                        "XREADGROUP", "GROUP", cfg.group, consumer,
-                        "COUNT", ctx.max_batch_events, "BLOCK", max(1, int(cfg.block * 1000)),
-                        "STREAMS", cfg.stream, ">",
-                    )  # fmt: skip
-                    await self._deliver(ctx, _entries(reply))
+                    entries = await self._read(ctx, consumer, ">")
+                    if not entries:
+                        # Nothing new: no blocking read (it would return entries whole, of any
+                        # size), so ask again after `block`.
+                        await anyio.sleep(cfg.block)
+                        continue
+                    self._check_new(entries)
+                    await self._deliver(ctx, entries)
             except (RedisError, OSError) as e:
                 if isinstance(e, RedisError) and _is_nogroup(e):
-                    log.warning(
-                        "redis stream %s: group %s vanished; recreating", cfg.stream, cfg.group
-                    )
+                    raise self._lost("was deleted while tfrecordd read it") from e
                 if down_since is None:
                     down_since = time.monotonic()
                 delay = backoff.next()
                 log.warning("redis stream %s: %s; retrying in %.1fs", cfg.stream, e, delay)
                 await anyio.sleep(delay)
 
-    async def _read_own_pending(self, ctx: SourceContext, consumer: str) -> None:
+    async def _read(self, ctx: SourceContext, consumer: str, at: str) -> list[_Entry]:
+        """Entries of one XREADGROUP from ``at``, within the batch limits (count and bytes)."""
         cfg = self.config
+        reply = await self._script(
+            "read", cfg.group, consumer, at, ctx.max_batch_events, ctx.max_batch_bytes,
+            cfg.field, cfg.max_event_bytes,
+        )  # fmt: skip
+        return [_Entry.parse(e) for e in reply or []]
+
+    def _check_new(self, entries: list[_Entry]) -> None:
+        """New entries come after every entry read as new before, or the group was reset
+        (deleted and created again, or moved back with XGROUP SETID) under this process."""
+        first = _key(entries[0].id)
+        if self._read_max is not None and first <= self._read_max:
+            raise self._lost(
+                f"was reset: it handed out {entries[0].id} as new after "
+                f"{_id(self._read_max)} (deleted and created again, or moved back by SETID?)"
+            )
+        self._read_max = _key(entries[-1].id)
+
+    async def _read_own_pending(self, ctx: SourceContext, consumer: str) -> None:
         after = "0"
-        while True:
-            reply = await self._cmd(
-                "XREADGROUP", "GROUP", cfg.group, consumer,
-                "COUNT", ctx.max_batch_events, "STREAMS", cfg.stream, after,
-            )  # fmt: skip
-            entries = _entries(reply)
-            if not entries:
-                return
-            after = entries[-1][0]
-            await self._deliver(ctx, [e for e in entries if e[0] not in self._inflight])
+        while entries := await self._read(ctx, consumer, after):
+            after = entries[-1].id
+            await self._deliver(ctx, entries, exact=False)
 
     async def _claim(self, ctx: SourceContext, consumer: str) -> None:
         """Take over entries idle for longer than ``claim_idle`` (one pass over the PEL)."""
@@ -291,13 +636,12 @@ class RedisStreamSource(Source):
         idle_ms = max(1, int(cfg.claim_idle * 1000))
         cursor = "0-0"
         while True:
-            reply = await self._cmd(
-                "XAUTOCLAIM", cfg.stream, cfg.group, consumer, idle_ms, cursor,
-                "COUNT", ctx.max_batch_events,
-            )  # fmt: skip
+            reply = await self._script(
+                "claim", cfg.group, consumer, idle_ms, cursor, ctx.max_batch_events
+            )
             cursor = _text(reply[0])
-            claimed = [_entry(e) for e in reply[1]]
-            fresh = [e for e in claimed if e[0] not in self._inflight]
+            claimed = [_text(i) for i in reply[1]]
+            fresh = [i for i in claimed if _key(i) not in self._inflight]
             if len(fresh) < len(claimed):
                 log.warning(
                     "redis stream %s: %d entries of this daemon were idle for over claim_idle "
@@ -309,12 +653,22 @@ class RedisStreamSource(Source):
                 )
             if fresh:
                 log.info("redis stream %s: claimed %d idle entries", cfg.stream, len(fresh))
-                await self._deliver(ctx, fresh)
+            while fresh:
+                reply = await self._script(
+                    "fetch", cfg.group, ctx.max_batch_bytes, cfg.field, cfg.max_event_bytes,
+                    *fresh,
+                )  # fmt: skip
+                entries = [_Entry.parse(e) for e in reply]
+                del fresh[: len(entries)]
+                await self._deliver(ctx, entries, exact=False)
             if cursor == "0-0":
                 return
 
-    async def _deliver(self, ctx: SourceContext, entries: list[Entry]) -> None:
-        """Send entries in batches within the context's limits; each batch's token is its IDs."""
+    async def _deliver(self, ctx: SourceContext, entries: list[_Entry], exact: bool = True) -> None:
+        """Send entries in batches within the context's limits. A batch's token is the ID
+        ranges it covers: ``[first, last]``, or an ID alone. ``exact``: the entries are all
+        the group holds between the first and the last (new entries); otherwise a range
+        spans only entries marked ``joined``, and entries in flight are left out."""
         if not entries:
             return
         if self.config.id_field is not None:
@@ -322,42 +676,60 @@ class RedisStreamSource(Source):
         else:
             events = self._events(entries)
         batch: list[RawEvent] = []
-        ids: list[str] = []
+        spans: list[list[Key]] = []
         size = 0
-        for (entry_id, _), event in zip(entries, events, strict=True):
-            ids.append(entry_id)
-            self._inflight.add(entry_id)
+        chained = False
+        for entry, event in zip(entries, events, strict=True):
+            key = _key(entry.id)
+            if not exact and key in self._inflight:
+                chained = False
+                continue
+            if chained and (exact or entry.joined):
+                spans[-1][1] = key
+            else:
+                spans.append([key, key])
+            chained = True
             if event is not None:
                 batch.append(event)
                 size += len(event.payload)
             else:
                 ctx.count_refused("entry_deleted")
             if len(batch) >= ctx.max_batch_events or size >= ctx.max_batch_bytes:
-                await ctx.send(RawBatch(ctx.name, batch, ids))
-                batch, ids, size = [], [], 0
-        if ids:
-            await ctx.send(RawBatch(ctx.name, batch, ids))
+                await self._send(ctx, batch, spans)
+                batch, spans, size, chained = [], [], 0, False
+        if spans:
+            await self._send(ctx, batch, spans)
 
-    def _events(self, entries: list[Entry]) -> list[RawEvent | None]:
-        return [self._event(entry_id, fields) for entry_id, fields in entries]
+    async def _send(
+        self, ctx: SourceContext, batch: list[RawEvent], spans: list[list[Key]]
+    ) -> None:
+        token: list[str | list[str]] = []
+        for low, high in spans:
+            self._inflight.add(low, high)
+            token.append(_id(low) if low == high else [_id(low), _id(high)])
+        await ctx.send(RawBatch(ctx.name, batch, token))
 
-    def _event(self, entry_id: str, fields: dict[bytes, bytes] | None) -> RawEvent | None:
+    def _events(self, entries: list[_Entry]) -> list[RawEvent | None]:
+        return [self._event(entry) for entry in entries]
+
+    def _event(self, entry: _Entry) -> RawEvent | None:
         """The event of one entry; ``None`` for an entry deleted from the stream (its ID is
         still acked, so it leaves the PEL)."""
         cfg = self.config
-        if fields is None:
+        if entry.kind == 2:
             return None
-        where = f"{cfg.stream}:{entry_id}"
-        payload = fields.get(self._field)
-        if payload is None:
-            kept = {_text(k): _text(v)[:256] for k, v in list(fields.items())[:16]}
+        where = f"{cfg.stream}:{entry.id}"
+        if entry.kind == 1:
+            raw = entry.kept
+            kept = {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
             return RawEvent(
                 orjson.dumps(kept),
                 where,
                 error=f"entry has no field {cfg.field!r} (fields: {', '.join(kept) or 'none'})",
             )
+        payload = entry.payload
         limit = cfg.max_event_bytes
-        if len(payload) > limit:
+        if entry.length > limit:
             return RawEvent(
                 payload[:limit],
                 where,
@@ -383,7 +755,7 @@ class RedisStreamSource(Source):
                 where,
                 error=f"payload already has the key {cfg.id_field!r} that id_field would set",
             )
-        value[cfg.id_field] = entry_id
+        value[cfg.id_field] = entry.id
         return RawEvent(payload, where, value=value)
 
 
@@ -391,14 +763,8 @@ def _text(b: bytes | str) -> str:
     return b if isinstance(b, str) else b.decode("utf-8", "backslashreplace")
 
 
-def _entry(raw: Any) -> Entry:
-    entry_id, fields = raw
-    # XADD needs at least one field: no fields (redis-py parses nil as {}) means deleted.
-    return _text(entry_id), fields if isinstance(fields, dict) and fields else None
-
-
-def _entries(reply: Any) -> list[Entry]:
-    """The entries of an XREADGROUP reply on one stream (empty on timeout)."""
-    if not reply:
-        return []
-    return [_entry(e) for e in reply[0][1]]
+def _pairs(flat: Any) -> list[tuple[str, Any]]:
+    """``[k1, v1, k2, v2, ...]`` (or a dict, as redis-py may parse it) as pairs, keys as text."""
+    if isinstance(flat, dict):
+        return [(_text(k), v) for k, v in flat.items()]
+    return [(_text(flat[i]), flat[i + 1]) for i in range(0, len(flat) - 1, 2)]
