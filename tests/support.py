@@ -560,6 +560,8 @@ class TfGlobber:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
 
 def reader_glob(out: Path, tf: TfGlobber | None = None) -> dict[Path, set[str]]:
