@@ -3,10 +3,13 @@
 
     python scripts/crash_harness.py --source directory --kills 300
     python scripts/crash_harness.py --source redis-stream --kills 300 --compression gzip
+    python scripts/crash_harness.py --kills 10000 --max-seconds 150 --tf-globs
 
-Prints the figures (kills per phase, events, shards, lost / duplicated / unexpected) and exits
-0 only when nothing was lost, duplicated or unexpected, no in-progress file is visible, every
-shard reads back with an independent reader and ``tfrecordd verify`` accepts every shard.
+Every other run is armed with a named crash point until each phase of the commit protocol has
+been killed in. Prints the figures (kills per phase, events, shards, lost / duplicated /
+unexpected) and exits 0 only when nothing was lost, duplicated or unexpected, every crash phase
+was hit, nothing a reader's shard glob matched after any kill was unpublished, every shard reads
+back with an independent reader and ``tfrecordd verify`` accepts every shard.
 The redis-stream source starts its own redis-server (it must be on PATH).
 """
 
@@ -36,6 +39,17 @@ def main() -> int:
         action="store_true",
         help="batches of 1000 events, packed into units by two encode workers",
     )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop killing after this long (then drain and audit): a time-bounded long mode",
+    )
+    p.add_argument(
+        "--tf-globs",
+        action="store_true",
+        help="look with TensorFlow's globs too after every kill (needs tensorflow)",
+    )
     args = p.parse_args()
     seed = args.seed if args.seed is not None else int(time.time())
     print(f"seed {seed}", flush=True)
@@ -61,6 +75,8 @@ def main() -> int:
                 redis_url=url,
                 progress=lambda s: print(s, flush=True),
                 packed=args.packed,
+                max_seconds=args.max_seconds,
+                tf_globs=args.tf_globs,
             )
         finally:
             if server is not None:

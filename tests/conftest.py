@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run the long (slow) tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The long mode of the hostile-input properties is a hypothesis profile, chosen when the
+    # test modules are imported: --run-slow selects it unless a profile is named already.
+    if config.getoption("--run-slow"):
+        os.environ.setdefault("TFRECORDD_HYPOTHESIS_PROFILE", "reliability-long")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import json
 import os
 import signal
@@ -9,11 +11,17 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import crc32c
+import pytest
+import zstandard
 
 from tfrecordd.reader import iter_examples
 
@@ -140,17 +148,26 @@ def inprogress_files(out: Path) -> list[Path]:
 
 
 def read_ids(out: Path) -> Counter[int]:
-    """How many times each event id appears across every published shard."""
-    ids: Counter[int] = Counter()
-    for shard in shard_files(out):
-        for ex in iter_examples(shard):
-            ids[int(ex["id"][0])] += 1
-    return ids
+    """How many times each event id appears across every published shard, read with the
+    independent reader below; a shard that does not read whole or a record without an id
+    fails the test."""
+    count = count_records(out)
+    assert count.problems == [], count.problems[:10]
+    assert count.no_id == 0, f"{count.no_id} record(s) without an id"
+    return count.ids
 
 
 def read_examples(out: Path) -> Iterator[dict[str, list[Any]]]:
     for shard in shard_files(out):
         yield from iter_examples(shard)
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip a test whose privilege, tool or plugin is missing here; under ``CI=true`` (where
+    everything a test needs is provided) fail instead, so that nothing is skipped silently."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: a missing requirement fails instead of skipping)")
+    pytest.skip(reason)
 
 
 def dead_letters(state: Path) -> list[dict[str, Any]]:
@@ -260,3 +277,437 @@ def tf_features(tf: Any, description: dict[str, Any]) -> dict[str, Any]:
                 d["shape"], dtype, allow_missing=d["allow_missing"]
             )
     return out
+
+
+# -- an independent TFRecord reader ----------------------------------------------------------
+#
+# TFRecord framing and CRCs, gzip/zlib/zstd streams and the ``tf.train.Example`` wire format are
+# parsed here without tfrecordd's own reader, so a bug shared by the daemon's writer and reader
+# cannot hide itself. Every exactly-once assertion of the suite reads shards through it.
+
+
+class ShardError(Exception):
+    """A shard that does not read back whole."""
+
+
+def _masked_crc(data: bytes) -> int:
+    c = crc32c.crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def decompress(data: bytes, suffix: str) -> bytes:
+    """The record stream of a shard file, by its name's suffix; every stream must end cleanly."""
+    if suffix == ".tfrecord":
+        return data
+    out: list[bytes] = []
+    rest = data
+    try:
+        if suffix == ".tfrecord.gz":
+            while rest:  # one gzip member per sync point
+                d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                out.append(d.decompress(rest))
+                if not d.eof:
+                    raise ShardError("gzip member cut short")
+                rest = d.unused_data
+        elif suffix == ".tfrecord.zz":
+            d = zlib.decompressobj()
+            out.append(d.decompress(rest))
+            if not d.eof or d.unused_data:
+                raise ShardError("zlib stream not ended")
+        elif suffix == ".tfrecord.zst":
+            while rest:  # one zstd frame per sync point
+                z = zstandard.ZstdDecompressor().decompressobj()
+                out.append(z.decompress(rest))
+                if not z.eof:
+                    raise ShardError("zstd frame cut short")
+                rest = z.unused_data
+        else:
+            raise ShardError(f"unknown shard suffix {suffix!r}")
+    except (zlib.error, zstandard.ZstdError) as e:
+        raise ShardError(f"compressed stream: {e}") from e
+    return b"".join(out)
+
+
+def split_records(stream: bytes) -> Iterator[bytes]:
+    """Each record of a TFRecord stream, both CRCs checked."""
+    at, n = 0, len(stream)
+    while at < n:
+        if n - at < 12:
+            raise ShardError(f"header cut short at {at}")
+        header = stream[at : at + 8]
+        length = int.from_bytes(header, "little")
+        if _u32(stream[at + 8 : at + 12]) != _masked_crc(header):
+            raise ShardError(f"length CRC mismatch at {at}")
+        end = at + 12 + length
+        if end + 4 > n:
+            raise ShardError(f"record cut short at {at}")
+        data = stream[at + 12 : end]
+        if _u32(stream[end : end + 4]) != _masked_crc(data):
+            raise ShardError(f"data CRC mismatch at {at}")
+        yield data
+        at = end + 4
+
+
+def _u32(b: bytes) -> int:
+    return int.from_bytes(b, "little")
+
+
+def _varint(buf: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(buf):
+            raise ShardError("varint cut short")
+        byte = buf[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise ShardError("varint too long")
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+    """``(field number, wire type, value)`` of a protobuf message (varint or length-delimited)."""
+    at = 0
+    while at < len(buf):
+        key, at = _varint(buf, at)
+        number, wire = key >> 3, key & 7
+        value: Any
+        if wire == 0:
+            value, at = _varint(buf, at)
+        elif wire == 2:
+            size, at = _varint(buf, at)
+            value, at = buf[at : at + size], at + size
+        elif wire == 5:
+            value, at = buf[at : at + 4], at + 4
+        elif wire == 1:
+            value, at = buf[at : at + 8], at + 8
+        else:
+            raise ShardError(f"wire type {wire}")
+        yield number, wire, value
+
+
+def example_int64(record: bytes, name: str) -> list[int]:
+    """The int64 values of feature ``name`` in a serialized ``tf.train.Example``
+    (Example.features=1 → Features.feature=1 map<string, Feature> → Feature.int64_list=3)."""
+    key = name.encode()
+    for num, _, features in _fields(record):
+        if num != 1:
+            continue
+        for fnum, _, entry in _fields(features):
+            if fnum != 1:
+                continue
+            parts = {n: v for n, _, v in _fields(entry)}
+            if parts.get(1) != key:
+                continue
+            for lnum, _, int64_list in _fields(parts.get(2, b"")):
+                if lnum != 3:
+                    continue
+                values: list[int] = []
+                for vnum, wire, v in _fields(int64_list):
+                    if vnum != 1:
+                        continue
+                    if wire == 0:
+                        values.append(v - (1 << 64) if v >= 1 << 63 else v)
+                    else:  # packed
+                        at = 0
+                        while at < len(v):
+                            x, at = _varint(v, at)
+                            values.append(x - (1 << 64) if x >= 1 << 63 else x)
+                return values
+    return []
+
+
+SHARD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecord.zz", ".tfrecord.zst")
+
+
+def published_shards(out: Path) -> list[Path]:
+    """What a reader of the output directory may open: visible names ending in a shard suffix."""
+    if not out.exists():
+        return []
+    return sorted(
+        p for p in out.iterdir() if not p.name.startswith(".") and p.name.endswith(SHARD_SUFFIXES)
+    )
+
+
+def shard_suffix(name: str) -> str:
+    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return suffix
+    raise ShardError(f"{name!r} does not end in a shard suffix")
+
+
+def read_shard(path: Path) -> list[bytes]:
+    """Every record of a shard, read independently of tfrecordd."""
+    return read_shard_bytes(path.read_bytes(), path.name)
+
+
+def read_shard_bytes(data: bytes, name: str) -> list[bytes]:
+    """Every record of a shard's bytes (the compression taken from ``name``'s suffix)."""
+    return list(split_records(decompress(data, shard_suffix(name))))
+
+
+def record_id(record: bytes) -> int | None:
+    """The event id of a record: its one int64 ``id`` value, or None when it has not exactly
+    one (such a record is unexpected wherever exactly once is asserted)."""
+    try:
+        values = example_int64(record, "id")
+    except ShardError:
+        return None
+    return values[0] if len(values) == 1 else None
+
+
+@dataclass
+class IdCount:
+    """What the published shards of a directory hold, read with the independent reader."""
+
+    ids: Counter[int] = field(default_factory=Counter)
+    """How often each event id appears."""
+    no_id: int = 0
+    """Records without exactly one int64 ``id``."""
+    problems: list[str] = field(default_factory=list)
+    """Unreadable or empty shards, manifests that disagree with their shard."""
+
+    def add_shard(self, name: str, data: bytes) -> list[bytes]:
+        try:
+            records = read_shard_bytes(data, name)
+        except ShardError as e:
+            self.problems.append(f"{name}: {e}")
+            return []
+        if not records:
+            self.problems.append(f"{name}: empty shard published")
+        for rec in records:
+            i = record_id(rec)
+            if i is None:
+                self.no_id += 1
+            else:
+                self.ids[i] += 1
+        return records
+
+
+def count_records(out: Path) -> IdCount:
+    """Read every published shard of ``out`` (visible names with a shard suffix) and the
+    manifest beside each, if there is one."""
+    count = IdCount()
+    for shard in published_shards(out):
+        data = shard.read_bytes()
+        records = count.add_shard(shard.name, data)
+        man = out / (shard.name[: -len(shard_suffix(shard.name))] + ".manifest.json")
+        if man.exists():
+            doc = json.loads(man.read_bytes())
+            if doc.get("records") != len(records) or doc.get("size") != len(data):
+                count.problems.append(f"{shard.name}: manifest disagrees")
+    return count
+
+
+def count_ids(out: Path) -> tuple[Counter[int], list[str]]:
+    """How often each event id appears in the published shards, and the problems found
+    (unreadable shards, a manifest whose record count or size disagrees, records without an
+    id)."""
+    count = count_records(out)
+    if count.no_id:
+        count.problems.append(f"{count.no_id} record(s) without exactly one int64 id")
+    return count.ids, count.problems
+
+
+# -- what a reader's glob sees ---------------------------------------------------------------
+
+SHARD_GLOBS = ("*.tfrecord*", "**/*.tfrecord*")
+"""The patterns (relative to the output directory) a reader globs for shards."""
+
+TF_SHARD_GLOBS = ("*.tfrecord*", "*/*.tfrecord*", "*/*/*.tfrecord*")
+"""The same for TensorFlow, whose globs have no recursive ``**``: down to two folders deep."""
+
+_TF_GLOB_HELPER = """
+import json, sys
+import tensorflow as tf
+print("ready", flush=True)
+for line in sys.stdin:
+    pattern = line.rstrip("\\n")
+    found = {"tf.io.gfile.glob": sorted(tf.io.gfile.glob(pattern))}
+    try:
+        found["tf.io.matching_files"] = sorted(
+            p.decode() for p in tf.io.matching_files(pattern).numpy()
+        )
+    except tf.errors.NotFoundError:
+        found["tf.io.matching_files"] = []
+    print(json.dumps(found), flush=True)
+"""
+
+
+class TfGlobber:
+    """``tf.io.gfile.glob`` and ``tf.io.matching_files`` in a long-lived helper process:
+    TensorFlow is imported once, not once per look."""
+
+    def __init__(self) -> None:
+        env = os.environ | {"TF_CPP_MIN_LOG_LEVEL": "3"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _TF_GLOB_HELPER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline()
+        assert ready == "ready\n", f"the TensorFlow glob helper did not start: {ready!r}"
+
+    def glob(self, pattern: str) -> dict[str, list[str]]:
+        """Globber name → the paths it matches for ``pattern``."""
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(pattern + "\n")
+        self.proc.stdin.flush()
+        found: dict[str, list[str]] = json.loads(self.proc.stdout.readline())
+        return found
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
+def reader_glob(out: Path, tf: TfGlobber | None = None) -> dict[Path, set[str]]:
+    """Every path a reader's shard glob of ``out`` matches, with the globbers that match it:
+    Python's ``glob`` (hidden names skipped), ``pathlib`` and fsspec's local file system
+    (hidden names matched), and TensorFlow's two globs when ``tf`` is given."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    found: dict[Path, set[str]] = {}
+
+    def add(who: str, paths: Iterable[str | Path]) -> None:
+        for p in paths:
+            found.setdefault(Path(p), set()).add(who)
+
+    if not out.exists():
+        return found
+    local = LocalFileSystem()
+    for pattern in SHARD_GLOBS:
+        add("glob", glob.glob(str(out / pattern), recursive=True))
+        add("pathlib", out.glob(pattern))
+        add("fsspec", local.glob(str(out / pattern)))
+    if tf is not None:
+        for pattern in TF_SHARD_GLOBS:
+            for who, paths in tf.glob(str(out / pattern)).items():
+                add(who, paths)
+    return found
+
+
+class GlobOracle:
+    """Whatever a reader's shard glob matches must be a published shard: a regular file that
+    reads to its end with the independent reader, and is still there with the same bytes at
+    the end of the run. :meth:`look` at any instant (after every kill); :meth:`finish` at the
+    end; :attr:`violations` says what broke the rule."""
+
+    def __init__(self, out: Path, tf: TfGlobber | None = None) -> None:
+        self.out = out
+        self.tf = tf
+        self.seen: dict[Path, str] = {}
+        """Each file a glob matched → the SHA-256 of its bytes when it was read whole."""
+        self.looks = 0
+        self.violations: list[str] = []
+        self._reported: set[tuple[Path, str]] = set()
+
+    def look(self, when: str) -> None:
+        self.looks += 1
+        for path, who in sorted(reader_glob(self.out, self.tf).items()):
+            by = "/".join(sorted(who))
+            rel = path.relative_to(self.out) if path.is_relative_to(self.out) else path
+            if not path.is_file() or path.is_symlink():
+                if path.exists():
+                    self.violations.append(f"{when}: {rel} ({by}) is not a regular file")
+                continue
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            digest = hashlib.sha256(data).hexdigest()
+            before = self.seen.get(path)
+            if before == digest or (path, digest) in self._reported:
+                continue
+            self._reported.add((path, digest))
+            if before is not None:
+                self.violations.append(f"{when}: {rel} ({by}) changed after a reader saw it")
+                continue
+            try:
+                if not read_shard_bytes(data, path.name):
+                    self.violations.append(f"{when}: {rel} ({by}) is an empty shard")
+            except ShardError as e:
+                self.violations.append(f"{when}: {rel} ({by}) is not a published shard: {e}")
+                continue
+            self.seen[path] = digest
+
+    def finish(self) -> None:
+        """Every shard a reader saw is still there, unchanged."""
+        for path, digest in sorted(self.seen.items()):
+            rel = path.relative_to(self.out)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                self.violations.append(f"at the end: {rel}, seen by a reader, is gone")
+                continue
+            if hashlib.sha256(data).hexdigest() != digest:
+                self.violations.append(f"at the end: {rel}, seen by a reader, changed")
+
+
+def assert_exactly_once(
+    out: Path | str,
+    expected: set[int],
+    *,
+    manifests: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Every expected event id is in exactly one record of what a reader's shard glob of
+    ``out`` (a directory, or an fsspec URL with ``storage_options``) matches, and nothing else
+    is: no other id, no record without one. Every match is read to its end with the
+    independent reader and must be a complete, non-empty shard. ``manifests``: every shard
+    also has a manifest that agrees with it."""
+    count = IdCount()
+    names: list[str] = []
+    if isinstance(out, Path):
+        oracle = GlobOracle(out)
+        oracle.look("at the end")
+        assert oracle.violations == [], oracle.violations[:10]
+        for path in sorted(oracle.seen):
+            names.append(path.name)
+            records = count.add_shard(path.name, path.read_bytes())
+            if manifests:
+                man = path.with_name(path.name[: -len(shard_suffix(path.name))] + ".manifest.json")
+                assert man.exists(), f"{path.name} has no manifest"
+                doc = json.loads(man.read_bytes())
+                data = path.read_bytes()
+                assert (doc.get("records"), doc.get("size"), doc.get("sha256")) == (
+                    len(records),
+                    len(data),
+                    hashlib.sha256(data).hexdigest(),
+                ), f"{path.name} and its manifest disagree"
+    else:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(out, **dict(storage_options or {}))
+        matched: set[str] = set()
+        for pattern in SHARD_GLOBS:
+            matched.update(fs.glob(f"{root.rstrip('/')}/{pattern}"))
+        for key in sorted(matched):
+            name = key.rpartition("/")[2]
+            names.append(name)
+            with fs.open(key, "rb") as f:
+                count.add_shard(name, f.read())
+    assert count.problems == [], count.problems[:10]
+    lost = expected - count.ids.keys()
+    duplicated = {i: c for i, c in count.ids.items() if c > 1}
+    unexpected = set(count.ids) - expected
+    assert (len(lost), len(duplicated), len(unexpected), count.no_id) == (0, 0, 0, 0), (
+        f"lost {sorted(lost)[:10]}, duplicated {list(duplicated.items())[:10]}, "
+        f"unexpected {sorted(unexpected)[:10]}, {count.no_id} record(s) without an id "
+        f"(in {len(names)} shards)"
+    )

@@ -13,21 +13,19 @@ import pytest
 
 from tests.support import (
     DaemonProcess,
+    assert_exactly_once,
     claimed_files,
     dead_letters,
     free_port,
     inprogress_files,
     movie_event,
-    read_ids,
     run_clean_until,
     shard_files,
     spool_file,
     wait_for,
     write_config,
 )
-from tfrecordd import manifest
 from tfrecordd.crashpoints import POINTS
-from tfrecordd.reader import iter_records
 from tfrecordd.shards import OFFSETS_IN_MEMORY
 
 
@@ -54,23 +52,6 @@ def fill_spool(
     return ids
 
 
-def assert_exactly_once(root: Path, expected: set[int]) -> None:
-    ids = read_ids(root / "shards")
-    lost = expected - set(ids)
-    duplicated = {i: c for i, c in ids.items() if c > 1}
-    unexpected = set(ids) - expected
-    assert (len(lost), len(duplicated), len(unexpected)) == (0, 0, 0), (
-        f"lost {sorted(lost)[:10]}, duplicated {list(duplicated.items())[:10]}, "
-        f"unexpected {sorted(unexpected)[:10]}"
-    )
-    assert not inprogress_files(root / "shards")
-    for shard in shard_files(root / "shards"):
-        assert sum(1 for _ in iter_records(shard)) > 0, "no empty shard is ever published"
-        assert manifest.check(str(shard)) == [], f"{shard.name} and its manifest disagree"
-    manifests = sorted((root / "shards").glob("*" + manifest.SUFFIX))
-    assert len(manifests) == len(shard_files(root / "shards"))
-
-
 def finish(root: Path, config: Path, timeout: float = 60) -> None:
     """Run a clean daemon until the spool is drained, then SIGTERM it: exit 0."""
     run_clean_until(config, lambda: drained(root), timeout)
@@ -89,7 +70,7 @@ def test_sigterm_drains_publishes_and_exits_0(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 10
     finally:
         d.kill()
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
     assert drained(tmp_path)
     assert "stopped" in d.output()
 
@@ -110,7 +91,7 @@ def test_sighup_publishes_open_shard_now(tmp_path: Path) -> None:
         assert d.stop() == 0
     finally:
         d.kill()
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
 
 
 def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
@@ -170,7 +151,7 @@ def test_crash_point_then_restart_is_exactly_once(tmp_path: Path, point: str, nt
     rc = d.wait(60)
     assert rc == 137, f"crash point {point} not reached: exit {rc}\n{d.output()}"
     finish(tmp_path, cfg)
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
     letters = [d["where"] for d in dead_letters(tmp_path / "state")]
     assert len(set(letters)) == len(expected) // 30
 
@@ -195,7 +176,7 @@ def test_a_crash_with_offsets_spilled_to_disk_then_restart(tmp_path: Path, point
     left = [p.name for p in inprogress_files(tmp_path / "shards")]
     assert any(n.endswith(".offsets.inprogress") for n in left), left
     finish(tmp_path, cfg, timeout=120)
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
     assert len(shard_files(tmp_path / "shards")) == 2
 
 
@@ -218,7 +199,7 @@ def test_kill_9_at_random_instants_is_exactly_once(tmp_path: Path) -> None:
     assert kills == 15
     assert shard_files(tmp_path / "shards"), "some kills came after commits"
     finish(tmp_path, cfg)
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
 
 
 def test_encode_workers_as_a_subprocess(tmp_path: Path) -> None:
@@ -226,7 +207,7 @@ def test_encode_workers_as_a_subprocess(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, daemon={"encode_workers": 2}, output={"max_shard_records": 100})
     expected = fill_spool(tmp_path, 3, 200)
     run_clean_until(cfg, lambda: drained(tmp_path), 60)
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
 
 
 def test_a_killed_encode_worker_stops_the_daemon_and_nothing_is_lost(tmp_path: Path) -> None:
@@ -251,7 +232,7 @@ def test_a_killed_encode_worker_stops_the_daemon_and_nothing_is_lost(tmp_path: P
     finally:
         d.kill()
     run_clean_until(cfg, lambda: drained(tmp_path), 120)
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
 
 
 def test_ctrl_c_with_encode_workers_drains_and_exits_cleanly(tmp_path: Path) -> None:
@@ -278,7 +259,7 @@ def test_ctrl_c_with_encode_workers_drains_and_exits_cleanly(tmp_path: Path) -> 
     finally:
         d.kill()
     run_clean_until(cfg, lambda: drained(tmp_path), 120)
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
 
 
 def _children(pid: int) -> list[int]:
@@ -300,5 +281,5 @@ def test_a_file_is_acked_soon_after_its_last_shard(tmp_path: Path) -> None:
         assert d.stop() == 0
     finally:
         d.kill()
-    assert_exactly_once(tmp_path, expected)
+    assert_exactly_once(tmp_path / "shards", expected, manifests=True)
     assert len(shard_files(tmp_path / "shards")) == 3

@@ -15,6 +15,7 @@ from tests.support import (
     movie_event,
     read_ids,
     shard_files,
+    skip_or_fail,
     spool_file,
     write_config,
 )
@@ -25,20 +26,42 @@ from tfrecordd.runtime import Daemon
 pytestmark = pytest.mark.anyio
 
 
+def mount_tmpfs(mnt: Path, size: str = "4m") -> None:
+    """Mount a tmpfs of ``size`` on ``mnt``: needs root, as in CI, where this fails rather
+    than skips if it cannot (``CI=true``)."""
+    if os.geteuid() != 0:
+        skip_or_fail("mounting a small tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        skip_or_fail(f"cannot mount a tmpfs on {mnt}: {done.stderr.strip()}")
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs, mounted for the test (needs root, as in CI)."""
+    """A 4 MiB tmpfs, mounted for the test."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=False)
-    if done.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
+    mount_tmpfs(mnt)
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_a_tmpfs_that_cannot_be_mounted_fails_under_ci(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ci: str
+) -> None:
+    """CI provides root and mount: there, a mount that fails is a failure, not a silent skip."""
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if ci == "true" else pytest.skip.Exception
+    with pytest.raises(expected):
+        mount_tmpfs(tmp_path / "no-such-folder")
 
 
 async def test_full_disk_pauses_and_resumes(tmp_path: Path, small_disk: Path) -> None:

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import DaemonProcess, free_port, read_examples, shard_files, wait_for
+from tests.support import (
+    DaemonProcess,
+    free_port,
+    read_examples,
+    shard_files,
+    skip_or_fail,
+    wait_for,
+)
 from tfrecordd.cli import main
 from tfrecordd.errors import EXIT_OK
 from tfrecordd.initcmd import SOURCES
@@ -32,7 +39,17 @@ def _skip_unless_installed(source: str) -> None:
     if source in registry.sources:
         return
     error = registry.broken.get(f"tfrecordd.sources:{source}", "no such entry point")
-    pytest.skip(f"the {source!r} source plugin is not installed yet ({error})")
+    skip_or_fail(f"the {source!r} source plugin is not installed or does not import ({error})")
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_a_missing_source_plugin_fails_under_ci(monkeypatch: pytest.MonkeyPatch, ci: str) -> None:
+    """CI installs every built-in plugin: there, one that is missing or does not import is a
+    failure, not a silent skip."""
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if ci == "true" else pytest.skip.Exception
+    with pytest.raises(expected, match="no-such-source"):
+        _skip_unless_installed("no-such-source")
 
 
 @pytest.mark.parametrize("source", SOURCES)

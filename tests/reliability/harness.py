@@ -1,18 +1,23 @@
 """The crash harness: producers, a daemon SIGKILLed at random instants, an independent audit.
 
-Everything here reads the daemon's output without tfrecordd's own reader: TFRecord framing and
-CRCs, gzip/zlib/zstd streams and the ``tf.train.Example`` wire format are parsed below, so a bug
-shared by the daemon's writer and reader cannot hide itself. ``tfrecordd verify`` is run on top,
-as a second opinion.
+Everything here reads the daemon's output without tfrecordd's own reader (the independent
+reader of :mod:`tests.support` parses TFRecord framing and CRCs, gzip/zlib/zstd streams and the
+``tf.train.Example`` wire format), so a bug shared by the daemon's writer and reader cannot hide
+itself. ``tfrecordd verify`` is run on top, as a second opinion.
 
 A trial: start ``tfrecordd run`` as a subprocess, let producers write, SIGKILL it after a delay
 drawn uniformly from ``[0, max_delay)`` (which spans start-up and recovery, reading, writing and
-committing), restart, repeat. At the end a clean daemon drains the input and is stopped with
-SIGTERM, and the audit counts lost, duplicated and unexpected events.
+committing), restart, repeat. Every other run is instead armed with a named crash point
+(``TFRECORDD_CRASH_AT``) not yet reached in this run, so that every phase of the commit protocol
+is killed in at least once whatever the seed. After every kill, before the restart, whatever a
+reader's shard glob matches must be a published shard (:class:`tests.support.GlobOracle`). At the
+end a clean daemon drains the input and is stopped with SIGTERM, and the audit counts lost,
+duplicated and unexpected events.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -20,204 +25,43 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import crc32c
 import orjson
-import zstandard
 
 from tests.support import (
+    SHARD_SUFFIXES,
     DaemonProcess,
+    GlobOracle,
+    ShardError,
+    TfGlobber,
     claimed_files,
+    count_ids,
+    count_records,
+    decompress,
+    example_int64,
     movie_event,
+    published_shards,
+    read_shard,
+    shard_suffix,
+    split_records,
     spool_file,
     wait_for,
     write_config,
 )
+from tfrecordd.crashpoints import POINTS
 
-# -- an independent TFRecord reader ----------------------------------------------------------
-
-
-class ShardError(Exception):
-    """A shard that does not read back whole."""
-
-
-def _masked_crc(data: bytes) -> int:
-    c = crc32c.crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def decompress(data: bytes, suffix: str) -> bytes:
-    """The record stream of a shard file, by its name's suffix; every stream must end cleanly."""
-    if suffix == ".tfrecord":
-        return data
-    out: list[bytes] = []
-    rest = data
-    try:
-        if suffix == ".tfrecord.gz":
-            while rest:  # one gzip member per sync point
-                d = zlib.decompressobj(zlib.MAX_WBITS | 16)
-                out.append(d.decompress(rest))
-                if not d.eof:
-                    raise ShardError("gzip member cut short")
-                rest = d.unused_data
-        elif suffix == ".tfrecord.zz":
-            d = zlib.decompressobj()
-            out.append(d.decompress(rest))
-            if not d.eof or d.unused_data:
-                raise ShardError("zlib stream not ended")
-        elif suffix == ".tfrecord.zst":
-            while rest:  # one zstd frame per sync point
-                z = zstandard.ZstdDecompressor().decompressobj()
-                out.append(z.decompress(rest))
-                if not z.eof:
-                    raise ShardError("zstd frame cut short")
-                rest = z.unused_data
-        else:
-            raise ShardError(f"unknown shard suffix {suffix!r}")
-    except (zlib.error, zstandard.ZstdError) as e:
-        raise ShardError(f"compressed stream: {e}") from e
-    return b"".join(out)
-
-
-def split_records(stream: bytes) -> Iterator[bytes]:
-    """Each record of a TFRecord stream, both CRCs checked."""
-    at, n = 0, len(stream)
-    while at < n:
-        if n - at < 12:
-            raise ShardError(f"header cut short at {at}")
-        header = stream[at : at + 8]
-        length = int.from_bytes(header, "little")
-        if _u32(stream[at + 8 : at + 12]) != _masked_crc(header):
-            raise ShardError(f"length CRC mismatch at {at}")
-        end = at + 12 + length
-        if end + 4 > n:
-            raise ShardError(f"record cut short at {at}")
-        data = stream[at + 12 : end]
-        if _u32(stream[end : end + 4]) != _masked_crc(data):
-            raise ShardError(f"data CRC mismatch at {at}")
-        yield data
-        at = end + 4
-
-
-def _u32(b: bytes) -> int:
-    return int.from_bytes(b, "little")
-
-
-def _varint(buf: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(buf):
-            raise ShardError("varint cut short")
-        byte = buf[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-        if shift > 63:
-            raise ShardError("varint too long")
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
-    """``(field number, wire type, value)`` of a protobuf message (varint or length-delimited)."""
-    at = 0
-    while at < len(buf):
-        key, at = _varint(buf, at)
-        number, wire = key >> 3, key & 7
-        value: Any
-        if wire == 0:
-            value, at = _varint(buf, at)
-        elif wire == 2:
-            size, at = _varint(buf, at)
-            value, at = buf[at : at + size], at + size
-        elif wire == 5:
-            value, at = buf[at : at + 4], at + 4
-        elif wire == 1:
-            value, at = buf[at : at + 8], at + 8
-        else:
-            raise ShardError(f"wire type {wire}")
-        yield number, wire, value
-
-
-def example_int64(record: bytes, name: str) -> list[int]:
-    """The int64 values of feature ``name`` in a serialized ``tf.train.Example``
-    (Example.features=1 → Features.feature=1 map<string, Feature> → Feature.int64_list=3)."""
-    key = name.encode()
-    for num, _, features in _fields(record):
-        if num != 1:
-            continue
-        for fnum, _, entry in _fields(features):
-            if fnum != 1:
-                continue
-            parts = {n: v for n, _, v in _fields(entry)}
-            if parts.get(1) != key:
-                continue
-            for lnum, _, int64_list in _fields(parts.get(2, b"")):
-                if lnum != 3:
-                    continue
-                values: list[int] = []
-                for vnum, wire, v in _fields(int64_list):
-                    if vnum != 1:
-                        continue
-                    if wire == 0:
-                        values.append(v - (1 << 64) if v >= 1 << 63 else v)
-                    else:  # packed
-                        at = 0
-                        while at < len(v):
-                            x, at = _varint(v, at)
-                            values.append(x - (1 << 64) if x >= 1 << 63 else x)
-                return values
-    return []
-
-
-SHARD_SUFFIXES = (".tfrecord", ".tfrecord.gz", ".tfrecord.zz", ".tfrecord.zst")
-
-
-def published_shards(out: Path) -> list[Path]:
-    """What a reader of the output directory may open: visible names ending in a shard suffix."""
-    if not out.exists():
-        return []
-    return sorted(
-        p for p in out.iterdir() if not p.name.startswith(".") and p.name.endswith(SHARD_SUFFIXES)
-    )
-
-
-def shard_suffix(name: str) -> str:
-    return next(s for s in sorted(SHARD_SUFFIXES, key=len, reverse=True) if name.endswith(s))
-
-
-def read_shard(path: Path) -> list[bytes]:
-    """Every record of a shard, read independently of tfrecordd."""
-    return list(split_records(decompress(path.read_bytes(), shard_suffix(path.name))))
-
-
-def count_ids(out: Path) -> tuple[Counter[int], list[str]]:
-    """How often each event id appears in the published shards, and the problems found
-    (unreadable shards, a manifest whose record count or size disagrees)."""
-    ids: Counter[int] = Counter()
-    problems: list[str] = []
-    for shard in published_shards(out):
-        try:
-            records = read_shard(shard)
-        except ShardError as e:
-            problems.append(f"{shard.name}: {e}")
-            continue
-        if not records:
-            problems.append(f"{shard.name}: empty shard published")
-        for rec in records:
-            ids.update(example_int64(rec, "id"))
-        man = out / (shard.name[: -len(shard_suffix(shard.name))] + ".manifest.json")
-        if man.exists():
-            doc = json.loads(man.read_bytes())
-            if doc.get("records") != len(records) or doc.get("size") != shard.stat().st_size:
-                problems.append(f"{shard.name}: manifest disagrees")
-    return ids, problems
+CRASH_PHASES = {
+    "directory": tuple(p for p in POINTS if p != "mid-upload"),
+    "redis-stream": tuple(
+        p for p in POINTS if p not in ("mid-upload", "after-claim", "after-spool-ack")
+    ),
+}
+"""The named crash points each source passes on a local output (``mid-upload`` is object
+storage's; claims and spool acks are the spool directory's)."""
 
 
 def tfrecordd_verify(paths: list[Path]) -> tuple[int, str]:
@@ -241,33 +85,41 @@ class Audit:
     lost: int
     duplicated: int
     unexpected: int
+    """Records of an id no producer wrote, and records without an id."""
     shards: int
-    inprogress_visible: int
+    reader_visible_unpublished: int
+    """What a reader's shard glob matched that was not a published shard, at any look (after
+    every kill and at the end); :attr:`problems` names each."""
     problems: list[str]
     verify_exit: int
 
     @property
     def ok(self) -> bool:
-        return (self.lost, self.duplicated, self.unexpected, self.inprogress_visible) == (
-            0,
-            0,
-            0,
-            0,
-        ) and (not self.problems and self.verify_exit == 0)
+        return (self.lost, self.duplicated, self.unexpected) == (0, 0, 0) and (
+            self.reader_visible_unpublished == 0 and not self.problems and self.verify_exit == 0
+        )
 
 
-def audit(out: Path, expected: set[int], *, verify: bool = True) -> Audit:
-    ids, problems = count_ids(out)
+def audit(
+    out: Path, expected: set[int], *, verify: bool = True, globs: GlobOracle | None = None
+) -> Audit:
+    """Count the published shards of ``out`` against ``expected``; ``globs``: the oracle that
+    looked after every kill (a fresh one looks once now otherwise)."""
+    count = count_records(out)
     shards = published_shards(out)
     rc = tfrecordd_verify(shards)[0] if verify else 0
+    if globs is None:
+        globs = GlobOracle(out)
+    globs.look("at the end")
+    globs.finish()
     return Audit(
         events=len(expected),
-        lost=len(expected - ids.keys()),
-        duplicated=sum(c - 1 for i, c in ids.items() if c > 1 and i in expected),
-        unexpected=sum(c for i, c in ids.items() if i not in expected),
+        lost=len(expected - count.ids.keys()),
+        duplicated=sum(c - 1 for i, c in count.ids.items() if c > 1 and i in expected),
+        unexpected=sum(c for i, c in count.ids.items() if i not in expected) + count.no_id,
         shards=len(shards),
-        inprogress_visible=sum(1 for p in out.glob(".*.inprogress")) if out.exists() else 0,
-        problems=problems,
+        reader_visible_unpublished=len(globs.violations),
+        problems=count.problems + globs.violations,
         verify_exit=rc,
     )
 
@@ -398,6 +250,10 @@ class Figures:
     recovered_discarded: int = 0
     """Restarts that found an in-progress shard (killed while writing)."""
     torn_journal: int = 0
+    phases: dict[str, int] = field(default_factory=dict)
+    """Each crash phase the run must kill in → how many times a kill landed there."""
+    glob_looks: int = 0
+    """Looks of the reader-glob oracle (one after every kill and one at the end)."""
     dead_letters_missing: int = 0
     seconds: float = 0.0
     audit: Audit | None = None
@@ -405,7 +261,17 @@ class Figures:
 
     @property
     def ok(self) -> bool:
-        return self.audit is not None and self.audit.ok and self.dead_letters_missing == 0
+        return (
+            self.audit is not None
+            and self.audit.ok
+            and self.dead_letters_missing == 0
+            and not self.phases_missed
+        )
+
+    @property
+    def phases_missed(self) -> list[str]:
+        """Crash phases no kill of the run landed in."""
+        return [p for p, n in self.phases.items() if n == 0]
 
     def count_recovery(self, log: str) -> None:
         """Count what a restart's recovery line in ``log`` says it found, if there is one."""
@@ -424,9 +290,13 @@ class Figures:
             f"({self.killed_before_ready} during start-up/recovery; restarts found "
             f"{self.recovered_discarded}x an in-progress shard, {self.recovered_dropped}x an "
             f"unpublished intent, {self.recovered_redone}x a published shard awaiting acks, "
-            f"{self.torn_journal}x a torn journal tail), {a.events} events in {a.shards} shards: "
+            f"{self.torn_journal}x a torn journal tail; crash phases hit "
+            f"{sum(n > 0 for n in self.phases.values())}/{len(self.phases)}"
+            f"{', missed ' + ' '.join(self.phases_missed) if self.phases_missed else ''}), "
+            f"{a.events} events in {a.shards} shards: "
             f"lost {a.lost}, duplicated {a.duplicated}, unexpected {a.unexpected}, "
-            f"in-progress visible {a.inprogress_visible}, unreadable {len(a.problems)}, "
+            f"unpublished files a reader's glob matched {a.reader_visible_unpublished} "
+            f"({self.glob_looks} looks), problems {len(a.problems)}, "
             f"verify exit {a.verify_exit}, dead letters missing {self.dead_letters_missing}, "
             f"{self.seconds:.0f}s"
         )
@@ -479,12 +349,21 @@ def run_crash_trials(
     redis_url: str | None = None,
     progress: Callable[[str], None] | None = None,
     packed: bool = False,
+    phases: Sequence[str] | None = None,
+    max_seconds: float | None = None,
+    tf_globs: bool = False,
 ) -> Figures:
-    """SIGKILL a daemon ``kills`` times while producers write, then drain and audit."""
+    """SIGKILL a daemon ``kills`` times while producers write, then drain and audit.
+
+    ``phases``: the crash points to kill in at least once (every one the source passes by
+    default; empty for random kills only). ``max_seconds``: stop killing after this long (the
+    drain and the audit follow), for a time-bounded long mode. ``tf_globs``: TensorFlow's globs
+    are among the reader globs looked through after every kill (a helper process imports it)."""
     rng = random.Random(seed)
     t0 = time.monotonic()
     cfg = harness_config(root, source, compression, redis_url, packed)
     figs = Figures(source, compression)
+    figs.phases = dict.fromkeys(CRASH_PHASES[source] if phases is None else phases, 0)
     producer: Producer
     per_file = 1000 if packed else 100
     if source == "directory":
@@ -494,39 +373,71 @@ def run_crash_trials(
         assert redis_url is not None
         producer = RedisProducer(redis_url, batch=100, interval=0.05)
         drained = lambda: redis_drained(redis_url)  # noqa: E731
-    producer.start()
+    tf = TfGlobber() if tf_globs else None
+    killing_since = time.monotonic()
     try:
-        for n in range(kills):
-            d = DaemonProcess(cfg)
-            time.sleep(rng.uniform(0.0, max_delay))
+        globs = GlobOracle(root / "shards", tf)
+        producer.start()
+        try:
+            for n in range(kills):
+                if max_seconds is not None and time.monotonic() - killing_since > max_seconds:
+                    figs.notes.append(f"stopped after {n} kills: {max_seconds:.0f}s bound")
+                    break
+                kill_one(cfg, rng, figs, max_delay, armed=n % 2 == 1)
+                globs.look(f"after kill {n + 1}")
+                figs.glob_looks += 1
+                if progress and (n + 1) % 10 == 0:
+                    progress(f"{source}: {n + 1}/{kills} kills")
+        finally:
+            producer.stop()
+        # The last restart's recovery is counted too, then a clean daemon drains everything.
+        d = DaemonProcess(cfg)
+        try:
+            d.wait_started(60)
+            figs.count_recovery(d.output())
+            wait_for(drained, timeout=600, interval=0.2)
+            rc = d.stop(120)
+            if rc != 0:
+                figs.notes.append(f"final stop exited {rc}: {d.output()[-2000:]}")
+        finally:
             d.kill()
-            figs.kills += 1
-            out = d.output()
-            figs.killed_before_ready += " started: " not in out
-            figs.count_recovery(out)
-            figs.torn_journal += "journal tail torn" in out
-            if progress and (n + 1) % 10 == 0:
-                progress(f"{source}: {n + 1}/{kills} kills")
+        figs.glob_looks += 1
+        figs.audit = audit(root / "shards", producer.ids, globs=globs)
     finally:
-        producer.stop()
-    # The last restart's recovery is counted too, then a clean daemon drains everything.
-    d = DaemonProcess(cfg)
-    try:
-        d.wait_started(60)
-        figs.count_recovery(d.output())
-        wait_for(drained, timeout=600, interval=0.2)
-        rc = d.stop(120)
-        if rc != 0:
-            figs.notes.append(f"final stop exited {rc}: {d.output()[-2000:]}")
-    finally:
-        d.kill()
-    figs.audit = audit(root / "shards", producer.ids)
+        if tf is not None:
+            tf.close()
     letters = _dead_letter_places(root / "state")
     figs.dead_letters_missing = len(producer.bad - letters)
     figs.seconds = time.monotonic() - t0
     if figs.audit.problems:
         figs.notes.extend(figs.audit.problems[:10])
     return figs
+
+
+def kill_one(
+    cfg: Path, rng: random.Random, figs: Figures, max_delay: float, *, armed: bool
+) -> None:
+    """One run of the daemon, ended by SIGKILL after a random delay, or (``armed``, while a
+    phase of ``figs.phases`` is still missed) by the next missed crash point, reached for the
+    1st to 3rd time; a crash point not reached within a few seconds is SIGKILLed too, and
+    tried again by the next armed run."""
+    missed = figs.phases_missed
+    point = missed[0] if armed and missed else None
+    env = {"TFRECORDD_CRASH_AT": f"{point}:{rng.randint(1, 3)}"} if point else None
+    d = DaemonProcess(cfg, env=env)
+    if point is None:
+        time.sleep(rng.uniform(0.0, max_delay))
+    else:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            d.wait(max_delay + 10)
+    d.kill()
+    if point is not None and d.proc.returncode == 137:
+        figs.phases[point] += 1
+    figs.kills += 1
+    out = d.output()
+    figs.killed_before_ready += " started: " not in out
+    figs.count_recovery(out)
+    figs.torn_journal += "journal tail torn" in out
 
 
 def _dead_letter_places(state: Path) -> set[str]:
@@ -548,6 +459,7 @@ def rss_high_water(pid: int) -> int:
 
 
 __all__ = [
+    "SHARD_SUFFIXES",
     "Audit",
     "Figures",
     "RedisProducer",
@@ -555,11 +467,15 @@ __all__ = [
     "SpoolProducer",
     "audit",
     "count_ids",
+    "count_records",
+    "decompress",
     "example_int64",
     "published_shards",
     "read_shard",
     "rss_high_water",
     "run_crash_trials",
+    "shard_suffix",
+    "split_records",
     "tfrecordd_verify",
 ]
 

@@ -1,8 +1,10 @@
 """SIGKILL at random instants while producers write, on a spool directory and a Redis stream.
 
-The audit reads every published shard with the harness's own reader (not tfrecordd's) and runs
-``tfrecordd verify``. Default: 30 + 25 kills; ``--run-slow``: 300 per source (the same as
-``python scripts/crash_harness.py --source directory --kills 300``).
+Every other run is armed with a named crash point until each phase of the commit protocol has
+been killed in; after every kill, whatever a reader's shard glob matches must be a published
+shard. The audit reads every published shard with the independent reader (not tfrecordd's)
+and runs ``tfrecordd verify``. Default: 30 + 25 kills; ``--run-slow``: 300 per source (the same
+as ``python scripts/crash_harness.py --source directory --kills 300``).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from tests.e2e.test_redis_daemon import assert_exactly_once, fill, finish, group_info
+from tests.e2e.test_redis_daemon import fill, finish, group_info
 from tests.redis_server import RedisServer, running_redis, write_redis_config
 from tests.reliability.harness import (
+    CRASH_PHASES,
     Figures,
     audit,
     published_shards,
@@ -25,6 +28,8 @@ from tests.reliability.harness import (
 )
 from tests.support import (
     DaemonProcess,
+    GlobOracle,
+    assert_exactly_once,
     movie_event,
     read_ids,
     spool_file,
@@ -46,19 +51,42 @@ def check(figs: Figures, kills: int) -> None:
     assert figs.audit is not None
     a = figs.audit
     assert (a.lost, a.duplicated, a.unexpected) == (0, 0, 0), figs.summary()
-    assert a.inprogress_visible == 0, figs.summary()
+    assert a.reader_visible_unpublished == 0, a.problems[:10]
+    assert figs.glob_looks == kills + 1
     assert a.problems == [], figs.notes
     assert a.verify_exit == 0
     assert figs.dead_letters_missing == 0, "every malformed input is dead-lettered"
     assert not figs.notes, figs.notes
-    # The kills landed in each phase: start-up/recovery, and while a shard was being written.
+    # Every crash phase was killed in at least once, whatever the seed.
+    assert figs.phases, "a run names the phases it must kill in"
+    assert figs.phases_missed == [], figs.summary()
+    # The random kills landed in start-up/recovery, and while a shard was being written.
     assert figs.killed_before_ready > 0, figs.summary()
     assert figs.recovered_discarded > 0, figs.summary()
     assert a.shards > kills // 2, "many commits per run"
 
 
 def test_sigkill_spool_directory(tmp_path: Path) -> None:
-    check(run_crash_trials(tmp_path, source="directory", kills=30, seed=1), 30)
+    figs = run_crash_trials(tmp_path, source="directory", kills=30, seed=1)
+    check(figs, 30)
+    assert set(figs.phases) == set(CRASH_PHASES["directory"])
+
+
+@pytest.mark.tensorflow
+def test_sigkill_spool_directory_tensorflow_globs(tmp_path: Path) -> None:
+    """TensorFlow's globs (``tf.io.gfile.glob``, ``tf.io.matching_files``, which do not skip
+    hidden names) are among the readers looking after every kill."""
+    pytest.importorskip("tensorflow")
+    figs = run_crash_trials(
+        tmp_path,
+        source="directory",
+        kills=12,
+        seed=5,
+        compression="gzip",
+        phases=["after-create", "mid-write", "after-fsync", "after-intent", "after-publish"],
+        tf_globs=True,
+    )
+    check(figs, 12)
 
 
 def test_sigkill_spool_directory_packed_units_two_workers(tmp_path: Path) -> None:
@@ -74,6 +102,7 @@ def test_sigkill_spool_directory_packed_units_two_workers(tmp_path: Path) -> Non
         compression="zlib",
         packed=True,
         max_delay=2.5,
+        phases=["after-fsync", "after-intent", "after-publish", "after-dir-fsync", "after-ack"],
     )
     check(figs, 15)
 
@@ -88,6 +117,7 @@ def test_sigkill_redis_stream(tmp_path: Path, redis_server: RedisServer) -> None
         redis_url=redis_server.url,
     )
     check(figs, 25)
+    assert set(figs.phases) == set(CRASH_PHASES["redis-stream"])
 
 
 @pytest.mark.slow
@@ -132,7 +162,8 @@ def test_redis_crash_after_create_then_restart_is_exactly_once(
 @pytest.mark.parametrize("compression", ["none", "gzip", "zlib", "zstd"])
 def test_the_audit_sees_loss_duplicates_and_partial_files(tmp_path: Path, compression: str) -> None:
     """The independent reader agrees with tfrecordd's on real shards, and the audit reports a
-    missing shard, a copied one, an in-progress file and a damaged shard."""
+    missing shard, a copied one, an in-progress file a reader's glob matches, a record without
+    an id and a damaged shard."""
 
     cfg = write_config(
         tmp_path,
@@ -161,7 +192,18 @@ def test_the_audit_sees_loss_duplicates_and_partial_files(tmp_path: Path, compre
     second.unlink()
     (out / f".{first.name}.inprogress").write_bytes(b"partial")
     a = audit(out, expected)
-    assert (a.lost, a.inprogress_visible) == (30, 1)
+    assert (a.lost, a.reader_visible_unpublished) == (30, 1)
+    assert not a.ok
+    (out / f".{first.name}.inprogress").unlink()
+    assert audit(out, expected).reader_visible_unpublished == 0
+    # A complete shard holding one record without an id: unexpected, not ignored.
+    third = published_shards(out)[2]
+    no_id = out / ("no-id-" + third.name)
+    no_id.write_bytes(_shard_of_records([b""], third.name))
+    a = audit(out, expected)
+    assert a.unexpected == 1
+    assert not a.ok
+    no_id.unlink()
     data = bytearray(first.read_bytes())
     data[len(data) // 2] ^= 0x10
     first.write_bytes(bytes(data))
@@ -169,3 +211,75 @@ def test_the_audit_sees_loss_duplicates_and_partial_files(tmp_path: Path, compre
     assert a.problems
     assert a.verify_exit != 0
     assert not a.ok
+
+
+def _shard_of_records(records: list[bytes], name: str) -> bytes:
+    """A shard of ``records`` (compressed as ``name``'s suffix says), framed by TensorFlow's
+    rules independently of tfrecordd."""
+    import gzip
+    import zlib
+
+    import crc32c
+    import zstandard
+
+    def masked(data: bytes) -> bytes:
+        c = crc32c.crc32c(data)
+        return ((((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF).to_bytes(4, "little")
+
+    stream = b"".join(
+        len(r).to_bytes(8, "little") + masked(len(r).to_bytes(8, "little")) + r + masked(r)
+        for r in records
+    )
+    if name.endswith(".gz"):
+        return gzip.compress(stream)
+    if name.endswith(".zz"):
+        return zlib.compress(stream)
+    if name.endswith(".zst"):
+        return zstandard.ZstdCompressor(write_checksum=True).compress(stream)
+    return stream
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        ".shard-0001.tfrecord.gz.inprogress",
+        ".staging/node/shard-0002.tfrecord.gz",
+        "sub/x.tfrecord",
+    ],
+)
+def test_the_glob_oracle_sees_what_each_globber_sees(tmp_path: Path, hidden: str) -> None:
+    """A partial file under a name some reader's glob matches (a hidden name: fsspec and
+    pathlib; a hidden folder: fsspec; a plain subfolder: Python's recursive glob too) is
+    reported, and so is a published shard that later disappears or changes."""
+    out = tmp_path / "shards"
+    (out / hidden).parent.mkdir(parents=True, exist_ok=True)
+    (out / hidden).write_bytes(b"partial")
+    oracle = GlobOracle(out)
+    oracle.look("now")
+    assert len(oracle.violations) == 1, oracle.violations
+    assert hidden.rpartition("/")[2] in oracle.violations[0]
+
+    out2 = tmp_path / "shards2"
+    out2.mkdir()
+    good = out2 / "a.tfrecord.gz"
+    good.write_bytes(_shard_of_records([b"x"], good.name))
+    (out2 / ".staging" / "n").mkdir(parents=True)
+    (out2 / ".staging" / "n" / "b.inprogress").write_bytes(b"partial, under no shard name")
+    oracle = GlobOracle(out2)
+    oracle.look("now")
+    assert oracle.violations == []
+    good.unlink()
+    oracle.finish()
+    assert len(oracle.violations) == 1
+    assert "gone" in oracle.violations[0]
+
+
+def test_a_folder_a_shard_glob_matches_is_reported(tmp_path: Path) -> None:
+    """fsspec, pathlib and TensorFlow return folders too: a training job handed
+    ``.tfrecordd-staging`` by ``shards/*.tfrecord*`` fails to open it as a shard."""
+    out = tmp_path / "shards"
+    (out / ".tfrecordd-staging" / "node").mkdir(parents=True)
+    oracle = GlobOracle(out)
+    oracle.look("now")
+    assert len(oracle.violations) == 1, oracle.violations
+    assert ".tfrecordd-staging (fsspec/pathlib) is not a regular file" in oracle.violations[0]

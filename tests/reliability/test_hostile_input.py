@@ -3,7 +3,8 @@ cannot use leaves with a reason (for the dead letters); the spool refuses what i
 file and a claim name cannot lead a file out of its folder.
 
 Property tests run under the hypothesis profile named by ``TFRECORDD_HYPOTHESIS_PROFILE``:
-``reliability`` (default, quick) or ``reliability-long`` (thousands of examples per decoder).
+``reliability`` (default, quick) or ``reliability-long`` (thousands of examples per decoder),
+which ``--run-slow`` selects when no profile is named.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests.support import (
     dead_letters,
     movie_event,
     read_ids,
+    skip_or_fail,
     spool_file,
     write_config,
 )
@@ -65,6 +67,15 @@ settings.register_profile(
 hostile = settings(
     settings.get_profile(os.environ.get("TFRECORDD_HYPOTHESIS_PROFILE", "reliability"))
 )
+
+
+def test_run_slow_reaches_the_long_profile(pytestconfig: pytest.Config) -> None:
+    named = os.environ.get("TFRECORDD_HYPOTHESIS_PROFILE")
+    if pytestconfig.getoption("--run-slow") and named in (None, "reliability-long"):
+        assert hostile.max_examples == 5000
+    elif named in (None, "reliability"):
+        assert hostile.max_examples == 150
+
 
 FEATURES = {"id": "int64", "user": "bytes", "score": "float"}
 EXAMPLE = ExampleEncoderConfig.model_validate({"type": "example", "features": FEATURES}).build()
@@ -300,8 +311,9 @@ def test_a_forged_claim_cannot_move_a_file_out_of_done_dir(tmp_path: Path) -> No
         escaped.unlink(missing_ok=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device file needs root (as in CI)")
 def test_device_files_and_symlinked_folders_are_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        skip_or_fail("mknod of a device file needs root (as in CI)")
     spool = tmp_path / "spool"
     cfg = write_config(tmp_path, output={"max_shard_age": "100ms"}, source={"recursive": True})
     os.mknod(spool / "null.jsonl", stat.S_IFCHR | 0o600, os.makedev(1, 3))

@@ -20,8 +20,14 @@ and appends through the layer); the dead-letter file is rotated with ``os.replac
 Directories themselves (``shards/``, ``state/``, the claim folder) exist before the first cut
 and are treated as durable.
 
-The control run switches the daemon's directory fsync off (``fsync_dir`` does nothing, while the
-model still counts new entries as not durable) and must report loss: proof the check can fail.
+Every run is made with and without manifests: a manifest is published (and its directory
+fsynced) right after its shard, which would hide a missing directory fsync after the shard's own
+publish.
+
+The control runs switch the daemon's directory fsyncs off (``fsync_dir`` does nothing, while
+the model still counts new entries as not durable) and must report loss: proof the check can
+fail. One control drops every directory fsync; the other only those of the output directory,
+which without manifests are the fsyncs after each shard's publish.
 """
 
 from __future__ import annotations
@@ -224,6 +230,20 @@ class NoDirSyncFs(PowerLossFs):
         self.model.op()
 
 
+class NoOutputDirSyncFs(PowerLossFs):
+    """Control: the output directory's fsyncs do nothing (the journal's and the spool's do)."""
+
+    def __init__(self, model: DurabilityModel, output: Path) -> None:
+        super().__init__(model)
+        self.output = os.path.realpath(output)
+
+    def fsync_dir(self, path: str) -> None:
+        if os.path.realpath(path) == self.output:
+            self.model.op()
+        else:
+            super().fsync_dir(path)
+
+
 @dataclass
 class Spool:
     """Spool files written durably by a producer (file and directory fsynced)."""
@@ -328,13 +348,25 @@ async def run_until_drained(daemon: Daemon, producer: Spool, stall: float = 60.0
 
 
 async def run_cuts(
-    root: Path, *, cuts: int, seed: int, control: bool = False, first_boot_synced: bool = True
+    root: Path,
+    *,
+    cuts: int,
+    seed: int,
+    manifests: bool = True,
+    control: str | None = None,
+    first_boot_synced: bool = True,
 ) -> CutFigures:
+    """``control``: ``"no-dir-fsync"`` or ``"no-output-dir-fsync"`` (see the module's doc)."""
     rng = random.Random(seed)
     cfg = load_config(
         write_config(
             root,
-            output={"max_shard_records": 20, "max_shard_age": "100ms", "compression": "gzip"},
+            output={
+                "max_shard_records": 20,
+                "max_shard_age": "100ms",
+                "compression": "gzip",
+                "manifests": manifests,
+            },
             daemon={"max_batch_events": 10},
             source={"poll_interval": "20ms"},
         )
@@ -344,7 +376,14 @@ async def run_cuts(
     for d in (shards, state, claims):
         d.mkdir(parents=True, exist_ok=True)
     model = DurabilityModel([shards, state, spool, spool / CLAIM_DIR, claims])
-    fs: PowerLossFs = NoDirSyncFs(model) if control else PowerLossFs(model)
+    fs: PowerLossFs
+    if control == "no-dir-fsync":
+        fs = NoDirSyncFs(model)
+    elif control == "no-output-dir-fsync":
+        fs = NoOutputDirSyncFs(model, shards)
+    else:
+        assert control is None, control
+        fs = PowerLossFs(model)
     producer = Spool(spool, model)
     figs = CutFigures()
     acked_at_cut: set[str] = set()
@@ -421,26 +460,47 @@ def check(figs: CutFigures, cuts: int) -> None:
     )
 
 
-async def test_power_cuts_lose_nothing_acked(tmp_path: Path) -> None:
-    check(await run_cuts(tmp_path, cuts=20, seed=11), 20)
+manifests_on_and_off = pytest.mark.parametrize(
+    "manifests", [True, False], ids=["manifests", "no-manifests"]
+)
 
 
-async def test_control_without_directory_fsync_reports_loss(tmp_path: Path) -> None:
-    figs = await run_cuts(tmp_path, cuts=8, seed=12, control=True)
+@manifests_on_and_off
+async def test_power_cuts_lose_nothing_acked(tmp_path: Path, manifests: bool) -> None:
+    check(await run_cuts(tmp_path, cuts=20, seed=11, manifests=manifests), 20)
+
+
+@manifests_on_and_off
+async def test_control_without_directory_fsync_reports_loss(
+    tmp_path: Path, manifests: bool
+) -> None:
+    figs = await run_cuts(tmp_path, cuts=8, seed=12, manifests=manifests, control="no-dir-fsync")
     print("control: " + _summary(figs))
     assert figs.lost_acked > 0, "without directory fsyncs, acked events must be lost"
 
 
+async def test_control_without_the_fsync_after_publish_reports_loss(tmp_path: Path) -> None:
+    """Without manifests nothing else fsyncs the output directory after a shard's publish: a
+    daemon that skipped that fsync must be seen losing acked events."""
+    figs = await run_cuts(tmp_path, cuts=8, seed=12, manifests=False, control="no-output-dir-fsync")
+    print("control: " + _summary(figs))
+    assert figs.lost_acked > 0, "without the fsync after publish, acked events must be lost"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-async def test_power_cuts_long(tmp_path: Path) -> None:
-    check(await run_cuts(tmp_path, cuts=200, seed=13), 200)
+@manifests_on_and_off
+async def test_power_cuts_long(tmp_path: Path, manifests: bool) -> None:
+    check(await run_cuts(tmp_path, cuts=200, seed=13, manifests=manifests), 200)
 
 
-async def test_power_cuts_from_the_first_boot(tmp_path: Path) -> None:
+@manifests_on_and_off
+async def test_power_cuts_from_the_first_boot(tmp_path: Path, manifests: bool) -> None:
     """The journal and the dead-letter file are new: their directory entries must be made
     durable before anything they hold is acked."""
-    check(await run_cuts(tmp_path, cuts=10, seed=14, first_boot_synced=False), 10)
+    check(
+        await run_cuts(tmp_path, cuts=10, seed=14, manifests=manifests, first_boot_synced=False), 10
+    )
 
 
 @pytest.mark.parametrize("manifests", [False, True])

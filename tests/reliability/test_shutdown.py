@@ -21,7 +21,7 @@ from tests.reliability.harness import (
     redis_drained,
     spool_drained,
 )
-from tests.support import DaemonProcess, wait_for
+from tests.support import DaemonProcess, GlobOracle, wait_for
 
 DRAIN_TIMEOUT = 10.0
 
@@ -45,9 +45,10 @@ def sigterm_trials(root: Path, source: str, trials: int, seed: int, url: str | N
         assert url is not None
         producer = RedisProducer(url, batch=100, interval=0.05)
     slowest = 0.0
+    globs = GlobOracle(root / "shards")
     producer.start()
     try:
-        for _ in range(trials):
+        for n in range(trials):
             d = DaemonProcess(cfg)
             try:
                 d.wait_started()
@@ -60,7 +61,8 @@ def sigterm_trials(root: Path, source: str, trials: int, seed: int, url: str | N
             slowest = max(slowest, took)
             assert rc == 0, d.output()[-3000:]
             assert took < DRAIN_TIMEOUT + 2, f"stop took {took:.1f}s"
-            assert list((root / "shards").glob(".*.inprogress")) == []
+            globs.look(f"after stop {n + 1}")
+            assert globs.violations == [], globs.violations[:10]
     finally:
         producer.stop()
 
@@ -76,7 +78,7 @@ def sigterm_trials(root: Path, source: str, trials: int, seed: int, url: str | N
         assert d.stop(60) == 0
     finally:
         d.kill()
-    a = audit(root / "shards", producer.ids)
+    a = audit(root / "shards", producer.ids, globs=globs)
     print(
         f"{source}: {trials} SIGTERMs mid-stream, slowest stop {slowest:.2f}s, {a.events} events "
         f"in {a.shards} shards: lost {a.lost}, duplicated {a.duplicated}, unexpected {a.unexpected}"

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Mutation check of the commit path: break it on purpose, expect the suite to notice.
+
+    python scripts/mutation_check.py                 # every mutation
+    python scripts/mutation_check.py --only no-dir-fsync-after-publish --time-limit 600
+
+Each named mutation below is applied to a scratch copy of this tree (never to the tree itself),
+and the part of the suite that guards it runs there, bounded in time. The same tests run first
+on the unmutated copy: they must pass there, or the verdict says nothing. A mutation is caught
+when its tests fail; it survives when they pass. A table is printed; the exit status is 0 only
+when every mutation applied cleanly, its tests passed without it and failed with it.
+
+Run it once per change to the commit path (shards, output, runtime's commit, journal, recovery).
+When a mutation no longer applies (the code it edits changed), update its text here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+POWER_CUTS = "tests/reliability/test_power_loss.py::test_power_cuts_lose_nothing_acked"
+CRASH_POINTS = "tests/e2e/test_daemon_process.py::test_crash_point_then_restart_is_exactly_once"
+KILLS = "tests/reliability/test_crash_harness.py::test_sigkill_spool_directory"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A regular-expression substitution in one file, and the tests that must catch it."""
+
+    name: str
+    what: str
+    path: str
+    pattern: str
+    replacement: str
+    tests: tuple[str, ...]
+
+    def apply(self, tree: Path) -> bool:
+        """Apply to ``tree``; False when the pattern no longer matches exactly once."""
+        target = tree / self.path
+        text = target.read_text()
+        new, n = re.subn(self.pattern, self.replacement, text, flags=re.MULTILINE)
+        if n != 1:
+            return False
+        target.write_text(new)
+        return True
+
+
+MUTATIONS = (
+    Mutation(
+        "no-dir-fsync-after-publish",
+        "the output directory is not fsynced after a shard's publish",
+        "daemon/tfrecordd/output.py",
+        r'(crashpoints\.reached\("after-publish"\)\n)'
+        r"\s*if self\.fsync:\n\s*self\.fs\.fsync_dir\(self\.staging_dir\)\n",
+        r"\1",
+        (POWER_CUTS,),
+    ),
+    Mutation(
+        "no-shard-fsync",
+        "a finished shard is published without its fsync",
+        "daemon/tfrecordd/shards.py",
+        r"^(\s*)if fsync:\n\s*self\.fs\.fsync\(f\)\n",
+        r"\1pass\n",
+        (POWER_CUTS,),
+    ),
+    Mutation(
+        "publish-before-intent",
+        "swapped order: the shard is published before its intent is journalled",
+        "daemon/tfrecordd/runtime.py",
+        r"^(\s*)self\.journal\.write_intent\(intent\)\n((?:.*\n){1,12}?)(\s*)self\.output\.publish\(finished\)\n",
+        r"\1if finished is not None:\n\1    self.output.publish(finished)\n"
+        r"\1self.journal.write_intent(intent)\n\2\3pass\n",
+        (CRASH_POINTS,),
+    ),
+    Mutation(
+        "visible-inprogress-name",
+        "an in-progress shard is named so that every *.tfrecord* glob matches it",
+        "daemon/tfrecordd/shards.py",
+        r'^(def inprogress_name\((\w+)[^)]*\)[^:]*:\n(?:\s+""".*"""\n)?)'
+        r"(?:    .*\n)*?    return .*\n",
+        r'\1    return f"{\2}.inprogress"\n',
+        (KILLS,),
+    ),
+)
+
+IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "build"
+)
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], time_limit: float) -> tuple[str, float]:
+    """Run ``tests`` in ``tree``: "passed", "failed" or "timed out", and the seconds taken."""
+    env = os.environ | {"PYTHONPATH": f"{tree / 'daemon'}{os.pathsep}{tree / 'plugins'}"}
+    env.pop("TFRECORDD_CRASH_AT", None)
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+            cwd=tree,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=time_limit,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "timed out", time.monotonic() - t0
+    took = time.monotonic() - t0
+    tail = done.stdout.decode(errors="replace").strip().splitlines()[-1:]
+    print(f"    {' '.join(tests)}: exit {done.returncode}: {''.join(tail)}", flush=True)
+    return ("passed" if done.returncode == 0 else "failed"), took
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--only", action="append", choices=[m.name for m in MUTATIONS])
+    p.add_argument("--time-limit", type=float, default=900, help="seconds per test run")
+    args = p.parse_args()
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    rows: list[tuple[str, str, str]] = []
+    baselines: dict[tuple[str, ...], str] = {}
+    with tempfile.TemporaryDirectory(prefix="tfrecordd-mutants-") as tmp:
+        clean = Path(tmp) / "clean"
+        shutil.copytree(ROOT, clean, ignore=IGNORE)
+        for m in chosen:
+            print(f"{m.name}: {m.what}", flush=True)
+            if m.tests not in baselines:
+                baselines[m.tests] = run_tests(clean, m.tests, args.time_limit)[0]
+            base = baselines[m.tests]
+            tree = Path(tmp) / m.name
+            shutil.copytree(clean, tree, ignore=IGNORE)
+            if not m.apply(tree):
+                rows.append((m.name, base, "does not apply: update its pattern"))
+                continue
+            if base != "passed":
+                rows.append((m.name, base, "inconclusive: the tests fail without the mutation"))
+                continue
+            outcome, took = run_tests(tree, m.tests, args.time_limit)
+            verdict = {"failed": "caught", "passed": "SURVIVED"}.get(outcome, outcome)
+            rows.append((m.name, base, f"{verdict} ({took:.0f}s)"))
+            shutil.rmtree(tree, ignore_errors=True)
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'mutation':<{width}}  {'unmutated':<10}  with the mutation")
+    for name, base, verdict in rows:
+        print(f"{name:<{width}}  {base:<10}  {verdict}")
+    return 0 if all(r[2].startswith("caught") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
