@@ -373,7 +373,7 @@ def test_passthrough_refuses_what_does_not_parse_or_carries_unknown_fields() -> 
     strict = encode_all(PassthroughEncoderConfig(), events)
     assert strict.records == [data]
     assert [(i, c) for i, c, _ in strict.failures] == [(i, "malformed") for i in range(5)]
-    assert strict.failures[0][2].startswith("not an Example: Error parsing message")
+    assert strict.failures[0][2] == "not an Example: length past the end of the message"
     assert strict.failures[2][2].startswith("not an Example: it parses, but holds fields")
 
     keep = encode_all(PassthroughEncoderConfig(unknown_fields="keep"), events)
