@@ -79,10 +79,26 @@ def parts(
     yield b"]}"
 
 
-def scan(path: str, offsets: RecordOffsets | None = None) -> dict[str, Any]:
+_NO_LIMIT = 2**64
+"""A record length no TFRecord header can exceed."""
+
+
+def scan(
+    path: str,
+    offsets: RecordOffsets | None = None,
+    *,
+    max_record_bytes: int | None = None,
+    max_decompressed_bytes: int | None = None,
+) -> dict[str, Any]:
     """Size, digests, record count and offsets measured from a shard file. The offsets go to
     ``offsets`` when given (which keeps only a bounded part of them in memory; the result then
-    has no ``record_offsets``), else into the result's ``record_offsets`` (an ``array``)."""
+    has no ``record_offsets``), else into the result's ``record_offsets`` (an ``array``).
+
+    By default no record length and no decompressed size is too large: the daemon scans its own
+    shards (at recovery, to rebuild a manifest lost to a crash), and must read back whatever it
+    wrote, or it would fail the same way at every start. The length CRC is checked before a
+    record is read, so a damaged length is still found before anything is allocated. Tools
+    reading other files pass the reader's limits."""
     digest = hashlib.sha256()
     crc = 0
     size = 0
@@ -104,7 +120,11 @@ def scan(path: str, offsets: RecordOffsets | None = None) -> dict[str, Any]:
         at += sum(lengths) + OVERHEAD * len(lengths)
         del lengths[:]
 
-    for record in iter_records(path):
+    limit = _NO_LIMIT if max_record_bytes is None else max_record_bytes
+    records_of = iter_records(
+        path, max_record_bytes=limit, max_decompressed_bytes=max_decompressed_bytes
+    )
+    for record in records_of:
         lengths.append(len(record))
         records += 1
         if len(lengths) >= _LENGTHS_AT_ONCE:
@@ -121,14 +141,25 @@ def scan(path: str, offsets: RecordOffsets | None = None) -> dict[str, Any]:
     return measured
 
 
-def check(shard_path: str, manifest_path: str | None = None) -> list[str]:
-    """Differences between a shard and its manifest (empty when they agree)."""
+def check(
+    shard_path: str,
+    manifest_path: str | None = None,
+    *,
+    max_record_bytes: int | None = None,
+    max_decompressed_bytes: int | None = None,
+) -> list[str]:
+    """Differences between a shard and its manifest (empty when they agree); the limits are
+    :func:`scan`'s."""
     manifest_path = manifest_path or os.path.join(
         os.path.dirname(shard_path), manifest_name(os.path.basename(shard_path))
     )
     with open(manifest_path, "rb") as f:
         doc = orjson.loads(f.read())
-    measured = scan(shard_path)
+    measured = scan(
+        shard_path,
+        max_record_bytes=max_record_bytes,
+        max_decompressed_bytes=max_decompressed_bytes,
+    )
     problems = [
         f"{key}: manifest says {doc.get(key)!r}, the shard has {value!r}"
         for key, value in measured.items()
