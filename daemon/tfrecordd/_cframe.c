@@ -452,7 +452,7 @@ static PyObject *py_frame_many(PyObject *self, PyObject *records) {
  * map keys must be strictly valid UTF-8 (proto3 strings: protobuf refuses anything else).
  *
  * A certified payload must also be one TensorFlow's parser (example_proto_fast_parsing.cc) reads
- * as protobuf does (tfrecordd_plugins/encoders/tfreading.py). That parser needs a map entry to be
+ * as protobuf does (daemon/tfrecordd/tfreading.py). That parser needs a map entry to be
  * exactly one key and one value, reads only the first kind of a Feature and only the first packed
  * field of a value list, and keeps the first of a repeated key where protobuf keeps the last. So
  * a map entry missing its key or value or holding either twice, a Feature with more than one

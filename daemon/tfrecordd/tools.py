@@ -197,7 +197,11 @@ def _manifest_problems(args: argparse.Namespace, path: str) -> list[str]:
 
 
 def _features(values: dict[str, proto.FeatureValues]) -> dict[str, list[Any]]:
-    return {k: proto.jsonable(v) for k, v in sorted(values.items())}
+    # A key that is not UTF-8 comes surrogate-escaped; printed as its bytes' escapes (\xff).
+    return {
+        k.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"): proto.jsonable(v)
+        for k, v in sorted(values.items())
+    }
 
 
 def _cat(args: argparse.Namespace) -> int:

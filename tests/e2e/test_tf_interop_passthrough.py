@@ -1,6 +1,6 @@
 """``passthrough`` against TensorFlow's own parser, over generated wire-format variants.
 
-The oracle is independent of :mod:`tfrecordd_plugins.encoders.tfreading`: real
+The oracle is independent of :mod:`tfrecordd.tfreading`: real
 ``tf.io.parse_example`` (with a spec naming every key the record was built with, as ``bytes``,
 with each of the three kinds) and protobuf itself, parsing into messages declared here with
 ``bytes`` keys and a repeated entry list (the wire format of ``Features``, so a key that is not
@@ -25,6 +25,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tfrecordd import proto
 from tfrecordd.plugin import RawEvent
 from tfrecordd_plugins.encoders import passthrough
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig
@@ -311,7 +312,27 @@ def check_against_tensorflow(tf: Any, data: bytes, keys: set[bytes]) -> dict[str
     assert pb is not None or not got["keep"]
     strict_ok = pb is not None and not pb[1] and all(_utf8(k) for k in pb[0])
     assert got["reject"] == (got["keep"] and strict_ok)
+    if got["keep"]:
+        # tfrecordd's own reader reads what was accepted as TensorFlow does (keys not UTF-8 too).
+        assert tf_read is not None
+        assert pb is not None
+        # (A key with no values and no key at all read the same.)
+        assert _as_tensorflow_reads(proto.parse_example(data)) == {
+            k: v for k, (_, v) in tf_read.items() if k in pb[0] and v
+        }
     return got
+
+
+def _as_tensorflow_reads(parsed: dict[str, Any]) -> dict[bytes, tuple[Any, ...]]:
+    out = {}
+    for key, values in parsed.items():
+        if values and isinstance(values[0], float):
+            values = [struct.unpack("<I", struct.pack("<f", v))[0] for v in values]
+        elif values and isinstance(values[0], int):
+            values = [v & (2**64 - 1) for v in values]
+        if values:
+            out[key.encode("utf-8", "surrogateescape")] = tuple(values)
+    return out
 
 
 def _utf8(key: bytes) -> bool:

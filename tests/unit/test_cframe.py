@@ -16,9 +16,9 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfrecordd import framing, proto, speedups
+from tfrecordd import framing, proto, speedups, tfreading
 from tfrecordd.plugin import EncodeResult, RawEvent
-from tfrecordd_plugins.encoders import passthrough, tfreading
+from tfrecordd_plugins.encoders import passthrough
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig
 
 try:

@@ -1,16 +1,16 @@
 """``type = "passthrough"``: events that already are serialized Examples or SequenceExamples.
 
 Each payload is checked, then written as it came, byte for byte. An Example must be one that
-``tf.io.parse_example`` reads, and reads as protobuf does (:mod:`.tfreading`): TensorFlow's own
-parser refuses some records protobuf accepts (a map entry without its key or value, a group, a
-field beside the entries of ``Features``), and reads others differently or as garbage (a packed
-float list whose length is not a multiple of 4, a ``Feature`` with two kinds, a repeated key):
-all of these are dead letters, with the reason. By default, so is a payload that holds fields
-the message does not declare (another message type, or damage, often parses) or a key that is
-not UTF-8; ``unknown_fields = "keep"`` accepts both, as TensorFlow does. A SequenceExample is
-checked by protobuf's C parser (upb): bytes that do not parse are refused, and by default so are
-unknown fields, found by comparing the parsed message's size before and after
-``DiscardUnknownFields()``.
+``tf.io.parse_example`` reads, and reads as protobuf does (:mod:`tfrecordd.tfreading`):
+TensorFlow's own parser refuses some records protobuf accepts (a map entry without its key or
+value, a group, a field beside the entries of ``Features``), and reads others differently or as
+garbage (a packed float list whose length is not a multiple of 4, a ``Feature`` with two kinds,
+a repeated key): all of these are dead letters, with the reason. By default, so is a payload
+that holds fields the message does not declare (another message type, or damage, often parses)
+or a key that is not UTF-8; ``unknown_fields = "keep"`` accepts both, as TensorFlow does. A
+SequenceExample is checked by protobuf's C parser (upb): bytes that do not parse are refused,
+and by default so are unknown fields, found by comparing the parsed message's size before and
+after ``DiscardUnknownFields()``.
 
 Where ``tfrecordd._cframe`` is built (:mod:`tfrecordd.speedups`), a walk of the wire format in C
 goes over the batch first: it certifies each payload that is valid in every sense above with no
@@ -28,10 +28,9 @@ from typing import Any, Literal
 
 from google.protobuf.message import DecodeError
 
-from tfrecordd import proto, speedups
+from tfrecordd import proto, speedups, tfreading
 from tfrecordd.errors import TfrecorddError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
-from tfrecordd_plugins.encoders import tfreading
 
 _cframe = speedups.load("_cframe")
 
@@ -100,8 +99,8 @@ class PassthroughEncoder(Encoder):
 
     def _refusal(self, msg: Any, data: bytes) -> str | None:
         """Why ``data`` is refused, or ``None`` if it is not: for an Example, by
-        :func:`.tfreading.refusal`; then by protobuf (parsed into ``msg``), except an Example in
-        ``keep`` mode (protobuf's ``string`` would refuse a key TensorFlow reads)."""
+        :func:`tfrecordd.tfreading.refusal`; then by protobuf (parsed into ``msg``), except an
+        Example in ``keep`` mode (protobuf's ``string`` would refuse a key TensorFlow reads)."""
         if not self._sequence:
             refusal = tfreading.refusal(data, self._strict)
             if refusal is not None or not self._strict:

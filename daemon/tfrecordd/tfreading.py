@@ -1,5 +1,6 @@
 """How TensorFlow's ``tf.io.parse_example`` reads a serialized ``tf.train.Example``, next to how
-protobuf reads it: the judge of the payloads :mod:`.passthrough` cannot certify at once.
+protobuf reads it: the judge of the payloads the ``passthrough`` encoder cannot certify at once,
+and the reader of Examples whose keys protobuf refuses (:func:`tfrecordd.proto.parse_example`).
 
 TensorFlow does not parse records with protobuf: ``parse_example``, ``parse_single_example`` and
 ``tf.data``'s parsing share a hand-written reader (``example_proto_fast_parsing.cc``) that is both
@@ -18,7 +19,7 @@ over several packed fields (TensorFlow reads the first), a key given twice with 
 (TensorFlow keeps the first entry, protobuf the last), an unknown field cut short (TensorFlow skips
 past the end). Those are refused, each with its reason.
 
-Only :mod:`.passthrough` calls it, on the few payloads its compiled check flags; it is plain
+``passthrough`` calls it on the few payloads its compiled check flags; it is plain
 Python, a few microseconds a payload.
 """
 
@@ -158,7 +159,7 @@ def protobuf_reading(data: bytes) -> Reading:
     UTF-8 is read, where protobuf's ``string`` would refuse it). Raises :class:`WireError`."""
     reading = Reading()
     merged: dict[bytes, tuple[int | None, list[object]]] = {}
-    raw_of: dict[bytes, list[bytes]] = {}
+    raw_of: dict[bytes, bytes] = {}
     for number, wire, start, stop in _fields(data, 0, len(data)):
         if number != 1 or wire != 2:
             reading.unknown = True
@@ -179,7 +180,8 @@ def protobuf_reading(data: bytes) -> Reading:
                     raw.append(data[fstart:fstop])
                 else:
                     reading.unknown = True
-            if raw_of.setdefault(key, raw) != raw:
+            joined = b"".join(raw)
+            if raw_of.setdefault(key, joined) != joined:
                 reading.repeated.add(key)
             merged.pop(key, None)  # a repeated key replaces the earlier entry
             merged[key] = (kind, values)
