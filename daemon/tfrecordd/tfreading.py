@@ -197,8 +197,8 @@ class _TfRefuses(Exception):
 
 
 def _tf_list(data: bytes, i: int, end: int, kind: int) -> list[object]:
-    """TensorFlow's reading of a value list: it looks at the first field only, and at the rest
-    when that field is one unpacked value."""
+    """TensorFlow's reading of a value list: a packed field and nothing after it is looked at,
+    or unpacked values and nothing else."""
     if i == end:
         return []
     first = data[i]
@@ -222,10 +222,9 @@ def _tf_list(data: bytes, i: int, end: int, kind: int) -> list[object]:
             values.append(v)
         return values
     if kind == _FLOAT and first == 0x0D:
-        count = (end - i) // 5
         values = []
-        for _ in range(count):
-            if data[i] != 0x0D:
+        while i < end:
+            if data[i] != 0x0D or end - i < 5:
                 raise _TfRefuses("a float_list mixes unpacked values with other fields")
             values += struct.unpack("<I", data[i + 1 : i + 5])
             i += 5

@@ -388,6 +388,18 @@ KNOWN = [
     ("a Feature with two kinds", ld(1, _entry(b"a", INT64 + ld(1, ld(1, b"x")))), False, False),
     ("a key twice", ld(1, GOOD + _entry(b"a", ld(1, ld(1, b"x")))), False, False),
     ("a key twice, same value", ld(1, GOOD + GOOD), True, True),
+    (
+        "unpacked floats, then an unknown field",
+        ld(1, _entry(b"a", ld(2, b"\x0d" + bytes(4) + b"\x20\x01"))),
+        False,
+        False,
+    ),
+    (
+        "a packed list, then an unknown field",
+        ld(1, _entry(b"a", ld(3, ld(1, b"\x07") + b"\x20\x01"))),
+        True,
+        False,
+    ),
     ("well formed", ld(1, GOOD), True, True),
 ]
 
