@@ -9,6 +9,7 @@ from tfrecordd.errors import (
     DecodeError,
     EncodeError,
     RecordError,
+    RecordLimitError,
     TfrecorddError,
     TruncatedRecordError,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "RecordError",
+    "RecordLimitError",
     "TfrecorddError",
     "TruncatedRecordError",
     "__version__",

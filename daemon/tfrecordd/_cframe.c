@@ -450,9 +450,15 @@ static PyObject *py_frame_many(PyObject *self, PyObject *records) {
  * Lengths must fit the enclosing message; varints are at most 10 bytes, the 10th at most 1;
  * packed floats a multiple of 4 bytes; packed varints must end exactly at the end of their field;
  * map keys must be strictly valid UTF-8 (proto3 strings: protobuf refuses anything else).
- * Repeated singular message fields are merged by protobuf and repeated map keys replace the
- * earlier entry; a oneof set twice keeps the last: none of these is an error nor leaves an
- * unknown field, so they are certified.
+ *
+ * A certified payload must also be one TensorFlow's parser (example_proto_fast_parsing.cc) reads
+ * as protobuf does (daemon/tfrecordd/tfreading.py). That parser needs a map entry to be
+ * exactly one key and one value, reads only the first kind of a Feature and only the first packed
+ * field of a value list, and keeps the first of a repeated key where protobuf keeps the last. So
+ * a map entry missing its key or value or holding either twice, a Feature with more than one
+ * field, a value list with a packed field beside any other field, and a key repeated within one
+ * message are all flagged (protobuf accepts every one of them). Repeated Features / context
+ * fields are merged by both alike and are certified.
  */
 
 typedef const uint8_t *cur;
@@ -556,14 +562,17 @@ static bool bytes_list_ok(cur p, cur end) {
     return true;
 }
 
+/* A value list is one packed field, or unpacked values only: TensorFlow reads no further than a
+ * packed field, so one beside other fields would be read differently. */
 static bool float_list_ok(cur p, cur end) {
+    if (p < end && *p == 0x0A) { /* packed */
+        cur sub;
+        p++;
+        return read_len(&p, end, &sub) && !((sub - p) & 3) && sub == end;
+    }
     while (p < end) {
         uint8_t tag = *p++;
-        if (tag == 0x0A) { /* packed */
-            cur sub;
-            if (!read_len(&p, end, &sub) || ((sub - p) & 3)) return false;
-            p = sub;
-        } else if (tag == 0x0D) { /* one fixed32 */
+        if (tag == 0x0D) { /* one fixed32 */
             if (end - p < 4) return false;
             p += 4;
         } else {
@@ -574,13 +583,14 @@ static bool float_list_ok(cur p, cur end) {
 }
 
 static bool int64_list_ok(cur p, cur end) {
+    if (p < end && *p == 0x0A) { /* packed */
+        cur sub;
+        p++;
+        return read_len(&p, end, &sub) && packed_varints_ok(p, sub) && sub == end;
+    }
     while (p < end) {
         uint8_t tag = *p++;
-        if (tag == 0x0A) { /* packed */
-            cur sub;
-            if (!read_len(&p, end, &sub) || !packed_varints_ok(p, sub)) return false;
-            p = sub;
-        } else if (tag == 0x08) { /* one varint */
+        if (tag == 0x08) { /* one varint */
             p = skip_varint(p, end);
             if (!p) return false;
         } else {
@@ -590,18 +600,15 @@ static bool int64_list_ok(cur p, cur end) {
     return true;
 }
 
+/* No kind, or exactly one. */
 static bool feature_ok(cur p, cur end) {
-    while (p < end) {
-        uint8_t tag = *p++;
-        cur sub;
-        if ((tag != 0x0A && tag != 0x12 && tag != 0x1A) || !read_len(&p, end, &sub)) return false;
-        bool ok = tag == 0x0A   ? bytes_list_ok(p, sub)
-                  : tag == 0x12 ? float_list_ok(p, sub)
-                                : int64_list_ok(p, sub);
-        if (!ok) return false;
-        p = sub;
-    }
-    return true;
+    if (p == end) return true;
+    uint8_t tag = *p++;
+    cur sub;
+    if ((tag != 0x0A && tag != 0x12 && tag != 0x1A) || !read_len(&p, end, &sub) || sub != end)
+        return false;
+    return tag == 0x0A ? bytes_list_ok(p, sub) : tag == 0x12 ? float_list_ok(p, sub)
+                                                             : int64_list_ok(p, sub);
 }
 
 static bool feature_list_ok(cur p, cur end) {
@@ -613,32 +620,79 @@ static bool feature_list_ok(cur p, cur end) {
     return true;
 }
 
-/* A map entry {string key = 1; V value = 2;} with V checked by value_ok. */
-static inline bool map_entry_ok(cur p, cur end, bool (*value_ok)(cur, cur)) {
+/* The keys of one map seen so far. Keys in ascending byte order (as tfrecordd and protobuf's
+ * deterministic serialization write them) are told apart by comparing each with the one before;
+ * otherwise each is compared with all before it, up to KEYS_MAX keys (more are flagged). */
+#define KEYS_MAX 64
+
+typedef struct {
+    cur ptr[KEYS_MAX];
+    Py_ssize_t len[KEYS_MAX];
+    int n;
+    bool ascending;
+} keyset;
+
+static inline int key_cmp(cur a, Py_ssize_t alen, cur b, Py_ssize_t blen) {
+    int c = memcmp(a, b, (size_t)(alen < blen ? alen : blen));
+    return c ? c : (alen > blen) - (alen < blen);
+}
+
+/* False if the key was seen before, or cannot be told apart from the earlier ones. */
+static bool key_new(keyset *ks, cur p, cur end) {
+    Py_ssize_t len = end - p;
+    if (ks->n && ks->ascending) {
+        int last = (ks->n - 1) % KEYS_MAX;
+        if (key_cmp(ks->ptr[last], ks->len[last], p, len) >= 0) {
+            ks->ascending = false;
+            if (ks->n > KEYS_MAX) return false;
+        }
+    }
+    if (!ks->ascending) {
+        if (ks->n >= KEYS_MAX) return false;
+        for (int i = 0; i < ks->n; i++)
+            if (ks->len[i] == len && !memcmp(ks->ptr[i], p, (size_t)len)) return false;
+    }
+    ks->ptr[ks->n % KEYS_MAX] = p;
+    ks->len[ks->n % KEYS_MAX] = len;
+    ks->n++;
+    return true;
+}
+
+/* A map entry {string key = 1; V value = 2;}, exactly one of each in either order, with V
+ * checked by value_ok. */
+static inline bool map_entry_ok(cur p, cur end, bool (*value_ok)(cur, cur), keyset *ks) {
+    bool key = false, value = false;
     while (p < end) {
         uint8_t tag = *p++;
         cur sub;
         if ((tag != 0x0A && tag != 0x12) || !read_len(&p, end, &sub)) return false;
-        if (!(tag == 0x0A ? utf8_ok(p, sub) : value_ok(p, sub))) return false;
+        if (tag == 0x0A) {
+            if (key || !utf8_ok(p, sub) || !key_new(ks, p, sub)) return false;
+            key = true;
+        } else {
+            if (value || !value_ok(p, sub)) return false;
+            value = true;
+        }
         p = sub;
     }
-    return true;
+    return key && value;
 }
 
-static bool features_ok(cur p, cur end) {
+static bool features_ok(cur p, cur end, keyset *ks) {
     while (p < end) {
         cur sub;
-        if (*p++ != 0x0A || !read_len(&p, end, &sub) || !map_entry_ok(p, sub, feature_ok))
+        if (*p++ != 0x0A || !read_len(&p, end, &sub) || !map_entry_ok(p, sub, feature_ok, ks))
             return false;
         p = sub;
     }
     return true;
 }
 
-static bool feature_lists_ok(cur p, cur end) {
+static bool feature_lists_ok(cur p, cur end, keyset *ks) {
     while (p < end) {
         cur sub;
-        if (*p++ != 0x0A || !read_len(&p, end, &sub) || !map_entry_ok(p, sub, feature_list_ok))
+        if (*p++ != 0x0A || !read_len(&p, end, &sub) ||
+            !map_entry_ok(p, sub, feature_list_ok, ks))
             return false;
         p = sub;
     }
@@ -646,20 +700,27 @@ static bool feature_lists_ok(cur p, cur end) {
 }
 
 static bool example_ok(cur p, cur end) {
+    keyset ks;
+    ks.n = 0;
+    ks.ascending = true;
     while (p < end) {
         cur sub;
-        if (*p++ != 0x0A || !read_len(&p, end, &sub) || !features_ok(p, sub)) return false;
+        if (*p++ != 0x0A || !read_len(&p, end, &sub) || !features_ok(p, sub, &ks)) return false;
         p = sub;
     }
     return true;
 }
 
 static bool sequence_example_ok(cur p, cur end) {
+    keyset context, lists;
+    context.n = lists.n = 0;
+    context.ascending = lists.ascending = true;
     while (p < end) {
         uint8_t tag = *p++;
         cur sub;
         if ((tag != 0x0A && tag != 0x12) || !read_len(&p, end, &sub)) return false;
-        if (!(tag == 0x0A ? features_ok(p, sub) : feature_lists_ok(p, sub))) return false;
+        if (!(tag == 0x0A ? features_ok(p, sub, &context) : feature_lists_ok(p, sub, &lists)))
+            return false;
         p = sub;
     }
     return true;

@@ -248,9 +248,13 @@ def parse_config(
         if common.encoder not in (raw_encoders or {}):
             errors.append(f"sources[{i}].encoder: no [encoders.{common.encoder}] table{where}")
         try:
-            sources.append(model.model_validate(raw))
+            source = model.model_validate(raw)
         except ValidationError as e:
             errors.extend(_messages(e, f"sources[{i}]", where))
+        else:
+            sources.append(source)
+            encoder = (raw_encoders or {}).get(common.encoder)
+            errors.extend(_record_limit_errors(i, source, encoder, where))
 
     if errors or shape is None:
         raise ConfigError(errors)
@@ -268,6 +272,36 @@ def parse_config(
     if overlaps := check_paths(config):
         raise ConfigError(overlaps)
     return config
+
+
+MAX_PARSEABLE_RECORD_BYTES = (1 << 31) - 1
+"""Protobuf parses no message of 2 GiB or more: nor do ``tf.io.parse_example`` and the tools."""
+
+_WHOLE_EVENT_ENCODERS = ("passthrough", "image")
+"""Encoders that write each event's bytes whole into its record."""
+
+
+def _record_limit_errors(i: int, source: SourceConfig, encoder: Any, where: str) -> list[str]:
+    """A source's event limit checked with its encoder: where each event goes whole into a
+    record, a limit past what any reader parses would let the daemon write records nobody can
+    parse (the daemon itself reads back any record it wrote)."""
+    if not isinstance(encoder, dict) or encoder.get("type") not in _WHOLE_EVENT_ENCODERS:
+        return []
+    keys = ["max_event_bytes", "max_frame_bytes"]
+    keys.append(
+        "max_file_bytes" if getattr(source, "format", None) == "whole-file" else "max_line_bytes"
+    )
+    out = []
+    for key in keys:
+        value = getattr(source, key, None)
+        if isinstance(value, int) and value > MAX_PARSEABLE_RECORD_BYTES:
+            out.append(
+                f"sources[{i}].{key}: {value} bytes is over {MAX_PARSEABLE_RECORD_BYTES}: encoder "
+                f"{source.encoder!r} (type {encoder['type']!r}) writes each event whole into one "
+                "record, and neither TensorFlow nor protobuf parses a record of 2 GiB or more"
+                f"{where}"
+            )
+    return out
 
 
 def load_config(path: str | os.PathLike[str], registry: Registry | None = None) -> DaemonConfig:

@@ -63,6 +63,13 @@ class CorruptRecordError(RecordError):
     kind = "corrupted"
 
 
+class RecordLimitError(RecordError):
+    """A record's length (its CRC matches) is above the reader's limit: the record may be sound,
+    but it is not read. Raise the limit (``--max-record-bytes``, ``max_record_bytes=``)."""
+
+    kind = "oversized"
+
+
 class CompressionError(TfrecorddError):
     """A compressed stream is damaged, cut short, or decompresses past the configured cap."""
 

@@ -21,7 +21,7 @@ from typing import Protocol
 import crc32c as _crc32c
 
 from tfrecordd import speedups
-from tfrecordd.errors import CorruptRecordError, TruncatedRecordError
+from tfrecordd.errors import CorruptRecordError, RecordLimitError, TruncatedRecordError
 
 HEADER_SIZE = 12
 """Bytes before a record's data: the 8-byte length and the 4-byte masked CRC of the length."""
@@ -160,8 +160,9 @@ def iter_framed(
 
     Raises:
         TruncatedRecordError: the stream ends inside a header or a record body.
-        CorruptRecordError: a length or data CRC does not match, or the length is above
-            ``max_record_bytes`` (checked after the length CRC, and before anything is allocated).
+        CorruptRecordError: a length or data CRC does not match.
+        RecordLimitError: the length is above ``max_record_bytes`` (checked after the length
+            CRC, and before anything is allocated).
     """
     offset = 0
     unpack_header = _HEADER.unpack
@@ -178,8 +179,13 @@ def iter_framed(
             hint = " (not a TFRecord stream?)" if offset == 0 else ""
             raise CorruptRecordError(path, offset, f"length CRC mismatch{hint}")
         if length > max_record_bytes:
-            raise CorruptRecordError(
-                path, offset, f"record length {length} is above the limit of {max_record_bytes}"
+            raise RecordLimitError(
+                path,
+                offset,
+                f"record length {length} is over the limit of {max_record_bytes} bytes (its "
+                "length CRC matches: the record may well be sound); raise the limit with "
+                "--max-record-bytes (tfrecordd verify, cat, transcode) or max_record_bytes= "
+                "(tfrecordd.reader)",
             )
         body = _read_exact(stream, length + FOOTER_SIZE)
         if len(body) < length + FOOTER_SIZE:

@@ -110,19 +110,35 @@ class _Measured(io.RawIOBase):
             pass
 
 
+_NO_LIMIT = 2**64
+"""A record length no TFRecord header can exceed."""
+
+
 def scan(
     path: str | BinaryIO,
     offsets: RecordOffsets | None = None,
     *,
     compression: Compression | None = None,
+    max_record_bytes: int | None = None,
+    max_decompressed_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Size, digests, record count and offsets measured from a shard file, or from a stream
     (an object read back from a store: read once, in chunks, never whole in memory). The
     offsets go to ``offsets`` when given (which keeps only a bounded part of them in memory;
     the result then has no ``record_offsets``), else into the result's ``record_offsets``
-    (an ``array``). ``compression``: the shard's, detected when ``None``."""
+    (an ``array``). ``compression``: the shard's, detected when ``None``.
+
+    By default no record length and no decompressed size is too large: the daemon scans its own
+    shards (at recovery, to rebuild a manifest lost to a crash), and must read back whatever it
+    wrote, or it would fail the same way at every start. The length CRC is checked before a
+    record is read, so a damaged length is still found before anything is allocated. Tools
+    reading other files pass the reader's limits."""
+    limits: dict[str, Any] = {
+        "max_record_bytes": _NO_LIMIT if max_record_bytes is None else max_record_bytes,
+        "max_decompressed_bytes": max_decompressed_bytes,
+    }
     if not isinstance(path, str):
-        return _scan_stream(path, offsets, compression)
+        return _scan_stream(path, offsets, compression, limits)
     digest = hashlib.sha256()
     crc = 0
     size = 0
@@ -131,16 +147,19 @@ def scan(
             digest.update(chunk)
             crc = crc32c.crc32c(chunk, crc)
             size += len(chunk)
-    measured = _scan_records(iter_records(path), offsets)
+    measured = _scan_records(iter_records(path, compression=compression, **limits), offsets)
     return {"size": size, "sha256": digest.hexdigest(), "crc32c": crc} | measured
 
 
 def _scan_stream(
-    stream: BinaryIO, offsets: RecordOffsets | None, compression: Compression | None
+    stream: BinaryIO,
+    offsets: RecordOffsets | None,
+    compression: Compression | None,
+    limits: dict[str, Any],
 ) -> dict[str, Any]:
     measured = _Measured(stream)
     records = _scan_records(
-        iter_records(cast(BinaryIO, measured), compression=compression), offsets
+        iter_records(cast(BinaryIO, measured), compression=compression, **limits), offsets
     )
     measured.drain()
     sums = {"size": measured.size, "sha256": measured.sha256.hexdigest(), "crc32c": measured.crc}
@@ -173,14 +192,25 @@ def _scan_records(records: Iterable[bytes], offsets: RecordOffsets | None) -> di
     return measured
 
 
-def check(shard_path: str, manifest_path: str | None = None) -> list[str]:
-    """Differences between a shard and its manifest (empty when they agree)."""
+def check(
+    shard_path: str,
+    manifest_path: str | None = None,
+    *,
+    max_record_bytes: int | None = None,
+    max_decompressed_bytes: int | None = None,
+) -> list[str]:
+    """Differences between a shard and its manifest (empty when they agree); the limits are
+    :func:`scan`'s."""
     manifest_path = manifest_path or os.path.join(
         os.path.dirname(shard_path), manifest_name(os.path.basename(shard_path))
     )
     with open(manifest_path, "rb") as f:
         doc = orjson.loads(f.read())
-    measured = scan(shard_path)
+    measured = scan(
+        shard_path,
+        max_record_bytes=max_record_bytes,
+        max_decompressed_bytes=max_decompressed_bytes,
+    )
     problems = [
         f"{key}: manifest says {doc.get(key)!r}, the shard has {value!r}"
         for key, value in measured.items()

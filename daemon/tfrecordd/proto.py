@@ -16,12 +16,13 @@ import base64
 import contextlib
 import math
 import struct
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from google.protobuf.message import Message
 
+from tfrecordd import tfreading
 from tfrecordd.errors import DecodeError
 
 _F = descriptor_pb2.FieldDescriptorProto
@@ -113,13 +114,35 @@ def feature_values(feature: Any) -> FeatureValues:
 
 
 def parse_example(data: bytes) -> dict[str, FeatureValues]:
-    """Parse a serialized ``Example`` into ``{feature name: list of values}``."""
+    """Parse a serialized ``Example`` into ``{feature name: list of values}``.
+
+    A key that is not UTF-8, which ``tf.io.parse_example`` reads and protobuf's ``string``
+    refuses, is read too (``passthrough`` with ``unknown_fields = "keep"`` writes such records):
+    decoded with ``surrogateescape``, so ``key.encode("utf-8", "surrogateescape")`` gives its
+    bytes back."""
     msg: Any = Example()
     try:
         msg.ParseFromString(data)
     except _ProtoDecodeError as e:
-        raise DecodeError(f"not a serialized Example: {e}") from e
+        try:
+            reading = tfreading.protobuf_reading(bytes(data))
+        except tfreading.WireError:
+            raise DecodeError(f"not a serialized Example: {e}") from e
+        return {
+            key.decode("utf-8", "surrogateescape"): _plain(kind, values)
+            for key, (kind, values) in reading.features.items()
+        }
     return {k: feature_values(v) for k, v in msg.features.feature.items()}
+
+
+def _plain(kind: int | None, values: tuple[object, ...]) -> FeatureValues:
+    """Values as :func:`tfrecordd.tfreading.protobuf_reading` gives them, as protobuf would."""
+    if kind == 2:  # float bit patterns
+        return list(struct.unpack(f"<{len(values)}f", struct.pack(f"<{len(values)}I", *values)))
+    if kind == 3:  # unsigned 64-bit
+        ints = [cast(int, v) for v in values]
+        return [v - (1 << 64) if v >= 1 << 63 else v for v in ints]
+    return [cast(bytes, v) for v in values]
 
 
 def parse_sequence_example(

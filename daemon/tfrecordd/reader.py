@@ -7,6 +7,17 @@ is exhausted, closed, or collected. Every failure is a :class:`~tfrecordd.errors
 :class:`~tfrecordd.errors.CompressionError`, :class:`~tfrecordd.errors.TruncatedRecordError` or
 :class:`~tfrecordd.errors.CorruptRecordError`, and :class:`~tfrecordd.errors.DecodeError` from the
 example iterators.
+
+Limits: a record over ``max_record_bytes`` (256 MiB by default) raises
+:class:`~tfrecordd.errors.RecordLimitError` (its length CRC matched: the record may be sound),
+a stream decompressing past ``max_decompressed_bytes`` a
+:class:`~tfrecordd.errors.CompressionError`.
+
+Stricter than ``tf.data.TFRecordDataset`` on purpose, so damage is never read as a shorter file:
+a stream ending inside a record's header or with stray bytes after the last record (TensorFlow
+stops there silently) is a :class:`~tfrecordd.errors.TruncatedRecordError`; a zlib file holding
+a second zlib stream or trailing bytes (TensorFlow reads the first stream and drops the rest) is
+a :class:`~tfrecordd.errors.CompressionError`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 ``verify PATH...`` reads every record of every file, checking both CRCs of each record and the
 integrity of the compressed stream, and prints a count per file and a total. It exits 0 only when
 every file is sound; otherwise each bad file is named with the byte offset and whether it is
-truncated or corrupted, and the exit code is 65. ``--json`` prints one JSON document instead.
+truncated, corrupted, or holds a record over ``--max-record-bytes`` (oversized: raise the
+limit), and the exit code is 65. ``--json`` prints one JSON document instead.
 
 ``cat PATH...`` prints one JSON object per line for each record, always: feature name → list of
 values, bytes as UTF-8 text where valid and ``{"base64": ...}`` otherwise. ``--sequence`` reads
@@ -181,7 +182,7 @@ def _verify(args: argparse.Namespace) -> int:
                 progress.advance(count % _BATCH_RECORDS)
                 progress.done(path, f"BAD after {count} records")
             else:
-                problems = [] if args.no_manifest else _manifest_problems(path)
+                problems = [] if args.no_manifest else _manifest_problems(args, path)
                 if problems:
                     detail = f"{path}: does not match its manifest: " + "; ".join(problems)
                     entry.update(
@@ -229,17 +230,26 @@ def _manifest_path(path: str) -> str:
     return os.path.join(os.path.dirname(path), manifest.manifest_name(os.path.basename(path)))
 
 
-def _manifest_problems(path: str) -> list[str]:
+def _manifest_problems(args: argparse.Namespace, path: str) -> list[str]:
     if not path_has_manifest(path):
         return []
     try:
-        return manifest.check(path, _manifest_path(path))
+        return manifest.check(
+            path,
+            _manifest_path(path),
+            max_record_bytes=args.max_record_bytes,
+            max_decompressed_bytes=args.max_decompressed_bytes,
+        )
     except (OSError, ValueError, TfrecorddError) as e:
         return [f"manifest unreadable: {e}"]
 
 
 def _features(values: dict[str, proto.FeatureValues]) -> dict[str, list[Any]]:
-    return {k: proto.jsonable(v) for k, v in sorted(values.items())}
+    # A key that is not UTF-8 comes surrogate-escaped; printed as its bytes' escapes (\xff).
+    return {
+        k.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"): proto.jsonable(v)
+        for k, v in sorted(values.items())
+    }
 
 
 def _cat(args: argparse.Namespace) -> int:

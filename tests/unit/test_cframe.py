@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfrecordd import framing, proto, speedups
+from tfrecordd import framing, proto, speedups, tfreading
 from tfrecordd.plugin import EncodeResult, RawEvent
 from tfrecordd_plugins.encoders import passthrough
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig
@@ -202,6 +202,8 @@ def assert_sound(payloads: list[bytes]) -> list[int]:
         for i, data in enumerate(payloads):
             if i not in flagged_set:
                 assert verdict(data, sequence) == "ok", (sequence, data)
+                if not sequence:
+                    assert tfreading.refusal(data, strict=True) is None, data
     return flagged_example
 
 
@@ -307,13 +309,13 @@ sequence_st = st.builds(
 
 @st.composite
 def hand_example_st(draw: st.DrawFn) -> bytes:
-    """Valid Examples in forms protobuf does not write itself: unpacked lists, value before key,
-    keys repeated, the features field split in several, a oneof set twice."""
+    """Valid Examples in forms protobuf does not write itself, that TensorFlow reads as protobuf
+    does: unpacked lists, value before key, the features field split in several."""
     entries = []
-    for key, feature in draw(st.lists(st.tuples(keys_st, feature_st), max_size=5)):
+    for key, feature in draw(
+        st.lists(st.tuples(keys_st, feature_st), max_size=5, unique_by=lambda kf: kf[0])
+    ):
         value = feature_bytes(feature, packed=draw(st.booleans()))
-        if draw(st.integers(0, 9)) == 0:
-            value = feature_bytes(draw(feature_st)) + value
         entries.append((key.encode(), value))
     pieces = [
         ld(1, features_bytes(entries[i : i + 2], key_first=draw(st.booleans())))
@@ -638,15 +640,35 @@ CASES: list[tuple[str, bytes, bool, str]] = [
     ("empty", b"", True, "ok"),
     ("empty features", ld(1, b""), True, "ok"),
     ("features twice: merged", entry_example(b"a") + entry_example(b"b"), True, "ok"),
-    ("a key twice: the last wins", example_bytes([(b"a", INT64), (b"a", b"")]), True, "ok"),
-    ("no key, no value", ld(1, ld(1, b"")), True, "ok"),
-    ("key set twice", ld(1, ld(1, ld(1, b"a") + ld(1, b"b") + ld(2, INT64))), True, "ok"),
-    ("value twice: merged", ld(1, ld(1, ld(1, b"a") + ld(2, INT64) + ld(2, INT64))), True, "ok"),
-    ("oneof set twice", entry_example(b"a", INT64 + ld(1, ld(1, b"x"))), True, "ok"),
+    ("a key twice: the last wins", example_bytes([(b"a", INT64), (b"a", b"")]), False, "ok"),
+    ("no key, no value", ld(1, ld(1, b"")), False, "ok"),
+    ("key set twice", ld(1, ld(1, ld(1, b"a") + ld(1, b"b") + ld(2, INT64))), False, "ok"),
+    ("value twice: merged", ld(1, ld(1, ld(1, b"a") + ld(2, INT64) + ld(2, INT64))), False, "ok"),
+    ("oneof set twice", entry_example(b"a", INT64 + ld(1, ld(1, b"x"))), False, "ok"),
     ("10-byte varint", int64_feature(b"\x08" + b"\xff" * 9 + b"\x01"), True, "ok"),
     ("packed 10-byte varint", int64_feature(ld(1, b"\xff" * 9 + b"\x01\x05")), True, "ok"),
     ("non-minimal length", b"\x0a\x80\x00", True, "ok"),
     ("unpacked float", entry_example(b"a", ld(2, b"\x0d" + struct.pack("<f", 1.0))), True, "ok"),
+    (
+        "keys apart, unsorted",
+        example_bytes([(b"b", INT64), (b"a", INT64), (b"c", b"")]),
+        True,
+        "ok",
+    ),
+    # Valid, but TensorFlow's parser refuses them or reads them otherwise: left to tfreading.
+    ("no key", ld(1, ld(1, ld(2, INT64))), False, "ok"),
+    ("no value", ld(1, ld(1, ld(1, b"a"))), False, "ok"),
+    (
+        "a key twice, unsorted",
+        example_bytes([(b"b", INT64), (b"a", b""), (b"b", b"")]),
+        False,
+        "ok",
+    ),
+    ("a key twice across features", entry_example(b"a") + entry_example(b"a"), False, "ok"),
+    ("packed list twice", int64_feature(ld(1, b"\x01") + ld(1, b"\x02")), False, "ok"),
+    ("packed then unpacked", int64_feature(ld(1, b"\x01") + b"\x08\x02"), False, "ok"),
+    ("unpacked then packed", int64_feature(b"\x08\x02" + ld(1, b"\x01")), False, "ok"),
+    ("packed floats twice", entry_example(b"a", ld(2, ld(1, b"\0" * 4) * 2)), False, "ok"),
     # Conservative: protobuf accepts these, the check leaves them to it.
     ("varint over 64 bits", int64_feature(b"\x08" + b"\xff" * 9 + b"\x02"), False, "ok"),
     ("non-minimal tag", b"\x8a\x00\x00", False, "ok"),
@@ -694,9 +716,11 @@ def test_each_rule_against_protobuf(what: str, data: bytes, certified: bool, exp
 def test_sequence_example_rules() -> None:
     feature_list = ld(2, features_bytes([(b"t", ld(1, INT64) + ld(1, b""))]))
     context = ld(1, features_bytes([(b"c", INT64)]))
-    good = [context + feature_list, feature_list + context, feature_list + feature_list, b""]
+    good = [context + feature_list, feature_list + context, b""]
     assert _cframe.check_messages(good, True) == []
     assert all(verdict(d, True) == "ok" for d in good)
+    # Valid, but a key repeated: left to protobuf.
+    assert _cframe.check_messages([feature_list + feature_list], True) == [0]
     bad = [
         context + b"\x18\x01",  # unknown field 3
         ld(2, ld(1, ld(1, b"t") + ld(2, b"\x08\x01"))),  # a FeatureList holding a varint
@@ -722,6 +746,22 @@ def test_large_batches_and_payloads() -> None:
     big = build_example({"a": ("bytes", [b"x" * 200_000]), "b": ("float", [0.5] * 10_000)})
     batch = [big, big[:-1], *[build_example({"i": ("int64", [i])}) for i in range(1000)]]
     assert _cframe.check_messages(batch, False) == [1]
+
+
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 200])
+def test_repeated_keys_are_flagged_however_many_keys(n: int) -> None:
+    keys = [f"k{i:04d}".encode() for i in range(n)]
+    ascending = example_bytes([(k, INT64) for k in keys])
+    shuffled = example_bytes([(k, INT64) for k in reversed(keys)])
+    assert _cframe.check_messages([ascending], False) == []
+    # Unsorted keys are told apart up to 64 of them; more are left to tfreading.
+    assert _cframe.check_messages([shuffled], False) == ([] if n <= 64 else [0])
+    for order in (keys, list(reversed(keys))):
+        for repeat in {0, n // 2, n - 1}:
+            data = example_bytes([(k, INT64) for k in order] + [(order[repeat], b"")])
+            assert _cframe.check_messages([data], False) == [0]
+            assert tfreading.refusal(data, strict=True) is not None
+    assert tfreading.refusal(shuffled, strict=True) is None
 
 
 # --- the passthrough encoder, with and without the extension --------------------------------------

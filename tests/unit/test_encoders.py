@@ -18,9 +18,12 @@ import pytest
 from PIL import Image
 
 from tfrecordd import proto
+from tfrecordd.cli import main
+from tfrecordd.compression import Compression
 from tfrecordd.config import parse_config
 from tfrecordd.errors import TfrecorddError
 from tfrecordd.plugin import EncoderConfig, EncodeResult, RawEvent, Registry
+from tfrecordd.writer import RecordWriter
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 from tfrecordd_plugins.encoders.image import ImageEncoderConfig
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig
@@ -373,11 +376,31 @@ def test_passthrough_refuses_what_does_not_parse_or_carries_unknown_fields() -> 
     strict = encode_all(PassthroughEncoderConfig(), events)
     assert strict.records == [data]
     assert [(i, c) for i, c, _ in strict.failures] == [(i, "malformed") for i in range(5)]
-    assert strict.failures[0][2].startswith("not an Example: Error parsing message")
+    assert strict.failures[0][2] == "not an Example: length past the end of the message"
     assert strict.failures[2][2].startswith("not an Example: it parses, but holds fields")
 
     keep = encode_all(PassthroughEncoderConfig(unknown_fields="keep"), events)
     assert keep.records == [e.payload for e in events[2:]]
+
+
+def test_a_key_that_is_not_utf8_is_kept_and_read_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TensorFlow reads such a key; ``keep`` accepts it and tfrecordd's reader reads it (protobuf
+    alone refuses it), ``reject`` refuses it with its reason."""
+    data = example_of([("id", b"\x1a\x03\x0a\x01\x07")]).replace(b"\x02id", b"\x02i\xff")
+    assert proto.parse_example(data) == {"i\udcff": [7]}
+    keep = encode_all(PassthroughEncoderConfig(unknown_fields="keep"), [RawEvent(data, "a")])
+    assert keep.records == [data]
+    strict = encode_all(PassthroughEncoderConfig(), [RawEvent(data, "a")])
+    assert "is not UTF-8" in strict.failures[0][2]
+    path = tmp_path / "a.tfrecord"
+    with path.open("wb") as f:
+        writer = RecordWriter(f.write, Compression.NONE)
+        writer.write_many([data])
+        writer.finish()
+    assert main(["cat", str(path)]) == 0
+    assert orjson.loads(capsys.readouterr().out) == {"i\\xff": [7]}
 
 
 def test_passthrough_sequence_examples() -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfrecordd.errors import CorruptRecordError, TruncatedRecordError
+from tfrecordd.errors import CorruptRecordError, RecordLimitError, TruncatedRecordError
 from tfrecordd.framing import (
     FOOTER_SIZE,
     HEADER_SIZE,
@@ -111,13 +111,15 @@ def test_every_bit_flip_is_corruption() -> None:
             assert info.value.offset == (0 if i < len(frame(b"A")) else len(frame(b"A")))
 
 
-def test_length_above_limit_is_corruption_and_not_read() -> None:
+def test_length_above_limit_is_oversized_and_not_read() -> None:
     # A valid header claiming 1 TiB, and no body: the limit check comes before any read of it.
+    # Its CRC matches, so it is reported as over the limit, not as corruption.
     header = struct.pack("<Q", 1 << 40)
     data = frame(b"ok") + header + struct.pack("<I", masked_crc32c(header))
-    with pytest.raises(CorruptRecordError, match="above the limit") as info:
+    with pytest.raises(RecordLimitError, match="over the limit of 1024 bytes") as info:
         _read_all(data, max_record_bytes=1024)
     assert info.value.offset == len(frame(b"ok"))
+    assert not isinstance(info.value, CorruptRecordError)
 
 
 def test_length_within_limit_but_missing_body_is_truncated() -> None:

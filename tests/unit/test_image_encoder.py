@@ -160,8 +160,8 @@ CORPUS: list[tuple[str, bytes, bool, tuple[str, int, int, int] | None]] = [
     ("png palette 4-bit", png(4, 3), True, ("png", 7, 5, 3)),
     ("png palette 8-bit", png(8, 3), True, ("png", 7, 5, 3)),
     ("png gray+alpha 8-bit", png(8, 4), True, ("png", 7, 5, 2)),
-    # Pillow opens 16-bit grey with alpha as RGBA.
-    ("png gray+alpha 16-bit", png(16, 4), True, ("png", 7, 5, 4)),
+    # Pillow opens 16-bit grey with alpha as RGBA; TensorFlow decodes it to 2 channels.
+    ("png gray+alpha 16-bit", png(16, 4), True, ("png", 7, 5, 2)),
     ("png rgba 8-bit", png(8, 6), True, ("png", 7, 5, 4)),
     ("png rgba 16-bit", png(16, 6), True, ("png", 7, 5, 4)),
     ("png interlaced", png(8, 2, interlace=1), True, ("png", 7, 5, 3)),
@@ -215,10 +215,10 @@ CORPUS: list[tuple[str, bytes, bool, tuple[str, int, int, int] | None]] = [
     ("pillow png L transparency", saved("L", "PNG", transparency=3), True, ("png", 7, 5, 1)),
     ("pillow png dpi", saved("RGBA", "PNG", dpi=(300, 300)), True, ("png", 7, 5, 4)),
     ("pillow png large", saved("RGB", "PNG", size=(640, 480)), True, ("png", 640, 480, 3)),
-    # JPEGs: the channels are the frame's components.
+    # JPEGs: the channels are what TensorFlow decodes: 1 for gray, else 3 (CMYK too).
     ("jpeg gray", saved("L", "JPEG"), True, ("jpeg", 7, 5, 1)),
     ("jpeg rgb", saved("RGB", "JPEG"), True, ("jpeg", 7, 5, 3)),
-    ("jpeg cmyk (Adobe APP14)", saved("CMYK", "JPEG"), True, ("jpeg", 7, 5, 4)),
+    ("jpeg cmyk (Adobe APP14)", saved("CMYK", "JPEG"), True, ("jpeg", 7, 5, 3)),
     ("jpeg progressive", saved("RGB", "JPEG", progressive=True), True, ("jpeg", 7, 5, 3)),
     ("jpeg gray progressive", saved("L", "JPEG", progressive=True), True, ("jpeg", 7, 5, 1)),
     ("jpeg optimized 4:4:4", saved("RGB", "JPEG", optimize=True, subsampling=0), True, None),
@@ -334,7 +334,7 @@ def test_palette_channels_follow_transparency() -> None:
     assert encoder._header(png(8, 3, chunk(b"tRNS", b"\xff\x00"))) == ("png", 7, 5, 4)
     assert encoder._header(png(8, 3, chunk(b"tRNS", b"\xff\xff"))) == ("png", 7, 5, 4)
     assert encoder._header(png(8, 3, after_idat=(chunk(b"tRNS", b"\x00"),))) == ("png", 7, 5, 3)
-    assert encoder._header(png(16, 4)) == ("png", 7, 5, 4)
+    assert encoder._header(png(16, 4)) == ("png", 7, 5, 2)  # RGBA to Pillow, 2 to TensorFlow
     turned = saved("RGB", "JPEG", size=(40, 30), exif=exif(6), dpi=(72, 72))
     assert jpeg_header(turned) == (40, 30, 3)
     assert encoder._header(turned) == ("jpeg", 40, 30, 3)

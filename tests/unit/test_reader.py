@@ -20,6 +20,7 @@ from tfrecordd.errors import (
     DecodeError,
     DecompressionLimitError,
     InputError,
+    RecordLimitError,
     TfrecorddError,
     TruncatedRecordError,
     TruncatedStreamError,
@@ -203,7 +204,7 @@ def test_limits_are_passed_through(tmp_path: Path) -> None:
     path = _write(tmp_path / "big.tfrecord.zst", Compression.ZSTD, [bytes(2 << 20)])
     with pytest.raises(DecompressionLimitError):
         list(iter_records(path, max_decompressed_bytes=1 << 20))
-    with pytest.raises(CorruptRecordError, match="above the limit"):
+    with pytest.raises(RecordLimitError, match="over the limit"):
         list(iter_records(path, max_record_bytes=1 << 20))
     assert len(next(iter_records(path))) == 2 << 20
 

@@ -4,7 +4,8 @@ read them.
 The features follow the names of TensorFlow's image pipelines (Inception's ``build_image_data``,
 the object detection API, TF-Slim): ``image/encoded`` holds the file's bytes as they are (never
 re-encoded), ``image/format`` the format in lower case (``b"jpeg"``, ``b"png"``...),
-``image/height``, ``image/width`` and ``image/channels`` the size read from the file's header,
+``image/height``, ``image/width`` and ``image/channels`` the size read from the file's header
+(the channels as ``tf.io.decode_image`` decodes the file, so a reshape by them holds),
 ``image/filename`` the file's name, ``image/class/text`` the name of its parent folder and
 ``image/class/label`` that name's number in the configured ``labels``.
 
@@ -51,7 +52,15 @@ from tfrecordd.wire import (
     varint,
 )
 
-__all__ = ["ImageEncoder", "ImageEncoderConfig", "channels_of", "jpeg_header", "png_header"]
+__all__ = [
+    "ImageEncoder",
+    "ImageEncoderConfig",
+    "bmp_channels",
+    "channels_of",
+    "jpeg_header",
+    "png_channels",
+    "png_header",
+]
 
 DEFAULT_FORMATS = ("jpeg", "png", "gif", "bmp", "webp")
 PILLOW_MAX_IMAGE_PIXELS = 89_478_485
@@ -103,16 +112,49 @@ def _mode_channels(mode: str) -> int | None:
 
 
 def channels_of(image: Image.Image) -> int:
-    """The channels a decoder gives by default (``tf.io.decode_image(channels=0)``, Pillow's
-    ``convert`` of a palette): a palette counts as the RGB, or RGBA if it has transparency, it
-    expands to; a GIF always decodes to RGB."""
+    """The channels ``tf.io.decode_image(channels=0)`` gives, where TensorFlow decodes the
+    format (else what Pillow's ``convert`` of a palette gives): a palette counts as the RGB, or
+    RGBA if it has transparency, it expands to; a GIF always decodes to RGB; a JPEG to one
+    channel if it is gray, else three (a CMYK JPEG too: TensorFlow converts it to RGB). A BMP's
+    or a PNG's channels depend on what the image does not tell (bits per pixel, colour type):
+    see :func:`bmp_channels` and :func:`png_channels`."""
     mode = image.mode
     if image.format == "GIF":
         return 3
+    if image.format in ("JPEG", "MPO"):
+        return 1 if mode == "L" else 3
     if mode == "P":
         return 4 if "transparency" in image.info else 3
     channels = _mode_channels(mode)
     return len(image.getbands()) if channels is None else channels
+
+
+_BMP_CHANNELS = {8: 1, 24: 3, 32: 4}
+"""Bits per pixel → channels, as TensorFlow's ``decode_bmp`` decodes them: it reads 8-bit
+pixels as one gray channel, whatever the palette, and the fourth byte of 32-bit ones as alpha."""
+
+
+_PNG_CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}
+"""PNG colour type → channels, as ``tf.io.decode_png`` decodes them (palettes, type 3, by
+transparency)."""
+
+
+def png_channels(data: bytes, pillow_channels: int) -> int:
+    """The channels ``tf.io.decode_png`` gives for a PNG, from its colour type; for a palette
+    (RGB, or RGBA with transparency) or a file without the usual IHDR, Pillow's count."""
+    if len(data) < 26 or data[12:16] != b"IHDR":
+        return pillow_channels
+    return _PNG_CHANNELS.get(data[25], pillow_channels)
+
+
+def bmp_channels(data: bytes, pillow_channels: int) -> int:
+    """The channels ``tf.io.decode_bmp`` gives for a BMP, from its bits per pixel; for depths it
+    cannot decode (1, 4 or 16 bits), Pillow's count."""
+    if len(data) < 30 or not data.startswith(b"BM"):
+        return pillow_channels
+    header_size = _U32LE(data, 14)[0]
+    bits = _U16LE(data, 24 if header_size == 12 else 28)[0]
+    return _BMP_CHANNELS.get(bits, pillow_channels)
 
 
 # --- the fast path: PNG and JPEG headers as Pillow reads them ----------------------------------
@@ -124,6 +166,8 @@ def channels_of(image: Image.Image) -> int:
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _U32 = struct.Struct(">I").unpack_from
+_U32LE = struct.Struct("<I").unpack_from
+_U16LE = struct.Struct("<H").unpack_from
 _CHUNK_HEAD = struct.Struct(">I4s").unpack_from
 _IHDR = struct.Struct(">IIBBBBB").unpack_from
 _SEGMENT_HEAD = struct.Struct(">BBH").unpack_from
@@ -135,7 +179,8 @@ _is_chunk_type = re.compile(rb"\w\w\w\w").match
 
 def _png_modes() -> dict[tuple[int, int], tuple[str, int]]:
     """(bit depth, colour type) → (Pillow's mode, channels without ``tRNS``), from Pillow's own
-    table: a 16-bit grey-with-alpha PNG is RGBA to Pillow, so 4 channels. Empty (no PNG fast
+    table, the channels by colour type as ``tf.io.decode_png`` decodes them (a 16-bit
+    grey-with-alpha PNG is RGBA to Pillow, but 2 channels to TensorFlow). Empty (no PNG fast
     path) if this Pillow has no such table or no ``PngStream`` to list its chunk readers."""
     table = getattr(PngImagePlugin, "_MODES", None)
     out: dict[tuple[int, int], tuple[str, int]] = {}
@@ -143,9 +188,8 @@ def _png_modes() -> dict[tuple[int, int], tuple[str, int]]:
         return out
     for key, value in table.items():
         mode = value[0]
-        channels = 3 if mode == "P" else _mode_channels(mode)
-        if channels is not None:
-            out[key] = (mode, channels)
+        if mode == "P" or _mode_channels(mode) is not None:
+            out[key] = (mode, _PNG_CHANNELS.get(key[1], 3))
     return out
 
 
@@ -213,9 +257,10 @@ def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     give them, or ``None`` when the file is not a JPEG this fast path is sure of.
 
     The size is the one stored in the frame header, never turned by an EXIF orientation, as
-    Pillow's ``Image.open`` gives it; channels are the frame's components (Pillow's L, RGB or
-    CMYK). A JPEG with EXIF but no JFIF resolution goes to Pillow, which parses that EXIF for
-    the resolution at open and refuses some files whose EXIF is damaged."""
+    Pillow's ``Image.open`` gives it; channels are 1 for a frame of one component, else 3, as
+    ``tf.io.decode_jpeg`` decodes it (a CMYK frame too). A JPEG with EXIF but no JFIF
+    resolution goes to Pillow, which parses that EXIF for the resolution at open and refuses
+    some files whose EXIF is damaged."""
     n = len(data)
     if not data.startswith(_JPEG_MAGIC):
         return None
@@ -250,7 +295,7 @@ def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
                 or not height
             ):
                 return None
-            frame = (width, height, components)
+            frame = (width, height, 1 if components == 1 else 3)
         elif 0xE0 <= marker <= 0xEF:
             if marker == 0xE0:
                 if data.startswith(b"JFIF", start, pos):
@@ -519,6 +564,10 @@ class ImageEncoder(Encoder):
                 fmt = "jpeg" if im.format == "MPO" else (im.format or "").lower()
                 width, height = im.size
                 channels = channels_of(im)
+                if fmt == "bmp":
+                    channels = bmp_channels(data, channels)
+                elif fmt == "png":
+                    channels = png_channels(data, channels)
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             # The warning is an exception only where warnings are errors; elsewhere the size
             # check below refuses the image.

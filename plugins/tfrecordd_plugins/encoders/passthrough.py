@@ -1,22 +1,24 @@
 """``type = "passthrough"``: events that already are serialized Examples or SequenceExamples.
 
-Each payload is checked, then written as it came, byte for byte. The check parses it with
-protobuf's C parser (upb) into :mod:`tfrecordd.proto`'s classes: bytes that do not parse are
-refused, and so, by default, are bytes that parse but carry fields the message does not declare.
-Protobuf keeps such unknown fields silently, so a payload of some other message type, or a
-corrupted one, often parses; the check finds them by comparing the parsed message's size before
-and after ``DiscardUnknownFields()``, which counts unknown fields at every depth.
-
-That parse and check cost about 2.3 µs for a 210-byte Example (a plain parse, all ``keep``
-needs, about 0.8; a hand-written walk of the wire format in Python costs more, so none is used).
+Each payload is checked, then written as it came, byte for byte. An Example must be one that
+``tf.io.parse_example`` reads, and reads as protobuf does (:mod:`tfrecordd.tfreading`):
+TensorFlow's own parser refuses some records protobuf accepts (a map entry without its key or
+value, a group, a field beside the entries of ``Features``), and reads others differently or as
+garbage (a packed float list whose length is not a multiple of 4, a ``Feature`` with two kinds,
+a repeated key): all of these are dead letters, with the reason. By default, so is a payload
+that holds fields the message does not declare (another message type, or damage, often parses)
+or a key that is not UTF-8; ``unknown_fields = "keep"`` accepts both, as TensorFlow does. A
+SequenceExample is checked by protobuf's C parser (upb): bytes that do not parse are refused,
+and by default so are unknown fields, found by comparing the parsed message's size before and
+after ``DiscardUnknownFields()``.
 
 Where ``tfrecordd._cframe`` is built (:mod:`tfrecordd.speedups`), a walk of the wire format in C
-goes over the batch first: it certifies each payload that protobuf would parse with no unknown
-field at any depth (about 0.07 µs for that Example), and flags every one it cannot vouch for
-(whatever is unusual, not only what is invalid). Only the flagged payloads are parsed as above,
-so protobuf alone decides what is refused and with which reason; a batch of ordinary Examples
-costs about 0.1 µs per record in either mode, against about 0.8 for TensorFlow's
-``TFRecordWriter.write`` of the same bytes (which checks nothing).
+goes over the batch first: it certifies each payload that is valid in every sense above with no
+unknown field at any depth (about 0.07 µs for a 210-byte Example), and flags every one it cannot
+vouch for (whatever is unusual, not only what is invalid). Only the flagged payloads are judged
+as above (a few µs each), so a batch of ordinary Examples costs about 0.1 µs per record in either
+mode, against about 0.8 for TensorFlow's ``TFRecordWriter.write`` of the same bytes (which checks
+nothing).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Literal
 
 from google.protobuf.message import DecodeError
 
-from tfrecordd import proto, speedups
+from tfrecordd import proto, speedups, tfreading
 from tfrecordd.errors import TfrecorddError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
 
@@ -41,9 +43,10 @@ class PassthroughEncoderConfig(EncoderConfig):
     """What each payload must be: a ``tf.train.Example`` or a ``tf.train.SequenceExample``."""
     unknown_fields: Literal["reject", "keep"] = "reject"
     """``reject``: a payload that parses but holds fields its message does not declare (another
-    message type, damage) is a dead letter. ``keep``: only bytes that do not parse at all are
-    refused. Without the compiled check (``tfrecordd._cframe``) ``keep`` is about three times
-    faster; with it, ordinary payloads cost the same either way."""
+    message type, damage), or an Example key that is not UTF-8, is a dead letter. ``keep``: both
+    are accepted, as ``tf.io.parse_example`` reads them; what TensorFlow refuses or reads
+    differently from protobuf is refused either way (docs/encoders.md). With the compiled check
+    (``tfrecordd._cframe``) ordinary payloads cost the same either way."""
 
     def build(self) -> PassthroughEncoder:
         return PassthroughEncoder(self)
@@ -95,7 +98,13 @@ class PassthroughEncoder(Encoder):
         return result
 
     def _refusal(self, msg: Any, data: bytes) -> str | None:
-        """Why protobuf refuses ``data`` (parsed into ``msg``), or ``None`` if it does not."""
+        """Why ``data`` is refused, or ``None`` if it is not: for an Example, by
+        :func:`tfrecordd.tfreading.refusal`; then by protobuf (parsed into ``msg``), except an
+        Example in ``keep`` mode (protobuf's ``string`` would refuse a key TensorFlow reads)."""
+        if not self._sequence:
+            refusal = tfreading.refusal(data, self._strict)
+            if refusal is not None or not self._strict:
+                return refusal
         try:
             msg.ParseFromString(data)
         except DecodeError as e:
