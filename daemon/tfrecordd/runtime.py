@@ -58,6 +58,8 @@ from tfrecordd.shards import (
     RecordOffsets,
     ShardNamer,
     inprogress_name,
+    leftovers,
+    offsets_name,
 )
 from tfrecordd.workers import DEPTH, EncodeWorkers
 from tfrecordd.writer import Packed, pack
@@ -454,12 +456,10 @@ class Daemon:
             else:
                 self.journal.drop(intent.seq)
                 dropped += 1
-        discarded = 0
-        for entry in os.listdir(self.out_dir):
-            if self.namer.owns_inprogress(entry):
-                self.fs.remove(os.path.join(self.out_dir, entry))
-                discarded += 1
-        return redo, dropped, discarded
+        left = leftovers(self.out_dir, self.output.legacy_dir, self.config.daemon.node_id)
+        for path in left:
+            self.fs.remove(path)
+        return redo, dropped, len(left)
 
     def _ensure_manifest(self, intent: Intent) -> None:
         """Rebuild the manifest of a shard published just before a crash, if it is missing."""
@@ -472,7 +472,7 @@ class Daemon:
             return
         # The offsets wait in a file as a shard's being written do: memory stays bounded
         # whatever the shard's record count.
-        spill = os.path.join(self.out_dir, inprogress_name(f"{intent.shard}.offsets"))
+        spill = os.path.join(self.out_dir, offsets_name(intent.shard))
         offsets = RecordOffsets(self.fs, spill)
         try:
             m = manifest.scan(self.output.final_path(intent.shard), offsets)

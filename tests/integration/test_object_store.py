@@ -368,7 +368,7 @@ def test_staging_defaults_to_the_state_dir(
 ) -> None:
     out = make_output(s3_config(tmp_path, s3_server, s3_bucket), LOCAL)
     assert isinstance(out, FsspecOutput)
-    assert out.staging_dir == str(tmp_path / "state" / "staging")
+    assert out.staging_dir == str(tmp_path / "state" / "staging" / "test")
     assert out.verify == "sha256"
 
 
@@ -429,7 +429,7 @@ async def test_daemon_publishes_every_event_once_to_the_bucket(
     shards = s3_server.shard_urls(s3_bucket, "shards")
     assert len(shards) == _metric(daemon, "tfrecordd_shards_published_total") >= 7
     assert s3_server.incomplete_uploads(s3_bucket) == []
-    assert os.listdir(tmp_path / "state" / "staging") == []
+    assert os.listdir(tmp_path / "state" / "staging" / "node-a") == []
 
 
 @pytest.mark.anyio

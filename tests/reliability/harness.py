@@ -190,6 +190,16 @@ def read_shard(path: Path) -> list[bytes]:
     return list(split_records(decompress(path.read_bytes(), shard_suffix(path.name))))
 
 
+def unpublished_visible(out: Path) -> list[Path]:
+    """Paths under the output, other than published shards, that a shard glob finds: pathlib's
+    globs, like TensorFlow's and fsspec's, do not skip hidden names, and ``rglob`` looks into
+    every folder."""
+    if not out.exists():
+        return []
+    published = set(published_shards(out))
+    return sorted(p for p in out.rglob("*.tfrecord*") if p not in published)
+
+
 def count_ids(out: Path) -> tuple[Counter[int], list[str]]:
     """How often each event id appears in the published shards, and the problems found
     (unreadable shards, a manifest whose record count or size disagrees)."""
@@ -259,7 +269,7 @@ def audit(out: Path, expected: set[int], *, verify: bool = True) -> Audit:
         duplicated=sum(c - 1 for i, c in ids.items() if c > 1 and i in expected),
         unexpected=sum(c for i, c in ids.items() if i not in expected),
         shards=len(shards),
-        inprogress_visible=sum(1 for p in out.glob(".*.inprogress")) if out.exists() else 0,
+        inprogress_visible=len(unpublished_visible(out)),
         problems=problems,
         verify_exit=rc,
     )

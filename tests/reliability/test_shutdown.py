@@ -60,7 +60,7 @@ def sigterm_trials(root: Path, source: str, trials: int, seed: int, url: str | N
             slowest = max(slowest, took)
             assert rc == 0, d.output()[-3000:]
             assert took < DRAIN_TIMEOUT + 2, f"stop took {took:.1f}s"
-            assert list((root / "shards").glob(".*.inprogress")) == []
+            assert list((root / "shards").rglob(".*.inprogress")) == []
     finally:
         producer.stop()
 
