@@ -78,6 +78,14 @@ WRITE_RUN_BATCHES = 16
 """The most waiting batches the write stage takes at once: written in one trip to its thread
 where the shard's caps allow (each trip costs the event loop and the thread a hand-off)."""
 
+IDLE_COMMIT_AFTER = 1.0
+"""Seconds without a batch after which positions that came with no records (a file's end, blank
+lines, bad events) are committed on their own, when no shard is open to carry them."""
+
+POSITIONS_ONLY_BATCHES = 16384
+"""A commit without records is made at the latest when this many batches' positions wait (an
+intent of about a megabyte), however fast batches without records keep coming."""
+
 PACK_MIN_BYTES = 64 * 1024
 """Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
 of their own: a trickle of small batches still compresses as one stream."""
@@ -129,6 +137,16 @@ def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEve
     for ev in events:
         (good if ev.error is None else rejected).append(ev)
     return good, rejected
+
+
+def _blank(batch: RawBatch) -> bool:
+    """Whether encoding ``batch`` gives nothing: no events, and lines (if any) that are all
+    empty or whitespace, none long enough to be refused. Such a batch (a storm of blank lines,
+    a file's end) skips the trip to an encoder."""
+    lines = batch.lines
+    if batch.events or lines is None:
+        return not batch.events
+    return len(lines.data) <= lines.max_line and (not lines.data or lines.data.isspace())
 
 
 _Failures = list[tuple[int, str, str]]
@@ -557,7 +575,11 @@ class Daemon:
                 async for batch in recv:
                     group = _take_waiting(recv, batch, GROUP_BATCHES)
                     depth.set(recv.statistics().current_buffer_used)
-                    for encoded in await anyio.to_thread.run_sync(self._encode_all, group):
+                    if all(map(_blank, group)):
+                        encoded_group = self._encode_all(group)
+                    else:
+                        encoded_group = await anyio.to_thread.run_sync(self._encode_all, group)
+                    for encoded in encoded_group:
                         await send.send(encoded)
                 return
             # Several requests encode at once, in this process's encode thread and in worker
@@ -575,7 +597,7 @@ class Daemon:
                 sent = [
                     i
                     for i, (b, (good, _)) in enumerate(zip(batches, splits, strict=True))
-                    if good or b.lines is not None
+                    if good or (b.lines is not None and not _blank(b))
                 ]
                 requests = [
                     (
@@ -630,7 +652,7 @@ class Daemon:
     def _encode(self, batch: RawBatch) -> EncodedBatch:
         good, rejected = _split_rejected(batch.events)
         outcome = None
-        if good or batch.lines is not None:
+        if good or (batch.lines is not None and not _blank(batch)):
             out = self.config.output
             encoder = self.encoder_of[batch.source]
             outcome = _encode_events(encoder, good, batch.lines, out.compression, out.level)
@@ -664,7 +686,7 @@ class Daemon:
         async with recv, anyio.create_task_group() as self._committer:
             ended = False
             while not ended:
-                wait = 1.0
+                wait = IDLE_COMMIT_AFTER
                 if self._unit.first_at is not None:
                     wait = min(wait, self._unit.first_at + max_age - time.monotonic())
                 batch: EncodedBatch | None = None
@@ -676,15 +698,21 @@ class Daemon:
                 self._beat = time.monotonic()
                 if batch is not None:
                     batches = _take_waiting(recv, batch, WRITE_RUN_BATCHES)
-                    waiting = recv.statistics().current_buffer_used
-                    depth.set(waiting)
-                    await self._write_batches(batches, more=waiting > 0)
+                    depth.set(recv.statistics().current_buffer_used)
+                    await self._write_batches(batches)
                 self._update_open_gauges()
                 if self._unit.empty():
                     self._flush_requested = False
                     continue
                 first = self._unit.first_at
-                if self._flush_requested or (first is not None and self._beat - first >= max_age):
+                # Positions without records ride with the next shard's commit; with no shard
+                # open, they are committed when the stream pauses.
+                idle = batch is None and self._unit.shard is None
+                if (
+                    idle
+                    or self._flush_requested
+                    or (first is not None and self._beat - first >= max_age)
+                ):
                     self._flush_requested = False
                     await self._commit()
             if not self._unit.empty():
@@ -704,10 +732,10 @@ class Daemon:
         first = self._unit.first_at
         m.open_shard_age.set(time.monotonic() - first if first is not None else 0)
 
-    async def _write_batches(self, batches: list[EncodedBatch], *, more: bool = False) -> None:
+    async def _write_batches(self, batches: list[EncodedBatch]) -> None:
         """Write batches in order, in as few trips to a worker thread as the shard's caps allow,
-        committing each shard that fills. ``more``: other batches are waiting, so positions with
-        no records yet wait for the next commit."""
+        committing each shard that fills. Positions that came with no records wait in the unit
+        for its commit: a storm of blank lines must not cost a journal fsync per batch."""
         failed = [b for b in batches if b.failures]
         if failed:
             await anyio.to_thread.run_sync(self._dead_letter, failed)
@@ -732,12 +760,12 @@ class Daemon:
             if unit.first_at is None:
                 unit.first_at = time.monotonic()
             at += written
-            if limit and unit.shard is not None and unit.shard.records >= limit:
-                await self._commit()
-            elif unit.shard is None and not more and at == len(batches):
-                # Positions without records (a file's end, a batch of bad events) are committed
-                # at once rather than held until max_shard_age (they cost one journal fsync),
-                # unless more batches wait: then they go with the shard those open.
+            shard = unit.shard
+            if shard is None:
+                full = sum(map(len, unit.tokens.values())) >= POSITIONS_ONLY_BATCHES
+            else:
+                full = bool(limit) and shard.records >= limit
+            if full:
                 await self._commit()
 
     async def _wait_for_space(self, batch: EncodedBatch) -> None:
