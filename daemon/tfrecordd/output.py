@@ -19,7 +19,8 @@ from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.journal import Intent
-from tfrecordd.shards import FinishedShard, inprogress_name, staging_dir
+from tfrecordd.shards import FinishedShard, staging_dir
+from tfrecordd.writer import inprogress_name
 
 
 class Output(abc.ABC):

@@ -57,12 +57,11 @@ from tfrecordd.shards import (
     OpenShard,
     RecordOffsets,
     ShardNamer,
-    inprogress_name,
     leftovers,
     offsets_name,
 )
 from tfrecordd.workers import DEPTH, EncodeWorkers
-from tfrecordd.writer import Packed, pack
+from tfrecordd.writer import Packed, inprogress_name, pack
 
 log = logging.getLogger("tfrecordd")
 

@@ -22,10 +22,11 @@ that arrives already compressed (a :class:`~tfrecordd.writer.Packed` unit) has a
 So a shard exceeds ``max_shard_bytes`` only when one batch alone is larger than the cap.
 
 Each record's offset (for the shard's manifest) is kept in memory only for the last
-:data:`OFFSETS_IN_MEMORY` records; the rest wait in ``.<name>.offsets.inprogress`` beside the
-shard, eight bytes a record, until the manifest is written from them (a manifest rebuilt at
-recovery from a published shard gathers its offsets the same way). A shard of millions of
-records would otherwise hold its offsets (and its manifest's list of them) in memory whole.
+:data:`OFFSETS_IN_MEMORY` records; the rest wait beside the shard in a file of their own
+(:func:`offsets_name`), eight bytes a record, until the manifest is written from them (a
+manifest rebuilt at recovery from a published shard gathers its offsets the same way). A shard
+of millions of records would otherwise hold its offsets (and its manifest's list of them) in
+memory whole.
 """
 
 from __future__ import annotations
@@ -50,8 +51,6 @@ from tfrecordd.framing import extend_record_starts, framed_size
 from tfrecordd.fsys import FileSystem
 from tfrecordd.manifest import SUFFIX as MANIFEST_SUFFIX
 from tfrecordd.writer import INPROGRESS_SUFFIX, Packed, RecordWriter, inprogress_name
-
-__all__ = ["INPROGRESS_SUFFIX", "inprogress_name"]
 
 OFFSETS_IN_MEMORY = 1 << 16
 """Record offsets a shard keeps in memory (512 KiB) before it appends them to its offsets file."""

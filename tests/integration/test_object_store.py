@@ -33,7 +33,8 @@ from tfrecordd.objectstore import (
 from tfrecordd.output import make_output
 from tfrecordd.reader import iter_records
 from tfrecordd.runtime import Daemon
-from tfrecordd.shards import FinishedShard, OpenShard, inprogress_name
+from tfrecordd.shards import FinishedShard, OpenShard
+from tfrecordd.writer import inprogress_name
 from tfrecordd_plugins.sources.directory import CLAIM_DIR
 
 PART = 5 << 20

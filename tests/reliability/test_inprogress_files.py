@@ -157,13 +157,13 @@ class LiveOutput:
         cfg = write_config(root, daemon={"node_id": "ingest-01"}, output={"max_shard_age": "1h"})
         spool_file(root / "spool", "a.jsonl", [movie_event(i) for i in range(100)])
         self.daemon = DaemonProcess(cfg)
-        self.daemon.wait_started()
-        wait_for(lambda: not list((root / "spool").glob("*.jsonl")), 60)
+        self.daemon.wait_started(120)
+        wait_for(lambda: not list((root / "spool").glob("*.jsonl")), 120)
         self.daemon.signal(signal.SIGHUP)
-        wait_for(lambda: len(shard_files(self.out)) == 1, 60)
+        wait_for(lambda: len(shard_files(self.out)) == 1, 120)
         events = (movie_event(i) for i in range(100, 100 + OPEN_EVENTS))
         spool_file(root / "spool", "b.jsonl", events)
-        wait_for(lambda: any("offsets" in p.name for p in inprogress_files(self.out)), 120)
+        wait_for(lambda: any("offsets" in p.name for p in inprogress_files(self.out)), 300)
         self.open = inprogress_files(self.out)
         assert len(self.open) == 2, self.open
         assert all(p.stat().st_size for p in self.open), self.open
@@ -178,7 +178,7 @@ class LiveOutput:
 
     def finish(self) -> None:
         assert self.open == inprogress_files(self.out), "the shard stayed open while globbing"
-        assert self.daemon.stop(60) == 0, self.daemon.output()[-3000:]
+        assert self.daemon.stop(120) == 0, self.daemon.output()[-3000:]
         assert read_ids(self.out) == dict.fromkeys(range(100 + OPEN_EVENTS), 1)
         assert not inprogress_files(self.out)
 
