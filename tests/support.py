@@ -144,7 +144,9 @@ def shard_files(out: Path) -> list[Path]:
 
 
 def inprogress_files(out: Path) -> list[Path]:
-    return sorted(out.glob(".*.inprogress"))
+    """In-progress files under the output: in its staging folders (or beside the shards, where
+    older versions wrote them)."""
+    return sorted(out.rglob(".*.inprogress"))
 
 
 def read_ids(out: Path) -> Counter[int]:

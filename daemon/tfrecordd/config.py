@@ -62,6 +62,14 @@ class DaemonSection(_Section):
     log_format: Literal["auto", "text", "json"] = "auto"
     """Log lines as text or JSON; ``auto``: JSON under systemd's journal, text otherwise."""
 
+    @field_validator("node_id")
+    @classmethod
+    def _check_node_id(cls, v: str) -> str:
+        # The id names this node's staging folder: "." or ".." would be another folder's name.
+        if v in (".", ".."):
+            raise ValueError(f"must not be {v!r}")
+        return v
+
 
 class MetricsSection(_Section):
     """``[metrics]``: the Prometheus endpoint (``/metrics``) and liveness check (``/healthz``)."""
@@ -90,8 +98,8 @@ class OutputSection(_Section):
     ``check-config`` prints each as ``***`` unless its key is known to be harmless
     (``endpoint_url``, ``region_name``, ``anon``...)."""
     staging_dir: Path | None = None
-    """For a URL ``dir``: the local directory where shards are written before upload.
-    Default: ``staging/`` in ``state_dir``."""
+    """For a URL ``dir``: the local directory where shards are written before upload, in a
+    subfolder named after ``node_id``. Default: ``staging/`` in ``state_dir``."""
     compression: Compression = Compression.GZIP
     """``none``, ``gzip``, ``zlib`` (all read by ``tf.data``) or ``zstd`` (tfrecordd's reader)."""
     level: int | None = None

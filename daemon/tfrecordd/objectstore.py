@@ -135,7 +135,8 @@ class FsspecOutput(Output):
         self.location = redact_url(str(out.dir).rstrip("/"))
         self.storage_options: dict[str, Any] = dict(out.storage_options)
         staging = out.staging_dir or Path(config.daemon.state_dir) / "staging"
-        self.staging_dir = os.path.abspath(staging)
+        self.legacy_dir = os.path.abspath(staging)
+        self.staging_dir = os.path.join(self.legacy_dir, config.daemon.node_id)
         self.fs = fs
         self.metrics = metrics
         self.verify: Verify = verify or getattr(out, "verify", None) or DEFAULT_VERIFY

@@ -1,12 +1,12 @@
 """Where published shards go: a local directory, or any fsspec file system (object stores).
 
-The committer writes each shard as a hidden in-progress file in :attr:`Output.staging_dir`,
-fsyncs it, journals the intent, then calls :meth:`Output.publish`. Only when that returns are
-the sources acknowledged. At start-up, :meth:`Output.is_published` and :meth:`Output.resume`
-help decide, for each journalled intent without ``done``, whether its acks are redone, its
-publishing is finished from the staged copy, or it is dropped (its events replay from the
-sources); a shard moved away after it was published is known from its intent (see
-``Daemon._was_published``).
+The committer writes each shard as an in-progress file in :attr:`Output.staging_dir` (its
+node's own folder, out of the reach of readers' globs), fsyncs it, journals the intent, then
+calls :meth:`Output.publish`. Only when that returns are the sources acknowledged. At start-up,
+:meth:`Output.is_published` and :meth:`Output.resume` decide, for each journalled intent without
+``done``, whether its acks are redone, its publishing is finished from the staged copy, or it is
+dropped (its events replay from the sources); a shard moved away after it was published is
+known from its intent (see ``Daemon._was_published``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.journal import Intent
-from tfrecordd.shards import FinishedShard, inprogress_name
+from tfrecordd.shards import FinishedShard, staging_dir
+from tfrecordd.writer import inprogress_name
 
 _T = TypeVar("_T")
 
@@ -29,7 +30,11 @@ class Output(abc.ABC):
     """A destination for finished shards."""
 
     staging_dir: str
-    """Local directory where shards are written while in progress."""
+    """Local directory where this node writes shards (and stages sidecars) while in progress;
+    no other daemon writes there."""
+    legacy_dir: str
+    """Where versions before per-node staging folders wrote in-progress files: recovery still
+    discards this node's there."""
     location: str
     """Where shards are published, for logs (a directory or a URL)."""
 
@@ -84,22 +89,25 @@ class Output(abc.ABC):
 
 
 class LocalOutput(Output):
-    """A local directory: publish by ``link`` + ``unlink`` in the same directory, then fsync it."""
+    """A local directory: shards are written in ``<directory>/.unpublished/<node_id>/`` and
+    published by ``link`` + ``unlink`` into the directory (one file system), which is then
+    fsynced."""
 
-    def __init__(self, directory: str, fs: FileSystem, *, fsync: bool = True) -> None:
-        self.staging_dir = self.location = os.path.abspath(directory)
+    def __init__(self, directory: str, fs: FileSystem, *, node_id: str, fsync: bool = True) -> None:
+        self.location = self.legacy_dir = os.path.abspath(directory)
+        self.staging_dir = staging_dir(self.location, node_id)
         self.fs = fs
         self.fsync = fsync
 
     def final_path(self, name: str) -> str:
-        return os.path.join(self.staging_dir, name)
+        return os.path.join(self.location, name)
 
     def publish(self, shard: FinishedShard) -> None:
         try:
             self.fs.publish(shard.tmp_path, self.final_path(shard.name))
             crashpoints.reached("after-publish")
             if self.fsync:
-                self.fs.fsync_dir(self.staging_dir)
+                self.fs.fsync_dir(self.location)
         except OSError as e:
             raise DurabilityError(f"publishing {shard.name}: {e.strerror or e}") from e
         crashpoints.reached("after-dir-fsync")
@@ -119,7 +127,7 @@ class LocalOutput(Output):
             tmp = stage(self.fs, self.staging_dir, name, parts, fsync=self.fsync)
             self.fs.replace(tmp, self.final_path(name))
             if self.fsync:
-                self.fs.fsync_dir(self.staging_dir)
+                self.fs.fsync_dir(self.location)
         except OSError as e:
             raise DurabilityError(f"publishing {name}: {e.strerror or e}") from e
 
@@ -159,7 +167,12 @@ def make_output(config: Any, fs: FileSystem, metrics: Any = None) -> Output:
     and ``file://`` URLs, an fsspec file system for other URLs."""
     location: str = config.output.dir
     if not is_url(location):
-        return LocalOutput(location.removeprefix("file://"), fs, fsync=config.output.fsync)
+        return LocalOutput(
+            location.removeprefix("file://"),
+            fs,
+            node_id=config.daemon.node_id,
+            fsync=config.output.fsync,
+        )
     from tfrecordd.objectstore import FsspecOutput
 
     return FsspecOutput(config, fs, metrics)

@@ -58,7 +58,9 @@ from tfrecordd.shards import (
     OpenShard,
     RecordOffsets,
     ShardNamer,
-    inprogress_name,
+    leftovers,
+    offsets_name,
+    staged_path,
 )
 from tfrecordd.workers import DEPTH, EncodeWorkers
 from tfrecordd.writer import Packed, pack
@@ -76,6 +78,14 @@ already waiting): fewer hand-offs when the pipeline is full, none held back when
 WRITE_RUN_BATCHES = 16
 """The most waiting batches the write stage takes at once: written in one trip to its thread
 where the shard's caps allow (each trip costs the event loop and the thread a hand-off)."""
+
+IDLE_COMMIT_AFTER = 1.0
+"""Seconds without a batch after which positions that came with no records (a file's end, blank
+lines, bad events) are committed on their own, when no shard is open to carry them."""
+
+POSITIONS_ONLY_BATCHES = 16384
+"""A commit without records is made at the latest when this many batches' positions wait (an
+intent of about a megabyte), however fast batches without records keep coming."""
 
 PACK_MIN_BYTES = 64 * 1024
 """Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
@@ -128,6 +138,16 @@ def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEve
     for ev in events:
         (good if ev.error is None else rejected).append(ev)
     return good, rejected
+
+
+def _blank(batch: RawBatch) -> bool:
+    """Whether encoding ``batch`` gives nothing: no events, and lines (if any) that are all
+    empty or whitespace, none long enough to be refused. Such a batch (a storm of blank lines,
+    a file's end) skips the trip to an encoder."""
+    lines = batch.lines
+    if batch.events or lines is None:
+        return not batch.events
+    return len(lines.data) <= lines.max_line and (not lines.data or lines.data.isspace())
 
 
 _Failures = list[tuple[int, str, str]]
@@ -482,7 +502,7 @@ class Daemon:
         redo: list[Intent] = []
         dropped = 0
         for intent in unfinished:
-            staged = os.path.join(self.out_dir, inprogress_name(intent.shard or ""))
+            staged = staged_path(self.out_dir, self.output.legacy_dir, intent.shard or "")
             if intent.shard is None:
                 redo.append(intent)
             elif self._was_published(intent, staged):
@@ -494,12 +514,10 @@ class Daemon:
         if dropped:
             # Durable before any in-progress file goes (see _was_published).
             self.journal.sync()
-        discarded = 0
-        for entry in os.listdir(self.out_dir):
-            if self.namer.owns_inprogress(entry):
-                self.fs.remove(os.path.join(self.out_dir, entry))
-                discarded += 1
-        return redo, dropped, discarded
+        left = leftovers(self.out_dir, self.output.legacy_dir, self.config.daemon.node_id)
+        for path in left:
+            self.fs.remove(path)
+        return redo, dropped, len(left)
 
     def _was_published(self, intent: Intent, staged: str) -> bool:
         """Whether an unfinished intent's shard was published (finishing an interrupted upload
@@ -538,7 +556,7 @@ class Daemon:
             return
         # The offsets wait in a file as a shard's being written do: memory stays bounded
         # whatever the shard's record count.
-        spill = os.path.join(self.out_dir, inprogress_name(f"{intent.shard}.offsets"))
+        spill = os.path.join(self.out_dir, offsets_name(intent.shard))
         offsets = RecordOffsets(self.fs, spill)
         try:
             if isinstance(self.output, LocalOutput):
@@ -641,7 +659,11 @@ class Daemon:
                 async for batch in recv:
                     group = _take_waiting(recv, batch, GROUP_BATCHES)
                     depth.set(recv.statistics().current_buffer_used)
-                    for encoded in await anyio.to_thread.run_sync(self._encode_all, group):
+                    if all(map(_blank, group)):
+                        encoded_group = self._encode_all(group)
+                    else:
+                        encoded_group = await anyio.to_thread.run_sync(self._encode_all, group)
+                    for encoded in encoded_group:
                         await send.send(encoded)
                 return
             # Several requests encode at once, in this process's encode thread and in worker
@@ -659,7 +681,7 @@ class Daemon:
                 sent = [
                     i
                     for i, (b, (good, _)) in enumerate(zip(batches, splits, strict=True))
-                    if good or b.lines is not None
+                    if good or (b.lines is not None and not _blank(b))
                 ]
                 requests = [
                     (
@@ -714,7 +736,7 @@ class Daemon:
     def _encode(self, batch: RawBatch) -> EncodedBatch:
         good, rejected = _split_rejected(batch.events)
         outcome = None
-        if good or batch.lines is not None:
+        if good or (batch.lines is not None and not _blank(batch)):
             out = self.config.output
             encoder = self.encoder_of[batch.source]
             outcome = _encode_events(encoder, good, batch.lines, out.compression, out.level)
@@ -748,7 +770,7 @@ class Daemon:
         async with recv, anyio.create_task_group() as self._committer:
             ended = False
             while not ended:
-                wait = 1.0
+                wait = IDLE_COMMIT_AFTER
                 if self._unit.first_at is not None:
                     wait = min(wait, self._unit.first_at + max_age - time.monotonic())
                 batch: EncodedBatch | None = None
@@ -760,15 +782,21 @@ class Daemon:
                 self._beat = time.monotonic()
                 if batch is not None:
                     batches = _take_waiting(recv, batch, WRITE_RUN_BATCHES)
-                    waiting = recv.statistics().current_buffer_used
-                    depth.set(waiting)
-                    await self._write_batches(batches, more=waiting > 0)
+                    depth.set(recv.statistics().current_buffer_used)
+                    await self._write_batches(batches)
                 self._update_open_gauges()
                 if self._unit.empty():
                     self._flush_requested = False
                     continue
                 first = self._unit.first_at
-                if self._flush_requested or (first is not None and self._beat - first >= max_age):
+                # Positions without records ride with the next shard's commit; with no shard
+                # open, they are committed when the stream pauses.
+                idle = batch is None and self._unit.shard is None
+                if (
+                    idle
+                    or self._flush_requested
+                    or (first is not None and self._beat - first >= max_age)
+                ):
                     self._flush_requested = False
                     await self._commit()
             if not self._unit.empty():
@@ -788,10 +816,10 @@ class Daemon:
         first = self._unit.first_at
         m.open_shard_age.set(time.monotonic() - first if first is not None else 0)
 
-    async def _write_batches(self, batches: list[EncodedBatch], *, more: bool = False) -> None:
+    async def _write_batches(self, batches: list[EncodedBatch]) -> None:
         """Write batches in order, in as few trips to a worker thread as the shard's caps allow,
-        committing each shard that fills. ``more``: other batches are waiting, so positions with
-        no records yet wait for the next commit."""
+        committing each shard that fills. Positions that came with no records wait in the unit
+        for its commit: a storm of blank lines must not cost a journal fsync per batch."""
         failed = [b for b in batches if b.failures]
         if failed:
             await anyio.to_thread.run_sync(self._dead_letter, failed)
@@ -816,12 +844,12 @@ class Daemon:
             if unit.first_at is None:
                 unit.first_at = time.monotonic()
             at += written
-            if limit and unit.shard is not None and unit.shard.records >= limit:
-                await self._commit()
-            elif unit.shard is None and not more and at == len(batches):
-                # Positions without records (a file's end, a batch of bad events) are committed
-                # at once rather than held until max_shard_age (they cost one journal fsync),
-                # unless more batches wait: then they go with the shard those open.
+            shard = unit.shard
+            if shard is None:
+                full = sum(map(len, unit.tokens.values())) >= POSITIONS_ONLY_BATCHES
+            else:
+                full = bool(limit) and shard.records >= limit
+            if full:
                 await self._commit()
 
     async def _wait_for_space(self, batch: EncodedBatch) -> None:

@@ -1,10 +1,18 @@
 """Shard files: naming, the hidden in-progress file, size-capped rotation, and publishing.
 
-A shard is written as ``.<name>.inprogress`` next to its final name, through the compressor,
-with every byte also fed to a SHA-256 digest. :meth:`OpenShard.finish` ends the compressed
-stream, fsyncs and closes the file; publishing gives it its final name without ever replacing
-another file, and the directory is fsynced after. No glob for finished shards (``*.tfrecord*``)
-matches an in-progress name: it is hidden and ends in ``.inprogress``.
+A shard is written under :func:`~tfrecordd.writer.inprogress_name` in its node's staging folder,
+``<output>/.unpublished/<node id>/`` (:func:`staging_dir`): on the file system of its final name,
+so that publishing is one ``link`` (or ``rename``), and where no glob for finished shards reaches.
+Every globber counts: TensorFlow's ``tf.io.gfile.glob``, ``tf.data.Dataset.list_files`` and
+fsspec's ``glob`` do not skip hidden names, so an in-progress file beside the shards called
+``.<name>.inprogress`` was matched by ``*.tfrecord*``. A staging name carries no shard suffix
+either, so recursive globs (``**/*.tfrecord*``) miss it too. The shard is written through the
+compressor, with every byte also fed to a SHA-256 digest. :meth:`OpenShard.finish` ends the
+compressed stream, fsyncs and closes the file; publishing gives it its final name without ever
+replacing another file, and the output directory is fsynced after.
+
+Each node has a staging folder of its own, so several daemons can share one output directory:
+recovery (:func:`leftovers`) discards only what its own node left.
 
 Size cap: before a batch is written, the shard's bytes on disk plus
 :meth:`Compressor.bound` of everything not yet flushed out of the compressor (the pending bytes
@@ -14,10 +22,11 @@ that arrives already compressed (a :class:`~tfrecordd.writer.Packed` unit) has a
 So a shard exceeds ``max_shard_bytes`` only when one batch alone is larger than the cap.
 
 Each record's offset (for the shard's manifest) is kept in memory only for the last
-:data:`OFFSETS_IN_MEMORY` records; the rest wait in ``.<name>.offsets.inprogress`` beside the
-shard, eight bytes a record, until the manifest is written from them (a manifest rebuilt at
-recovery from a published shard gathers its offsets the same way). A shard of millions of
-records would otherwise hold its offsets (and its manifest's list of them) in memory whole.
+:data:`OFFSETS_IN_MEMORY` records; the rest wait beside the shard in a file of their own
+(:func:`offsets_name`), eight bytes a record, until the manifest is written from them (a
+manifest rebuilt at recovery from a published shard gathers its offsets the same way). A shard
+of millions of records would otherwise hold its offsets (and its manifest's list of them) in
+memory whole.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import os
+import re
 import secrets
 import time
 from array import array
@@ -39,17 +49,67 @@ from tfrecordd.compression import SUFFIXES, Compression, Compressor
 from tfrecordd.errors import DurabilityError
 from tfrecordd.framing import extend_record_starts, framed_size
 from tfrecordd.fsys import FileSystem
-from tfrecordd.writer import Packed, RecordWriter
-
-INPROGRESS_SUFFIX = ".inprogress"
+from tfrecordd.manifest import SUFFIX as MANIFEST_SUFFIX
+from tfrecordd.writer import INPROGRESS_SUFFIX, Packed, RecordWriter, inprogress_name
 
 OFFSETS_IN_MEMORY = 1 << 16
 """Record offsets a shard keeps in memory (512 KiB) before it appends them to its offsets file."""
 
+STAGING_DIR = ".unpublished"
+"""The hidden folder of a local output directory that holds, one subfolder per node id, the
+shards being written. Its name matches no shard glob (``*.tfrecord*``, ``part-*``)."""
 
-def inprogress_name(name: str) -> str:
-    """The hidden name a shard has while it is being written."""
-    return f".{name}{INPROGRESS_SUFFIX}"
+_STAGED = re.compile(r"\.[A-Za-z0-9_-]+" + re.escape(INPROGRESS_SUFFIX))
+
+
+def staging_dir(directory: str, node_id: str) -> str:
+    """Where node ``node_id`` writes shards that will be published in ``directory``."""
+    return os.path.join(directory, STAGING_DIR, node_id)
+
+
+def staged_path(staging: str, legacy: str, shard: str) -> str:
+    """Where shard ``shard``'s in-progress file is: in the node's ``staging`` folder or, for a
+    commit journalled by a version before staging folders, under its old name in ``legacy``
+    (beside the shards)."""
+    staged = os.path.join(staging, inprogress_name(shard))
+    old = os.path.join(legacy, f".{shard}{INPROGRESS_SUFFIX}")
+    if not os.path.lexists(staged) and os.path.lexists(old):
+        return old
+    return staged
+
+
+def offsets_name(name: str) -> str:
+    """The in-progress name of the file that gathers shard ``name``'s record offsets."""
+    return inprogress_name(f"{name}.offsets")
+
+
+def _legacy(node_id: str) -> re.Pattern[str]:
+    """In-progress names older versions gave a node's files, beside the shards: ``.<shard
+    name>[.offsets].inprogress`` or ``.<manifest name>.inprogress``, with ``node_id`` exactly
+    where a shard name holds the node id (:class:`ShardNamer`): ``ingest`` is not ``ingest-01``."""
+    suffixes = "|".join(re.escape(s) for s in sorted(SUFFIXES.values(), key=len, reverse=True))
+    return re.compile(
+        rf"\.[A-Za-z0-9_.-]+-\d{{8}}T\d{{6}}\.\d{{6}}Z-{re.escape(node_id)}-[0-9a-f]{{6}}-\d{{6}}"
+        rf"(?:(?:{suffixes})(?:\.offsets)?|{re.escape(MANIFEST_SUFFIX)})"
+        + re.escape(INPROGRESS_SUFFIX)
+    )
+
+
+def leftovers(staging: str, legacy: str, node_id: str) -> list[str]:
+    """Paths of the in-progress files a stopped run of node ``node_id`` left: every in-progress
+    name in its ``staging`` folder, and in ``legacy`` (where versions before staging folders
+    wrote them) those whose name is this node's by its exact structure. Blocking."""
+
+    def names(directory: str) -> list[str]:
+        try:
+            return os.listdir(directory)
+        except FileNotFoundError:
+            return []
+
+    legacy_name = _legacy(node_id)
+    found = [os.path.join(staging, n) for n in names(staging) if _STAGED.fullmatch(n)]
+    found += [os.path.join(legacy, n) for n in names(legacy) if legacy_name.fullmatch(n)]
+    return sorted(found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +144,6 @@ class ShardNamer:
         self.seq += 1
         now = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         return f"{self.prefix}-{now}-{self.node_id}-{self.run_id}-{self.seq:06d}{self.suffix}"
-
-    def owns_inprogress(self, filename: str) -> bool:
-        """Whether ``filename`` is an in-progress shard of this node (from any run)."""
-        return (
-            filename.startswith(f".{self.prefix}-")
-            and filename.endswith(INPROGRESS_SUFFIX)
-            and f"-{self.node_id}-" in filename
-        )
 
 
 class _Sink:
@@ -195,7 +247,7 @@ class OpenShard:
         self.max_bytes = max_bytes
         self.fs = fs
         self.tmp_path = os.path.join(directory, inprogress_name(name))
-        spill = os.path.join(directory, inprogress_name(f"{name}.offsets"))
+        spill = os.path.join(directory, offsets_name(name))
         self.offsets = RecordOffsets(fs, spill)
         self.track_offsets = track_offsets
         self.first_time = self.last_time = 0.0

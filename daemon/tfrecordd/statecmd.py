@@ -45,7 +45,7 @@ from tfrecordd.journal import (
     scan_journal,
 )
 from tfrecordd.output import is_url
-from tfrecordd.shards import inprogress_name
+from tfrecordd.shards import staged_path, staging_dir
 
 
 @contextlib.contextmanager
@@ -62,12 +62,14 @@ def _exclusive(state_dir: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _state_dir(args: argparse.Namespace) -> tuple[str, dict[str, str], str | None]:
-    """``state_dir``, the configured sources' types, and the local output directory."""
+def _state_dir(args: argparse.Namespace) -> tuple[str, dict[str, str], tuple[str, str] | None]:
+    """``state_dir``, the configured sources' types, and the local output directory with this
+    node's staging folder in it."""
     config = load_config(args.config)
     out = str(config.output.dir)
     local = None if is_url(out) else out.removeprefix("file://")
-    return str(config.daemon.state_dir), {s.name: s.type for s in config.sources}, local
+    where = None if local is None else (local, staging_dir(local, config.daemon.node_id))
+    return str(config.daemon.state_dir), {s.name: s.type for s in config.sources}, where
 
 
 def _intents(records: list[dict[str, Any]]) -> tuple[list[Intent], list[Intent]]:
@@ -92,14 +94,15 @@ def _types(records: list[dict[str, Any]], ckpt: Checkpoint) -> dict[str, str]:
     return types
 
 
-def _shard_state(out: str | None, shard: str | None) -> str:
+def _shard_state(out: tuple[str, str] | None, shard: str | None) -> str:
     if shard is None:
         return "positions only"
     if out is None:
         return "remote output: decided at start"
-    if os.path.lexists(os.path.join(out, shard)):
+    directory, staging = out
+    if os.path.lexists(os.path.join(directory, shard)):
         return "published: its acks are redone at start"
-    if os.path.lexists(os.path.join(out, inprogress_name(shard))):
+    if os.path.lexists(staged_path(staging, directory, shard)):
         return "in progress: dropped at start (its events replay)"
     return "published and moved away: its acks are redone at start"
 

@@ -141,10 +141,15 @@ class RecordWriter:
         self._pending_raw = 0
 
 
-def in_progress_name(path: str) -> str:
-    """The hidden name a file is written under before it is published as ``path``."""
-    directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}.inprogress")
+INPROGRESS_SUFFIX = ".inprogress"
+
+
+def inprogress_name(name: str) -> str:
+    """The name a file to be published as ``name`` has while it is written: hidden, each ``.``
+    of ``name`` made ``_``, then ``.inprogress``. It ends in none of the suffixes a reader globs
+    for (``*.tfrecord*``, ``*.gz``, ``*.json``): TensorFlow's and fsspec's globs do not skip
+    hidden files."""
+    return f".{name.replace('.', '_')}{INPROGRESS_SUFFIX}"
 
 
 @contextmanager
@@ -157,7 +162,7 @@ def open_writer(
 ) -> Iterator[RecordWriter]:
     """Write a TFRecord file that appears at ``path`` complete, durable and at once.
 
-    Records go to ``.<name>.inprogress`` in the same directory, created exclusively. When the block
+    Records go to :func:`inprogress_name` in the same directory, created exclusively. When the block
     ends normally the stream is finished, the file fsynced and closed, published under ``path``
     without replacing anything (``FileExistsError`` if ``path`` exists), and the directory fsynced.
     When the block raises, the in-progress file is removed and nothing is published.
@@ -165,7 +170,7 @@ def open_writer(
     final = os.path.abspath(os.fspath(path))
     if os.path.lexists(final):
         raise FileExistsError(errno.EEXIST, "refusing to overwrite", final)
-    tmp = in_progress_name(final)
+    tmp = os.path.join(os.path.dirname(final), inprogress_name(os.path.basename(final)))
     f = fs.create_exclusive(tmp)
     closed = False
     try:

@@ -174,7 +174,7 @@ def test_a_crash_with_offsets_spilled_to_disk_then_restart(tmp_path: Path, point
     rc = d.wait(120)
     assert rc == 137, f"crash point {point} not reached: exit {rc}\n{d.output()}"
     left = [p.name for p in inprogress_files(tmp_path / "shards")]
-    assert any(n.endswith(".offsets.inprogress") for n in left), left
+    assert any(n.endswith("_offsets.inprogress") for n in left), left
     finish(tmp_path, cfg, timeout=120)
     assert_exactly_once(tmp_path / "shards", expected, manifests=True)
     assert len(shard_files(tmp_path / "shards")) == 2

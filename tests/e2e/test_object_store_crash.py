@@ -100,7 +100,7 @@ def finish(root: Path, cfg: Path, timeout: float = 120) -> str:
 
 def staged(root: Path) -> list[Path]:
     staging = root / "state" / "staging"
-    return sorted(staging.glob(".*.inprogress")) if staging.exists() else []
+    return sorted(staging.rglob(".*.inprogress")) if staging.exists() else []
 
 
 CRASH_POINTS = [

@@ -395,7 +395,10 @@ async def test_manifests_describe_their_shards(
     manifests = list((tmp_path / "shards").glob("*.manifest.json"))
     assert len(manifests) == 3
     assert not set(manifests) & set((tmp_path / "shards").glob("*.tfrecord*"))
-    assert not [p.name for p in (tmp_path / "shards").iterdir() if p.name.startswith(".")]
+    assert [p.name for p in (tmp_path / "shards").iterdir() if p.name.startswith(".")] == [
+        shards_module.STAGING_DIR
+    ]
+    assert not inprogress_files(tmp_path / "shards")
 
 
 def ex_id(record: bytes) -> int:

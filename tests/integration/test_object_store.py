@@ -28,7 +28,8 @@ from tfrecordd.output import make_output
 from tfrecordd.reader import iter_records
 from tfrecordd.redact import REDACTED, redact_options, redact_url
 from tfrecordd.runtime import Daemon
-from tfrecordd.shards import FinishedShard, OpenShard, inprogress_name
+from tfrecordd.shards import FinishedShard, OpenShard
+from tfrecordd.writer import inprogress_name
 
 PART = 5 << 20
 """S3's smallest multipart part: shards above it are uploaded in several parts."""
@@ -362,7 +363,7 @@ def test_staging_defaults_to_the_state_dir(
 ) -> None:
     out = make_output(s3_config(tmp_path, s3_server, s3_bucket), LOCAL)
     assert isinstance(out, FsspecOutput)
-    assert out.staging_dir == str(tmp_path / "state" / "staging")
+    assert out.staging_dir == str(tmp_path / "state" / "staging" / "test")
     assert out.verify == "sha256"
 
 
@@ -422,7 +423,7 @@ async def test_daemon_publishes_every_event_once_to_the_bucket(
     shards = s3_server.shard_urls(s3_bucket, "shards")
     assert len(shards) == _metric(daemon, "tfrecordd_shards_published_total") >= 7
     assert s3_server.incomplete_uploads(s3_bucket) == []
-    assert os.listdir(tmp_path / "state" / "staging") == []
+    assert os.listdir(tmp_path / "state" / "staging" / "node-a") == []
 
 
 @pytest.mark.anyio

@@ -37,7 +37,7 @@ def _kind(path: str) -> str:
         return "journal"
     if name.startswith("dead-letters"):
         return "dead-letters"
-    if name.endswith(".manifest.json.inprogress") or name.endswith(".manifest.json"):
+    if name.endswith("_manifest_json.inprogress") or name.endswith(".manifest.json"):
         return "manifest"
     if name.endswith(".inprogress"):
         return "shard"
@@ -147,7 +147,7 @@ async def test_io_error_is_fatal_and_nothing_is_lost(
     # (recovery takes an intent whose in-progress file is gone for published).
     assert _claimed_or_spooled(tmp_path), "the spool file was acked after an I/O error"
     out = tmp_path / "shards"
-    left = [p.name for p in out.glob(".*.inprogress")]
+    left = [p.name for p in out.rglob(".*.inprogress")]
     assert left == [] if kind != "journal" else len(left) <= 1, left
     # Restart on a healthy file system: everything arrives, once.
     daemon = Daemon(cfg, handle_signals=False)
@@ -160,7 +160,7 @@ async def test_io_error_is_fatal_and_nothing_is_lost(
     ids, problems = count_ids(out)
     assert problems == []
     assert ids == dict.fromkeys(range(EVENTS), 1)
-    assert list(out.glob(".*.inprogress")) == []
+    assert list(out.rglob(".*.inprogress")) == []
     shards = sorted(out.glob("*.tfrecord.gz"))
     assert len(sorted(out.glob("*.manifest.json"))) == len(shards)
 
@@ -180,4 +180,4 @@ def test_cli_exits_non_zero_on_an_fsync_error(
     args = argparse.Namespace(config=str(cfg), log_format=None)
     assert service.cmd_run(args) == EXIT_IO
     assert _claimed_or_spooled(tmp_path)
-    assert list((tmp_path / "shards").glob(".*.inprogress")) == []
+    assert list((tmp_path / "shards").rglob(".*.inprogress")) == []

@@ -516,7 +516,6 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
     without."""
     from tests.support import DaemonProcess, spool_file
     from tfrecordd.journal import scan_journal
-    from tfrecordd.shards import inprogress_name
 
     shards, state, spool = tmp_path / "shards", tmp_path / "state", tmp_path / "spool"
     cfg_path = write_config(
@@ -538,11 +537,7 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
     linked = open_shards[0]
     assert (shards / linked).exists()
 
-    model = DurabilityModel([shards, state, spool, spool / CLAIM_DIR, spool / CLAIM_DIR / "test"])
-    # The kill came after the link and the unlink of the in-progress name, before the output
-    # directory was fsynced: durably, the shard is still under its in-progress name.
-    out_entries = model.entries[str(shards.resolve())]
-    out_entries[inprogress_name(linked)] = out_entries.pop(linked)
+    model = _linked_not_durable(tmp_path, linked)
     spool_dirs = str(spool.resolve())
 
     real = directory_source._fsync_dir
@@ -573,6 +568,22 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
     assert problems == []
     lost = {name: len(files[name] - ids.keys()) for name in acked if files[name] - ids.keys()}
     assert lost == {}, f"acked spool files whose events the cut took: {lost}"
+
+
+def _linked_not_durable(root: Path, linked: str) -> DurabilityModel:
+    """The durability model after a kill that came after a shard's link and the unlink of its
+    in-progress name, before the output directory was fsynced: durably, the shard is still
+    under its in-progress name in the node's staging folder."""
+    from tfrecordd.shards import staging_dir
+    from tfrecordd.writer import inprogress_name
+
+    shards, spool = root / "shards", root / "spool"
+    staging = Path(staging_dir(str(shards), "test"))
+    dirs = [shards, staging, root / "state", spool, spool / CLAIM_DIR, spool / CLAIM_DIR / "test"]
+    model = DurabilityModel(dirs)
+    durable_staged = model.entries[str(staging.resolve())]
+    durable_staged[inprogress_name(linked)] = model.entries[str(shards.resolve())].pop(linked)
+    return model
 
 
 def producer_present(spool: Path, files: dict[str, set[int]]) -> set[str]:

@@ -63,6 +63,7 @@ def sigterm_trials(root: Path, source: str, trials: int, seed: int, url: str | N
             assert took < DRAIN_TIMEOUT + 2, f"stop took {took:.1f}s"
             globs.look(f"after stop {n + 1}")
             assert globs.violations == [], globs.violations[:10]
+            assert list((root / "shards").rglob(".*.inprogress")) == []
     finally:
         producer.stop()
 

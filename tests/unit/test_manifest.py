@@ -94,7 +94,7 @@ def test_a_scan_into_record_offsets_keeps_a_bounded_part_in_memory(
         writer.write_many([b"x" * (i % 37) for i in range(1_000)])
         writer.finish()
     plain = manifest.scan(str(path))
-    spill = tmp_path / ".a.tfrecord.gz.offsets.inprogress"
+    spill = tmp_path / ".a_tfrecord_gz_offsets.inprogress"
     spill.write_bytes(b"left by a crash")
     offsets = shards.RecordOffsets(LOCAL, str(spill))
     measured = manifest.scan(str(path), offsets)

@@ -69,7 +69,7 @@ def test_offsets_past_the_memory_limit_wait_in_a_file_and_come_back_in_order(
         shard.write(records[at : min(at + 70, 1000)])
         assert len(shard.offsets._tail) < 100
     shard.write(pack(records[1000:], compression, None))
-    spill = tmp_path / ".a.tfrecord.offsets.inprogress"
+    spill = tmp_path / ".a_tfrecord_offsets.inprogress"
     assert spill.stat().st_size == 8 * (len(shard.offsets) - len(shard.offsets._tail))
     finished = shard.finish()
     assert len(finished.offsets) == 1050
@@ -85,7 +85,7 @@ def test_a_discarded_shard_leaves_no_offsets_file(
     monkeypatch.setattr(shards, "OFFSETS_IN_MEMORY", 10)
     shard = OpenShard(str(tmp_path), "a.tfrecord", Compression.ZSTD, None, 1 << 30, LOCAL)
     shard.write([b"r"] * 25)
-    assert (tmp_path / ".a.tfrecord.offsets.inprogress").exists()
+    assert (tmp_path / ".a_tfrecord_offsets.inprogress").exists()
     shard.discard()
     assert list(tmp_path.iterdir()) == []
 
@@ -102,4 +102,4 @@ def test_offsets_are_not_kept_when_not_asked_for(
     assert finished.records == 25
     assert len(finished.offsets) == 0
     assert _offsets(finished) == []
-    assert [p.name for p in tmp_path.iterdir()] == [".a.tfrecord.inprogress"]
+    assert [p.name for p in tmp_path.iterdir()] == [".a_tfrecord.inprogress"]

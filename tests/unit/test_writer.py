@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tfrecordd.compression import Compression, Compressor
 from tfrecordd.framing import OVERHEAD, frame_many
 from tfrecordd.reader import iter_records
-from tfrecordd.writer import RecordWriter, in_progress_name, open_writer
+from tfrecordd.writer import RecordWriter, inprogress_name, open_writer
 
 batches_st = st.lists(st.lists(st.binary(max_size=500), max_size=8), max_size=6)
 
@@ -110,8 +110,8 @@ def test_open_writer_publishes_only_at_the_end(tmp_path: Path) -> None:
         w.write(b"one")
         w.sync()
         assert not path.exists()
-        assert Path(in_progress_name(str(path))).exists()
-        assert in_progress_name(str(path)) == str(tmp_path / ".shard.tfrecord.gz.inprogress")
+        assert (tmp_path / inprogress_name(path.name)).exists()
+        assert inprogress_name(path.name) == ".shard_tfrecord_gz.inprogress"
         w.write(b"two")
     assert list(iter_records(path)) == [b"one", b"two"]
     assert os.listdir(tmp_path) == ["shard.tfrecord.gz"]
@@ -141,7 +141,7 @@ def test_open_writer_never_overwrites(tmp_path: Path) -> None:
 
 def test_open_writer_refuses_a_leftover_in_progress_file(tmp_path: Path) -> None:
     path = tmp_path / "shard.tfrecord"
-    leftover = Path(in_progress_name(str(path)))
+    leftover = tmp_path / inprogress_name(path.name)
     leftover.write_bytes(b"someone else's")
     with pytest.raises(FileExistsError), open_writer(path, Compression.NONE):
         pass
