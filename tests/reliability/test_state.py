@@ -208,3 +208,31 @@ def test_a_journal_removed_while_running_stops_the_daemon_with_exit_74(tmp_path:
         d.kill()
     assert d.proc.returncode == 74, d.output()
     assert "removed while the daemon ran" in d.output()
+
+
+def test_an_in_progress_shard_of_the_layout_before_staging_folders_is_not_taken_as_published(
+    tmp_path: Path,
+) -> None:
+    """An upgrade in place after a crash between a commit's intent and its publish: the old
+    version's in-progress file sits beside the shards (``.<name>.inprogress``), not in the
+    node's staging folder. Its absence from the staging folder must not read as "published and
+    shipped away" (its events would be acked and never written): it is found under its old
+    name, the commit dropped, and its events written once."""
+    from tfrecordd.journal import scan_journal
+    from tfrecordd.shards import offsets_name, staging_dir
+    from tfrecordd.writer import inprogress_name
+
+    cfg = write_config(tmp_path, output={"max_shard_records": 40, "max_shard_age": "200ms"})
+    expected = fill_spool(tmp_path, 4, 50)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-intent:1"})
+    assert d.wait(60) == 137, d.output()
+    out = tmp_path / "shards"
+    scan = scan_journal(str(tmp_path / "state" / "journal"))
+    (shard,) = [r["shard"] for r in scan.records if r["t"] == "intent" and r["shard"]]
+    staging = Path(staging_dir(str(out), "test"))
+    (staging / inprogress_name(shard)).rename(out / f".{shard}.inprogress")
+    if (staging / offsets_name(shard)).exists():
+        (staging / offsets_name(shard)).rename(out / f".{shard}.offsets.inprogress")
+    run_clean_until(cfg, lambda: drained(tmp_path))
+    _assert_once(tmp_path, expected)
+    assert not [p for p in out.rglob("*") if p.name.endswith(".inprogress")]
