@@ -116,11 +116,14 @@ class LocalOutput(Output):
         return intent.shard is not None and os.path.lexists(self.final_path(intent.shard))
 
     def sync(self) -> None:
+        # The output directory holds the published names; the staging folder the removal of
+        # the in-progress names recovery discarded.
         if self.fsync:
-            try:
-                self.fs.fsync_dir(self.staging_dir)
-            except OSError as e:
-                raise DurabilityError(f"{self.staging_dir}: fsync: {e.strerror or e}") from e
+            for directory in (self.location, self.staging_dir):
+                try:
+                    self.fs.fsync_dir(directory)
+                except OSError as e:
+                    raise DurabilityError(f"{directory}: fsync: {e.strerror or e}") from e
 
     def publish_sidecar(self, name: str, parts: Iterable[bytes]) -> None:
         try:

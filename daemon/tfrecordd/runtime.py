@@ -407,6 +407,14 @@ class Daemon:
         self, pipeline_scope: anyio.CancelScope, task_status: TaskStatus[None]
     ) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
+        if self.fsync:
+            # The staging folder's own entry (and its parent's) durable before any shard in it
+            # is journalled.
+            for parent in (
+                os.path.dirname(self.out_dir),
+                os.path.dirname(os.path.dirname(self.out_dir)),
+            ):
+                self.fs.fsync_dir(parent)
         raw_send, raw_recv = anyio.create_memory_object_stream[RawBatch](
             self.config.daemon.queue_batches
         )
@@ -501,8 +509,14 @@ class Daemon:
         that can be finished), then discard our remaining in-progress files."""
         redo: list[Intent] = []
         dropped = 0
+        foreign: list[str] = []  # our files in another node's folder (an earlier node_id)
         for intent in unfinished:
             staged = staged_path(self.out_dir, self.output.legacy_dir, intent.shard or "")
+            if intent.shard is not None and os.path.dirname(staged) not in (
+                self.out_dir,
+                self.output.legacy_dir,
+            ):
+                foreign.append(staged)
             if intent.shard is None:
                 redo.append(intent)
             elif self._was_published(intent, staged):
@@ -515,6 +529,7 @@ class Daemon:
             # Durable before any in-progress file goes (see _was_published).
             self.journal.sync()
         left = leftovers(self.out_dir, self.output.legacy_dir, self.config.daemon.node_id)
+        left += [p for p in foreign if os.path.lexists(p)]
         for path in left:
             self.fs.remove(path)
         return redo, dropped, len(left)

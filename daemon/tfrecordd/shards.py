@@ -68,14 +68,23 @@ def staging_dir(directory: str, node_id: str) -> str:
 
 
 def staged_path(staging: str, legacy: str, shard: str) -> str:
-    """Where shard ``shard``'s in-progress file is: in the node's ``staging`` folder or, for a
-    commit journalled by a version before staging folders, under its old name in ``legacy``
-    (beside the shards)."""
-    staged = os.path.join(staging, inprogress_name(shard))
+    """Where shard ``shard``'s in-progress file is: in the node's ``staging`` folder; in
+    another node's folder beside it (the daemon ran under another ``node_id`` before, e.g. a
+    container's host name); or, for a commit journalled by a version before staging folders,
+    under its old name in ``legacy`` (beside the shards). Shard names are unique, so the first
+    found is the one. Blocking."""
+    name = inprogress_name(shard)
+    staged = os.path.join(staging, name)
+    if os.path.lexists(staged):
+        return staged
+    root = os.path.dirname(staging)
+    with contextlib.suppress(OSError):
+        for node in sorted(os.listdir(root)):
+            other = os.path.join(root, node, name)
+            if os.path.lexists(other):
+                return other
     old = os.path.join(legacy, f".{shard}{INPROGRESS_SUFFIX}")
-    if not os.path.lexists(staged) and os.path.lexists(old):
-        return old
-    return staged
+    return old if os.path.lexists(old) else staged
 
 
 def offsets_name(name: str) -> str:
@@ -309,6 +318,9 @@ class OpenShard:
             self._writer.finish()
             if fsync:
                 self.fs.fsync(f)
+                # The in-progress entry is durable before the intent names it: recovery reads
+                # an intent whose in-progress file is gone as a shard published and moved away.
+                self.fs.fsync_dir(os.path.dirname(self.tmp_path))
         except OSError as e:
             self._file = None
             _close_quietly(f)

@@ -204,3 +204,18 @@ async def test_a_resumed_file_with_a_byte_order_mark_keeps_its_header(tmp_path: 
         tg.cancel_scope.cancel()
     values = [e.value for b in ctx2.batches for e in b.expand()]
     assert values == [{"id": str(i), "name": f"n{i}", "comment": "c"} for i in range(7, 20)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("tail", [b"x" * 5000, b'"' + b"y\n" * 3000])
+async def test_an_over_long_last_record_without_a_newline_is_dead_lettered(
+    tmp_path: Path, tail: bytes
+) -> None:
+    (tmp_path / "a.csv").write_bytes(b"id,name,comment\n1,ann,hi\n" + tail)
+    events = await _read_all(tmp_path, 64)
+    assert [e.value for e in events if e.error is None] == [
+        {"id": "1", "name": "ann", "comment": "hi"}
+    ]
+    (long,) = [e for e in events if e.error]
+    assert "longer than max_line_bytes (64)" in long.error
+    assert long.payload == tail[:64]

@@ -236,3 +236,23 @@ def test_an_in_progress_shard_of_the_layout_before_staging_folders_is_not_taken_
     run_clean_until(cfg, lambda: drained(tmp_path))
     _assert_once(tmp_path, expected)
     assert not [p for p in out.rglob("*") if p.name.endswith(".inprogress")]
+
+
+def test_a_commit_staged_under_an_earlier_node_id_is_not_taken_as_published(
+    tmp_path: Path,
+) -> None:
+    """Killed between a commit's intent and its publish, then restarted under another
+    ``node_id`` (the default is the host name, which a container may change): the staged file
+    is in the earlier node's folder. It must be found there, the commit dropped and its events
+    replayed, never taken as "published and moved away" (acked, and lost)."""
+    output = {"max_shard_records": 40, "max_shard_age": "200ms"}
+    cfg = write_config(tmp_path, output=output)
+    expected = fill_spool(tmp_path, 4, 50)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-intent:1"})
+    assert d.wait(60) == 137, d.output()
+    write_config(tmp_path, output=output, daemon={"node_id": "renamed"})
+    spool = tmp_path / "spool"
+    run_clean_until(cfg, lambda: not [p for p in spool.iterdir() if p.is_file()])
+    write_config(tmp_path, output=output)  # back to the node whose claims are left
+    run_clean_until(cfg, lambda: drained(tmp_path))
+    _assert_once(tmp_path, expected)

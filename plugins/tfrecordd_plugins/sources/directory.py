@@ -893,6 +893,8 @@ class DirectorySource(Source):
                     buf, offset = buf[found.consumed :], offset + found.consumed
                     state = csvrecords.State.FIELD_START if found.records else state
                     if not chunk:
+                        if head is not None:  # the input ended inside the over-long record
+                            events.append(_too_long(rel, head_at, head, max_line))
                         break
                     if len(buf) > max_line:
                         # Over-long: keep its first bytes for the dead letter and drop the rest,
