@@ -407,6 +407,15 @@ class Daemon:
         self, pipeline_scope: anyio.CancelScope, task_status: TaskStatus[None]
     ) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
+        node_lock = statelock.acquire_folder(self.out_dir, self.config.daemon.node_id)
+        try:
+            await self._run_pipeline(pipeline_scope, task_status)
+        finally:
+            os.close(node_lock)
+
+    async def _run_pipeline(
+        self, pipeline_scope: anyio.CancelScope, task_status: TaskStatus[None]
+    ) -> None:
         if self.fsync:
             # The staging folder's own entry (and its parent's) durable before any shard in it
             # is journalled.

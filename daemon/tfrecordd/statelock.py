@@ -1,4 +1,5 @@
-"""One daemon per ``state_dir``: an exclusive ``flock`` held on ``state_dir/lock`` while it runs.
+"""One daemon per ``state_dir``: an exclusive ``flock`` held on ``state_dir/lock`` while it runs;
+and one per node id on an output: a ``flock`` on the node's staging folder.
 
 Two daemons on one ``state_dir`` would share a journal and discard each other's in-progress
 shards. The lock is taken before recovery reads anything and released when the process ends,
@@ -50,6 +51,25 @@ def acquire(state_dir: str) -> int:
         raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def acquire_folder(path: str, node_id: str) -> int:
+    """Lock node ``node_id``'s staging folder ``path`` for this process; returns the folder's
+    descriptor (close it to release). Two daemons with one ``node_id`` on one output, each with
+    its own ``state_dir``, would discard each other's in-progress shards at recovery: the second
+    gets :class:`StateInUseError`."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        raise StateInUseError(
+            f"node_id {node_id} is in use by another tfrecordd writing to {path}: node ids must"
+            " be unique among the daemons sharing an output"
+        ) from None
     return fd
 
 

@@ -56,8 +56,8 @@ def test_second_daemon_on_a_running_state_dir_exits_and_the_first_loses_nothing(
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(500)])
     first = DaemonProcess(config)
     try:
-        first.wait_started()
-        wait_for(lambda: _spool_drained(tmp_path))
+        first.wait_started(90)
+        wait_for(lambda: _spool_drained(tmp_path), 90)
         second = _run_second(config)
         assert second.returncode == EXIT_IN_USE, second.stdout + second.stderr
         said = second.stdout + second.stderr
@@ -65,7 +65,7 @@ def test_second_daemon_on_a_running_state_dir_exits_and_the_first_loses_nothing(
         assert f"pid {first.proc.pid}" in said
         assert first.proc.poll() is None, first.output()
         spool_file(tmp_path / "spool", "b.jsonl", [movie_event(i) for i in range(500, 1000)])
-        wait_for(lambda: _spool_drained(tmp_path))
+        wait_for(lambda: _spool_drained(tmp_path), 90)
         assert first.stop() == 0, first.output()
     finally:
         first.kill()
@@ -80,14 +80,14 @@ def test_a_killed_daemon_leaves_no_stale_lock(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     first = DaemonProcess(config)
     try:
-        first.wait_started()
+        first.wait_started(90)
     finally:
         first.kill()  # SIGKILL: no cleanup runs; the kernel drops the lock with the process
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(100)])
     second = DaemonProcess(config)
     try:
-        second.wait_started()
-        wait_for(lambda: _spool_drained(tmp_path))
+        second.wait_started(90)
+        wait_for(lambda: _spool_drained(tmp_path), 90)
         assert second.stop() == 0, second.output()
     finally:
         second.kill()
@@ -135,3 +135,26 @@ def test_held_by_other_tells_a_live_holder_from_none(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert not statelock.held_by_other(str(tmp_path))
+
+
+def test_a_second_daemon_with_the_same_node_id_on_one_output_exits(tmp_path: Path) -> None:
+    """Its own ``state_dir``, but the first one's ``node_id`` and output: before the node lock,
+    its recovery discarded the first one's open shard as its own leftover."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    config_a = write_config(a, output={"max_shard_age": "10m"})
+    config_b = write_config(b, output={"dir": a / "shards"})
+    spool_file(a / "spool", "a.jsonl", [movie_event(i) for i in range(300)])
+    first = DaemonProcess(config_a)
+    try:
+        first.wait_started(90)
+        wait_for(lambda: _spool_drained(a), 90)
+        second = _run_second(config_b)
+        assert second.returncode == EXIT_IN_USE, second.stdout + second.stderr
+        assert "node_id test is in use" in second.stdout + second.stderr
+        assert first.stop() == 0, first.output()
+    finally:
+        first.kill()
+    run_clean_until(config_a, lambda: _claims_done(a))
+    ids = read_ids(a / "shards")
+    assert set(ids) == set(range(300))
+    assert set(ids.values()) == {1}
