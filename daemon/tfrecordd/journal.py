@@ -65,9 +65,13 @@ class Intent:
     records: int = 0
     size: int = 0
     sha256: str | None = None
+    kept: bool = True
+    """Journalled by a version that removes a shard's in-progress file only when publishing it
+    or after a durable drop, so a missing in-progress file means published. Intents of earlier
+    versions lack it: for them only the shard or its manifest proves a publish."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        rec = {
             "t": "intent",
             "seq": self.seq,
             "shard": self.shard,
@@ -76,6 +80,9 @@ class Intent:
             "size": self.size,
             "sha256": self.sha256,
         }
+        if self.kept:
+            rec["kept"] = True
+        return rec
 
     @classmethod
     def from_json(cls, rec: Mapping[str, Any]) -> Intent:
@@ -86,6 +93,7 @@ class Intent:
             records=rec.get("records", 0),
             size=rec.get("size", 0),
             sha256=rec.get("sha256"),
+            kept=bool(rec.get("kept", False)),
         )
 
 

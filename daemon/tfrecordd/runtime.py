@@ -558,6 +558,8 @@ class Daemon:
         try:
             st = os.lstat(staged)
         except FileNotFoundError:
+            if not intent.kept:
+                return self.output.sidecar_exists(manifest.manifest_name(intent.shard))
             log.warning(
                 "%s: published before the restart and moved away since (its in-progress file "
                 "is gone too); its acknowledgements are redone, its events not written again",

@@ -256,3 +256,35 @@ def test_a_commit_staged_under_an_earlier_node_id_is_not_taken_as_published(
     write_config(tmp_path, output=output)  # back to the node whose claims are left
     run_clean_until(cfg, lambda: drained(tmp_path))
     _assert_once(tmp_path, expected)
+
+
+def test_an_intent_of_the_version_before_is_published_only_if_its_shard_or_manifest_is_there(
+    tmp_path: Path,
+) -> None:
+    """The version before this one could remove a shard's in-progress file without a durable
+    drop (a failed commit; recovery's unsynced drops). For its intents a missing in-progress
+    file proves nothing: with no shard and no manifest the commit is dropped and its events
+    replay, never acked unwritten."""
+    import orjson
+
+    from tfrecordd.framing import frame
+    from tfrecordd.journal import scan_journal
+    from tfrecordd.shards import offsets_name, staging_dir
+    from tfrecordd.writer import inprogress_name
+
+    cfg = write_config(tmp_path, output={"max_shard_records": 40, "max_shard_age": "200ms"})
+    expected = fill_spool(tmp_path, 4, 50)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-intent:1"})
+    assert d.wait(60) == 137, d.output()
+    journal = tmp_path / "state" / "journal"
+    records = scan_journal(str(journal)).records
+    (shard,) = [r["shard"] for r in records if r["t"] == "intent" and r["shard"]]
+    # As that version wrote it: no "kept"; and its in-progress file gone with no drop.
+    journal.write_bytes(
+        b"".join(frame(orjson.dumps({k: v for k, v in r.items() if k != "kept"})) for r in records)
+    )
+    staging = Path(staging_dir(str(tmp_path / "shards"), "test"))
+    (staging / inprogress_name(shard)).unlink()
+    (staging / offsets_name(shard)).unlink(missing_ok=True)
+    run_clean_until(cfg, lambda: drained(tmp_path))
+    _assert_once(tmp_path, expected)
