@@ -423,7 +423,10 @@ class Daemon:
                 os.path.dirname(self.out_dir),
                 os.path.dirname(os.path.dirname(self.out_dir)),
             ):
-                self.fs.fsync_dir(parent)
+                try:
+                    self.fs.fsync_dir(parent)
+                except OSError as e:
+                    raise DurabilityError(f"{parent}: fsync: {e.strerror or e}") from e
         raw_send, raw_recv = anyio.create_memory_object_stream[RawBatch](
             self.config.daemon.queue_batches
         )

@@ -53,6 +53,7 @@ from tests.support import claimed_files, movie_event, write_config
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
 from tfrecordd.runtime import Daemon
+from tfrecordd.shards import STAGING_DIR
 from tfrecordd_plugins.sources.directory import CLAIM_DIR, _original
 
 pytestmark = [pytest.mark.anyio]
@@ -373,9 +374,11 @@ async def run_cuts(
     )
     shards, state, spool = root / "shards", root / "state", root / "spool"
     claims = spool / CLAIM_DIR / "test"  # the node's claim folder
-    for d in (shards, state, claims):
+    staging = shards / STAGING_DIR / "test"  # the node's in-progress shards
+    for d in (shards, state, claims, staging):
         d.mkdir(parents=True, exist_ok=True)
-    model = DurabilityModel([shards, state, spool, spool / CLAIM_DIR, claims])
+    dirs = [shards, shards / STAGING_DIR, staging, state, spool, spool / CLAIM_DIR, claims]
+    model = DurabilityModel(dirs)
     fs: PowerLossFs
     if control == "no-dir-fsync":
         fs = NoDirSyncFs(model)
