@@ -87,6 +87,11 @@ POSITIONS_ONLY_BATCHES = 16384
 """A commit without records is made at the latest when this many batches' positions wait (an
 intent of about a megabyte), however fast batches without records keep coming."""
 
+STATE_CHECK_INTERVAL = 1.0
+"""Seconds between checks that the journal and checkpoint are still the files this daemon writes:
+one removed or replaced (``state_dir`` deleted, a backup put back) stops the daemon (exit 74)
+within about this long, even when no commit comes."""
+
 PACK_MIN_BYTES = 64 * 1024
 """Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
 of their own: a trickle of small batches still compresses as one stream."""
@@ -444,6 +449,7 @@ class Daemon:
                 if self.handle_signals:
                     await services.start(self._signals)
                 services.start_soon(self._watchdog)
+                services.start_soon(self._watch_state)
                 self._running = True
                 self.metrics.up.set(1)
                 self.notifier.ready(f"running {len(self.sources)} source(s)")
@@ -515,6 +521,13 @@ class Daemon:
             await anyio.sleep(interval)
             if self.healthy():
                 self.notifier.watchdog()
+
+    async def _watch_state(self) -> None:
+        # A state_dir removed or replaced while the daemon is idle would otherwise go unnoticed
+        # until the next commit, which may be hours away (or never, before a SIGKILL).
+        while True:
+            await anyio.sleep(STATE_CHECK_INTERVAL)
+            await anyio.to_thread.run_sync(self.journal.check_files)
 
     def _sort_unfinished(self, unfinished: list[Intent]) -> tuple[list[Intent], int, int]:
         """Split unfinished intents into redo and dropped (finishing the publishing of those

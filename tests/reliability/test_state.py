@@ -210,6 +210,30 @@ def test_a_journal_removed_while_running_stops_the_daemon_with_exit_74(tmp_path:
     assert "removed while the daemon ran" in d.output()
 
 
+@pytest.mark.parametrize("how", ["state_dir removed", "journal replaced"])
+def test_state_lost_while_idle_stops_the_daemon_at_once(tmp_path: Path, how: str) -> None:
+    """No event arrives after the loss: the daemon must not wait for a commit (which may never
+    come before the next crash) to notice that its committed positions are gone."""
+    from tests.support import wait_for
+
+    cfg = write_config(tmp_path)
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        state = tmp_path / "state"
+        if how == "state_dir removed":
+            shutil.rmtree(state)
+        else:
+            old = (state / "journal").read_bytes()
+            (state / "journal").unlink()
+            (state / "journal").write_bytes(old)
+        wait_for(lambda: d.proc.poll() is not None, 15)
+    finally:
+        d.kill()
+    assert d.proc.returncode == 74, d.output()
+    assert f"{how.split()[-1]} while the daemon ran" in d.output()
+
+
 def test_an_in_progress_shard_of_the_layout_before_staging_folders_is_not_taken_as_published(
     tmp_path: Path,
 ) -> None:
