@@ -50,7 +50,7 @@ JOURNAL = "journal"
 CHECKPOINT = "checkpoint.json"
 Fold = Callable[[Any, Sequence[Any]], Any]
 
-_INTENT_START = b'{"t":"intent"'
+_RECORD_START = b'{"t":"'
 """How every intent record's JSON begins (orjson keeps the key order of :meth:`Intent.to_json`)."""
 _SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -111,13 +111,19 @@ class Recovered:
 
 @dataclass(slots=True)
 class Damage:
-    """An unsound journal record followed by sound intents: not a crash, but damage."""
+    """An unsound journal record followed by sound intents or drops: not a crash, but damage.
+
+    Both are fsynced before anything relies on them, so one found after the unsound record
+    proves that record was durable once: a torn tail holds neither."""
 
     offset: int
     """Where the first unsound record starts."""
     detail: str
     intents_after: int
     """Sound intent records found after it (what cutting there would forget)."""
+    drops_after: int = 0
+    """Sound drop records found after it (cutting them would turn a dropped commit, whose
+    in-progress file is gone, back into an unfinished one)."""
 
 
 @dataclass(slots=True)
@@ -241,12 +247,12 @@ def _parse(payload: bytes) -> dict[str, Any]:
 
 
 def _sound_records_after(data: bytes, start: int) -> list[tuple[int, dict[str, Any]]]:
-    """Sound records found after a damaged one, resynchronised on whole frames."""
+    """Sound records found after a damaged one, resynchronised on whole frames of any record
+    type: a drop record between the damage and the next intent must not be lost."""
     found: list[tuple[int, dict[str, Any]]] = []
     at = start + 1
     while at + OVERHEAD <= len(data):
-        # Intents are what matters; other records are found from them onwards.
-        hit = data.find(_INTENT_START, at + HEADER_SIZE)
+        hit = data.find(_RECORD_START, at + HEADER_SIZE)
         if hit < 0:
             break
         candidate = hit - HEADER_SIZE
@@ -288,8 +294,9 @@ def scan_journal(path: str) -> Scan:
     if good_end < len(data):
         after = _sound_records_after(data, good_end)
         intents = sum(1 for _, r in after if r["t"] == "intent")
-        if intents:
-            scan.damage = Damage(good_end, problem, intents)
+        drops = sum(1 for _, r in after if r["t"] == "done" and r.get("dropped"))
+        if intents or drops:
+            scan.damage = Damage(good_end, problem, intents, drops)
             scan.salvage = [r for _, r in after]
     return scan
 
@@ -353,9 +360,9 @@ class Journal:
             d = scan.damage
             raise StateError(
                 self.path,
-                f"is damaged at byte {d.offset} ({d.detail}), and {d.intents_after} committed "
-                "intent(s) follow: this is not a torn tail, and cutting it would forget "
-                "committed positions",
+                f"is damaged at byte {d.offset} ({d.detail}), and durable records follow "
+                f"({d.intents_after} committed intent(s), {d.drops_after} drop(s)): this is not "
+                "a torn tail, and cutting it would forget committed positions",
                 _what_to_do(self.path),
             )
         intents: dict[int, Intent] = {}

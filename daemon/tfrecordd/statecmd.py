@@ -134,7 +134,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         d = scan.damage
         print(
             f"  DAMAGED at byte {d.offset} ({d.detail}); {d.intents_after} sound intent(s) "
-            "after it: `tfrecordd state repair` rebuilds it from every sound record"
+            f"and {d.drops_after} drop(s) after it: `tfrecordd state repair` rebuilds it from "
+            "every sound record"
         )
         code = EXIT_DATA
     elif scan.torn:

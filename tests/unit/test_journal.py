@@ -122,7 +122,7 @@ def test_random_corruption_is_a_torn_tail_only_where_no_intent_follows(tmp_path:
         # Each commit is two records (intent, done); the intact prefix ends before `pos`.
         intact = [e for e in ends if e <= pos]
         if len(intact) < len(ends) - 1:
-            with pytest.raises(StateError, match="intent\\(s\\) follow"):
+            with pytest.raises(StateError, match="durable records follow"):
                 recovered(tmp_path)
             assert (tmp_path / JOURNAL).read_bytes() == bytes(data)
             refused += 1
@@ -134,6 +134,48 @@ def test_random_corruption_is_a_torn_tail_only_where_no_intent_follows(tmp_path:
         torn += 1
     assert refused
     assert torn
+
+
+def _framed(*records: dict[str, Any]) -> bytes:
+    import orjson
+
+    from tfrecordd.framing import frame
+
+    return b"".join(frame(orjson.dumps(r)) for r in records)
+
+
+@pytest.mark.parametrize("then_intent", [True, False])
+def test_a_drop_after_damage_is_never_lost_to_a_resync(tmp_path: Path, then_intent: bool) -> None:
+    """A commit dropped at recovery (its in-progress file removed after the drop was durable),
+    then damage in a record written before the drop: the drop must survive ``state repair``,
+    or the commit reads as unfinished with no in-progress file, i.e. published and moved away,
+    and its events are acked without being in any shard. With no intent after the damage, the
+    drop alone proves it is damage rather than a torn tail."""
+    from tfrecordd.journal import scan_journal
+
+    j = journal(tmp_path)
+    j.recover()
+    commit(j, "s1", [tok("a", 10)])
+    seq = commit(j, "s2", [tok("a", 20)], done=False)
+    j.close()
+    good = (tmp_path / JOURNAL).read_bytes()
+    sources = _framed({"t": "sources", "types": {"spool": "directory"}})
+    bad = bytearray(sources)
+    bad[len(bad) // 2] ^= 0x20
+    tail = _framed({"t": "done", "seq": seq, "dropped": True})
+    if then_intent:
+        tail += _framed(
+            {"t": "intent", "seq": seq + 1, "shard": "s3", "positions": {"spool": [tok("a", 30)]}}
+        )
+    (tmp_path / JOURNAL).write_bytes(good + bytes(bad) + tail)
+    with pytest.raises(StateError, match="durable records follow"):
+        recovered(tmp_path)
+    scan = scan_journal(str(tmp_path / JOURNAL))
+    assert scan.damage is not None
+    (tmp_path / JOURNAL).write_bytes(_framed(*scan.records, *scan.salvage))  # as repair does
+    rec = recovered(tmp_path)
+    assert seq not in [i.seq for i in rec.unfinished]
+    assert rec.states == {"spool": {"a": 10}}
 
 
 def test_compaction_folds_into_a_checkpoint(tmp_path: Path) -> None:
