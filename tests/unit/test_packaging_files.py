@@ -249,7 +249,7 @@ def test_dockerfile_copies_everything_the_wheel_is_built_from(
         "pyproject.toml",
         project["project"]["readme"],
         "setup.py",
-        *project["tool"]["setuptools"]["package-dir"].values(),
+        *project["tool"]["setuptools"]["packages"]["find"]["where"],
     }
     copied = {
         src.rstrip("/") for word, args in stages[0] if word == "COPY" for src in args.split()[:-1]
@@ -435,3 +435,29 @@ def test_dependencies_run_without_writable_executable_memory() -> None:
     assert allowed.returncode == 0, allowed.stderr
     assert denied.returncode == 0, denied.stderr
     assert denied.stdout == allowed.stdout
+
+
+def test_the_version_is_written_once_and_the_changelog_has_it() -> None:
+    import importlib.metadata
+
+    import tfrecordd
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"]
+    assert project["project"]["dynamic"] == ["version"]
+    attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert attr == "tfrecordd.__version__"
+    assert importlib.metadata.version("tfrecordd") == tfrecordd.__version__
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog
+    assert re.search(
+        rf"^## \[{re.escape(tfrecordd.__version__)}\] - \d{{4}}-\d\d-\d\d$", changelog, re.M
+    )
+
+
+def test_pre_commit_runs_the_checks_the_test_script_runs() -> None:
+    hooks = (ROOT / ".pre-commit-config.yaml").read_text()
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    for tool in ("ruff check", "ruff format", "mypy"):
+        assert f"entry: {tool}" in hooks
+        assert f".venv/bin/{tool}" in script
