@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from tfrecordd.compression import Compression
+from tfrecordd.endpoints import METRICS_LISTEN
 from tfrecordd.errors import ConfigError
 from tfrecordd.pathcheck import check_paths
 from tfrecordd.plugin import EncoderConfig, Registry, SourceConfig
@@ -77,7 +78,7 @@ class MetricsSection(_Section):
 
     enabled: bool = True
     """Serve metrics at all."""
-    listen: str = "127.0.0.1:9464"
+    listen: str = METRICS_LISTEN
     """``host:port`` to listen on (``[::1]:9464`` for IPv6); loopback unless you choose else."""
 
     @field_validator("listen")
@@ -145,10 +146,6 @@ class DaemonConfig(_Section):
     """``[encoders.NAME]``: each validated by its plugin's model (``type``)."""
     path: Path | None = None
     """The file this config was read from, if any."""
-
-    def encoder_for(self, source: SourceConfig) -> EncoderConfig:
-        """The encoder config a source names."""
-        return self.encoders[source.encoder]
 
 
 class _Shape(_Section):

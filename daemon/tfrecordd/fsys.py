@@ -98,6 +98,23 @@ LOCAL = FileSystem()
 """The real local file system."""
 
 
+LOCAL_SCHEMES = ("file", "local")
+"""URL schemes that name the local file system (fsspec's two names for it)."""
+
+
+def is_url(location: str) -> bool:
+    """Whether ``location`` names a non-local fsspec file system (``s3://``, ``gs://``...):
+    plain paths and ``file://`` / ``local://`` URLs are local."""
+    scheme, sep, _ = location.partition("://")
+    return bool(sep) and scheme not in LOCAL_SCHEMES
+
+
+def local_path(location: str) -> str:
+    """The path a local ``location`` names: ``file:///x`` and ``local:///x`` are ``/x``."""
+    scheme, sep, rest = location.partition("://")
+    return rest if sep and scheme in LOCAL_SCHEMES else location
+
+
 def read_nofollow(path: str) -> bytes:
     """The whole content of the regular file ``path``, opened without following a symlink
     (``OSError`` ``ELOOP`` if it is one, ``EINVAL`` if it is not a regular file)."""

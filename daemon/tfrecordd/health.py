@@ -13,9 +13,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from tfrecordd.endpoints import HEALTH_URL
+
 __all__ = ["DEFAULT_URL", "check", "main_healthcheck"]
 
-DEFAULT_URL = "http://127.0.0.1:9464/healthz"
+DEFAULT_URL = HEALTH_URL
 """Where the daemon's metrics endpoint serves ``/healthz`` unless configured otherwise."""
 
 _MAX_BODY = 512

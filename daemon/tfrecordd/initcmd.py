@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tfrecordd.config import split_host_port
+from tfrecordd.endpoints import METRICS_LISTEN
 from tfrecordd.errors import EXIT_OK, OutputError
 
 __all__ = ["SOURCES", "add_commands", "starter_config"]
@@ -25,7 +26,7 @@ SOURCES = ("directory", "tcp", "redis-stream")
 
 DEFAULT_BASE = "tfrecordd-data"
 DEFAULT_OUTPUT = "tfrecordd.toml"
-DEFAULT_METRICS = "127.0.0.1:9464"
+DEFAULT_METRICS = METRICS_LISTEN
 
 _SAMPLE_EVENT = '{"id": 1, "text": "hello", "score": 0.5, "tags": ["a", "b"]}'
 

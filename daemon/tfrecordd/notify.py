@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Mapping
 from types import TracebackType
 
@@ -44,29 +43,16 @@ class SystemdNotifier:
         return self._address is not None
 
     def ready(self, status: str | None = None) -> bool:
-        """Tell systemd start-up is complete (``READY=1``); also sent when a reload has finished."""
+        """Tell systemd start-up is complete (``READY=1``)."""
         return self.notify("READY=1", *_status_field(status))
 
     def stopping(self, status: str | None = None) -> bool:
         """Tell systemd the daemon is shutting down (``STOPPING=1``)."""
         return self.notify("STOPPING=1", *_status_field(status))
 
-    def reloading(self, status: str | None = None) -> bool:
-        """Tell systemd a reload began (``RELOADING=1``); send :meth:`ready` when it is done."""
-        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        return self.notify("RELOADING=1", f"MONOTONIC_USEC={usec}", *_status_field(status))
-
     def watchdog(self) -> bool:
         """Reset systemd's watchdog timer (``WATCHDOG=1``)."""
         return self.notify("WATCHDOG=1")
-
-    def status(self, text: str) -> bool:
-        """Set the one-line status ``systemctl status`` shows (``STATUS=...``)."""
-        return self.notify(*_status_field(text))
-
-    def extend_timeout(self, seconds: float) -> bool:
-        """Ask for ``seconds`` more before systemd gives up on a start or stop in progress."""
-        return self.notify(f"EXTEND_TIMEOUT_USEC={max(0, round(seconds * 1_000_000))}")
 
     def watchdog_interval(self) -> float | None:
         """Seconds between two :meth:`watchdog` calls: half of systemd's ``WatchdogSec``.

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
-from tfrecordd.fsys import FileSystem
+from tfrecordd.fsys import FileSystem, is_url, local_path
 from tfrecordd.journal import Intent
 from tfrecordd.shards import FinishedShard, staging_dir
 from tfrecordd.writer import inprogress_name
@@ -159,19 +159,13 @@ def stage(fs: FileSystem, directory: str, name: str, parts: Iterable[bytes], *, 
     return tmp
 
 
-def is_url(location: str) -> bool:
-    """Whether ``location`` names a non-local fsspec file system (``s3://``, ``gs://``...)."""
-    scheme, sep, _ = location.partition("://")
-    return bool(sep) and scheme not in ("file", "local")
-
-
 def make_output(config: Any, fs: FileSystem, metrics: Any = None) -> Output:
     """The output of a :class:`~tfrecordd.config.DaemonConfig`: a local directory for paths
     and ``file://`` URLs, an fsspec file system for other URLs."""
     location: str = config.output.dir
     if not is_url(location):
         return LocalOutput(
-            location.removeprefix("file://"),
+            local_path(location),
             fs,
             node_id=config.daemon.node_id,
             fsync=config.output.fsync,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tfrecordd.output import is_url
+from tfrecordd.fsys import is_url, local_path
 
 if TYPE_CHECKING:
     from tfrecordd.config import DaemonConfig
@@ -45,7 +45,7 @@ def _uses(config: DaemonConfig) -> list[_Use]:
         staging = config.output.staging_dir or Path(config.daemon.state_dir) / "staging"
         uses.append(_Use("output.staging_dir", _absolute(staging), "daemon"))
     else:
-        local = location.removeprefix("file://").removeprefix("local://")
+        local = local_path(location)
         uses.append(_Use("output.dir", _absolute(local), "daemon"))
     for i, source in enumerate(config.sources):
         for d in source.directories():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import logging
 import pickle
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from itertools import accumulate
@@ -335,6 +335,3 @@ class Registry:
                     broken[f"{group}:{ep.name}"] = f"{type(e).__name__}: {e}"
                     log.warning("plugin %s (%s) failed to load: %s", ep.name, ep.value, e)
         return cls(found["tfrecordd.sources"], found["tfrecordd.encoders"], broken)
-
-
-AckCallback = Callable[[Sequence[Token]], Awaitable[None]]

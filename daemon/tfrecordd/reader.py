@@ -39,6 +39,7 @@ from tfrecordd.compression import (
 )
 from tfrecordd.errors import DecodeError, InputError
 from tfrecordd.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, iter_framed
+from tfrecordd.fsys import is_url, local_path
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -77,10 +78,6 @@ def _name(source: Source) -> str:
         return os.fspath(source)
     name = getattr(source, "name", None)
     return name if isinstance(name, str) else "<stream>"
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
 
 
 def _open_local(path: str) -> BinaryIO:
@@ -147,10 +144,10 @@ def iter_records_with_offsets(
     with ExitStack() as stack:
         if isinstance(source, str | os.PathLike):
             path = os.fspath(source)
-            if _is_url(path):
+            if is_url(path):
                 stream = _open_url(path, storage_options)
             else:
-                stream = _open_local(path.removeprefix("file://"))
+                stream = _open_local(local_path(path))
             stack.callback(stream.close)
         else:
             stream = source

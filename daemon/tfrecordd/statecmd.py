@@ -34,7 +34,7 @@ from tfrecordd.errors import (
     StateError,
 )
 from tfrecordd.framing import frame
-from tfrecordd.fsys import LOCAL, write_atomically
+from tfrecordd.fsys import LOCAL, is_url, local_path, write_atomically
 from tfrecordd.journal import (
     CHECKPOINT,
     JOURNAL,
@@ -44,7 +44,6 @@ from tfrecordd.journal import (
     read_checkpoint,
     scan_journal,
 )
-from tfrecordd.output import is_url
 from tfrecordd.shards import staged_path, staging_dir
 
 
@@ -67,7 +66,7 @@ def _state_dir(args: argparse.Namespace) -> tuple[str, dict[str, str], tuple[str
     node's staging folder in it."""
     config = load_config(args.config)
     out = str(config.output.dir)
-    local = None if is_url(out) else out.removeprefix("file://")
+    local = None if is_url(out) else local_path(out)
     where = None if local is None else (local, staging_dir(local, config.daemon.node_id))
     return str(config.daemon.state_dir), {s.name: s.type for s in config.sources}, where
 

@@ -34,12 +34,13 @@ from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tfrecordd.endpoints import METRICS_URL
 from tfrecordd.errors import EXIT_FAILURE, EXIT_OK
 from tfrecordd.units import parse_duration
 
 __all__ = ["DEFAULT_URL", "Snapshot", "add_commands", "scrape", "view"]
 
-DEFAULT_URL = "http://127.0.0.1:9464/metrics"
+DEFAULT_URL = METRICS_URL
 """Where the daemon serves its metrics unless configured otherwise."""
 
 _CLEAR = "\x1b[H\x1b[2J"

@@ -10,7 +10,7 @@ source stops promptly when cancelled.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,10 +124,3 @@ def _check_batches(ctx: RecordingContext, source: Source) -> None:
     if json.dumps(once, sort_keys=True) != json.dumps(twice, sort_keys=True):
         raise ContractError("fold is not idempotent")
     json.dumps(once)
-
-
-def registered_source_types() -> Sequence[str]:
-    """Every source type registered through entry points."""
-    from tfrecordd.plugin import Registry
-
-    return sorted(Registry.from_entry_points().sources)

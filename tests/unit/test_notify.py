@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,8 +47,8 @@ def test_path_socket_receives_each_message(path_socket: tuple[str, socket.socket
         assert _recv(sock) == "READY=1"
         assert notifier.watchdog()
         assert _recv(sock) == "WATCHDOG=1"
-        assert notifier.status("draining 3 shards")
-        assert _recv(sock) == "STATUS=draining 3 shards"
+        assert notifier.stopping("draining 3 shards")
+        assert _recv(sock) == "STOPPING=1\nSTATUS=draining 3 shards"
         assert notifier.stopping()
         assert _recv(sock) == "STOPPING=1"
 
@@ -63,30 +62,11 @@ def test_abstract_socket_receives_messages(abstract_socket: tuple[str, socket.so
         assert _recv(sock) == "WATCHDOG=1"
 
 
-def test_reloading_carries_a_monotonic_timestamp(path_socket: tuple[str, socket.socket]) -> None:
-    address, sock = path_socket
-    with SystemdNotifier({"NOTIFY_SOCKET": address}) as notifier:
-        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        assert notifier.reloading()
-        fields = _recv(sock).split("\n")
-    assert fields[0] == "RELOADING=1"
-    key, _, value = fields[1].partition("=")
-    assert key == "MONOTONIC_USEC"
-    assert int(value) >= before
-
-
-def test_extend_timeout_is_in_microseconds(path_socket: tuple[str, socket.socket]) -> None:
-    address, sock = path_socket
-    with SystemdNotifier({"NOTIFY_SOCKET": address}) as notifier:
-        assert notifier.extend_timeout(2.5)
-        assert _recv(sock) == "EXTEND_TIMEOUT_USEC=2500000"
-
-
 def test_status_cannot_inject_other_fields(path_socket: tuple[str, socket.socket]) -> None:
     address, sock = path_socket
     with SystemdNotifier({"NOTIFY_SOCKET": address}) as notifier:
-        assert notifier.status("bad\nREADY=1")
-        assert _recv(sock) == "STATUS=bad READY=1"
+        assert notifier.stopping("bad\nREADY=1")
+        assert _recv(sock) == "STOPPING=1\nSTATUS=bad READY=1"
 
 
 def test_unset_socket_is_a_no_op() -> None:
@@ -94,7 +74,7 @@ def test_unset_socket_is_a_no_op() -> None:
     assert not notifier.enabled
     assert not notifier.ready()
     assert not notifier.watchdog()
-    assert not notifier.status("x")
+    assert not notifier.stopping("x")
     assert notifier.watchdog_interval() is None
 
 
