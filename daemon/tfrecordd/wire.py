@@ -29,11 +29,13 @@ from tfrecordd.errors import EncodeError
 __all__ = [
     "INT64_MAX",
     "INT64_MIN",
+    "BytesEntryHead",
     "ExampleWriter",
     "FeatureType",
     "SequenceExampleWriter",
     "clipped",
     "describe",
+    "example_head",
     "map_entries",
     "varint",
 ]
@@ -71,6 +73,12 @@ def varint(n: int) -> bytes:
 
 
 _varint = varint
+
+
+def example_head(n: int) -> bytes:
+    """What precedes ``n`` bytes of ``feature`` map entries in a serialized ``Example`` (its
+    ``features`` field's tag and length): the inverse of :func:`map_entries`."""
+    return b"\x0a" + varint(n)
 
 
 def map_entries(example: bytes) -> bytes:
@@ -261,6 +269,22 @@ class _StepHeads(_Heads):
         if n < _HEADS_CACHED:
             self[n] = head
         return head
+
+
+class BytesEntryHead:
+    """Everything of the map entry of a one-value bytes feature ``key`` that precedes the value's
+    ``n`` bytes (``head(n) + value`` is the entry :class:`ExampleWriter` writes): lets a caller
+    splice a large value into a record without copying it into a list first."""
+
+    __slots__ = ("_heads",)
+
+    def __init__(self, key: str) -> None:
+        kind_tag, packed, _ = _PAYLOAD[FeatureType.BYTES]
+        self._heads = _Heads(key.encode(), kind_tag, packed)
+
+    def __call__(self, n: int) -> bytes:
+        value = _varint(n)
+        return self._heads[1 + len(value) + n] + b"\x0a" + value
 
 
 def _compile(

@@ -349,3 +349,20 @@ def test_int64_out_of_range_far_beyond_the_digit_limit_is_refused() -> None:
         ExampleWriter([("n", FeatureType.INT64)]).encode([[10**5000]])
     assert info.value.feature == "n"
     assert info.value.reason == "int64 out of range: <int of 16610 bits>"
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 1000, 16383, 16384, 100_000, 3_000_000])
+def test_a_bytes_entry_head_is_what_the_writer_puts_before_the_value(n: int) -> None:
+    from tfrecordd.wire import (
+        BytesEntryHead,
+        ExampleWriter,
+        FeatureType,
+        example_head,
+        map_entries,
+    )
+
+    value = bytes(range(256)) * (n // 256) + bytes(n % 256)
+    for key in ("image/encoded", "k", "ü" * 70):
+        written = map_entries(ExampleWriter([(key, FeatureType.BYTES)]).encode([[value]]))
+        assert BytesEntryHead(key)(n) + value == written
+        assert map_entries(example_head(len(written)) + written) == written

@@ -46,10 +46,11 @@ from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
 from tfrecordd.wire import (
     INT64_MAX,
     INT64_MIN,
+    BytesEntryHead,
     ExampleWriter,
     FeatureType,
+    example_head,
     map_entries,
-    varint,
 )
 
 __all__ = [
@@ -428,30 +429,8 @@ class ImageEncoderConfig(EncoderConfig):
         return out
 
 
-_ENCODED_KEY = b"\x0a" + varint(len(ENCODED.encode())) + ENCODED.encode()
-
-
-def _encoded_head(n: int) -> bytes:
-    """What precedes the ``n`` bytes of a file in the ``image/encoded`` map entry: entry tag and
-    length, key, ``Feature`` tag and length, ``BytesList`` tag and length, value tag and length,
-    as :class:`~tfrecordd.wire.ExampleWriter` writes them."""
-    value = varint(n)
-    bytes_list = varint(1 + len(value) + n)
-    feature = varint(2 + len(bytes_list) + len(value) + n)
-    entry = len(_ENCODED_KEY) + 3 + len(feature) + len(bytes_list) + len(value) + n
-    return b"".join(
-        (
-            b"\x0a",
-            varint(entry),
-            _ENCODED_KEY,
-            b"\x12",
-            feature,
-            b"\x0a",
-            bytes_list,
-            b"\x0a",
-            value,
-        )
-    )
+_encoded_head = BytesEntryHead(ENCODED)
+"""What precedes a file's bytes in its ``image/encoded`` map entry."""
 
 
 # The Example's map entries are written in the order of their keys: the entries of the features
@@ -525,7 +504,7 @@ class ImageEncoder(Encoder):
         name = map_entries(self._name.encode([[filename]]))
         head = _encoded_head(len(data))
         size = len(before) + len(head) + len(data) + len(name) + len(after)
-        return b"".join((b"\x0a", varint(size), before, head, data, name, after))
+        return b"".join((example_head(size), before, head, data, name, after))
 
     def _read(self, ev: RawEvent) -> tuple[bytes, str, int, int, int, str, str, int | None]:
         """The file's bytes, format, width, height and channels, name, folder and label."""
