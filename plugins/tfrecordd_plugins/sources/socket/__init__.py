@@ -59,10 +59,10 @@ from tfrecordd.config import split_host_port
 from tfrecordd.errors import OutputError
 from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
 from tfrecordd.units import Duration, Size
+from tfrecordd_plugins.sources.socket.framing import Deframer, Frame, ack_reply, reject_reply
 
 log = logging.getLogger(__name__)
 
-_REJECTED_BIT = 1 << 63
 _MAX_NOTICES = 64
 _ACCEPT_BACKLOG = 128
 _FINAL_ACK_TIMEOUT = 2.0
@@ -167,107 +167,6 @@ class UdpSourceConfig(SourceConfig):
         return UdpSource(self)
 
 
-# -- framing ---------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Frame:
-    payload: bytes
-    error: str | None = None
-
-
-class _Deframer:
-    """Splits a byte stream into frames, holding at most one unfinished frame."""
-
-    def __init__(self, framing: str, max_frame: int) -> None:
-        self.lines = framing == "lines"
-        self.max = max_frame
-        self.buf = bytearray()
-        self.head: bytearray | None = None  # first bytes of an oversized frame being skipped
-        self.size = 0  # that frame's length: announced (length-prefixed) or seen so far (lines)
-        self.skip = 0  # length-prefixed: bytes of that frame still to skip
-
-    def partial(self) -> bool:
-        """True while a frame has begun and not ended."""
-        return bool(self.buf) or self.head is not None
-
-    def feed(self, data: bytes) -> list[_Frame]:
-        self.buf += data
-        out: list[_Frame] = []
-        if self.lines:
-            self._lines(out)
-        else:
-            self._prefixed(out)
-        return out
-
-    def _too_long(self, head: bytes | bytearray, size: int) -> _Frame:
-        return _Frame(
-            bytes(head),
-            f"frame of {size} bytes is over max_frame_bytes ({self.max}); first bytes kept",
-        )
-
-    def _lines(self, out: list[_Frame]) -> None:
-        buf, start = self.buf, 0
-        while (nl := buf.find(b"\n", start)) >= 0:
-            if self.head is not None:
-                out.append(self._too_long(self.head, self.size + nl - start))
-                self.head = None
-            elif nl - start > self.max:
-                out.append(self._too_long(buf[start : start + self.max], nl - start))
-            else:
-                out.append(_Frame(bytes(buf[start:nl])))
-            start = nl + 1
-        del buf[:start]
-        if self.head is not None:
-            self.size += len(buf)
-            buf.clear()
-        elif len(buf) > self.max:
-            self.head, self.size = buf[: self.max], len(buf)
-            buf.clear()
-
-    def _prefixed(self, out: list[_Frame]) -> None:
-        buf, pos = self.buf, 0
-        while True:
-            if self.head is not None:
-                n = min(self.skip, len(buf) - pos)
-                self.head += buf[pos : pos + min(n, self.max - len(self.head))]
-                pos += n
-                self.skip -= n
-                if self.skip:
-                    break
-                out.append(self._too_long(self.head, self.size))
-                self.head = None
-                continue
-            if len(buf) - pos < 4:
-                break
-            (size,) = struct.unpack_from(">I", buf, pos)
-            pos += 4
-            if size > self.max:
-                self.head, self.size, self.skip = bytearray(), size, size
-                continue
-            if len(buf) - pos < size:
-                pos -= 4
-                break
-            out.append(_Frame(bytes(buf[pos : pos + size])))
-            pos += size
-        del buf[:pos]
-
-    def end(self, why: str) -> _Frame | None:
-        """The unfinished frame, if any, as a dead letter (the connection ended or stalled)."""
-        if self.head is not None:
-            frame = self._too_long(self.head, self.size)
-            self.head = None
-            self.buf.clear()
-            return frame
-        if not self.buf:
-            return None
-        got = len(self.buf)
-        body = self.buf if self.lines or got <= 4 else self.buf[4:]
-        frame = _Frame(bytes(body[: self.max]), f"unfinished frame ({got} bytes): {why}")
-        self.buf.clear()
-        return frame
-
-
 # -- stream sockets --------------------------------------------------------------------------
 
 
@@ -276,7 +175,7 @@ class _Conn:
     id: int
     sock: socket.socket
     peer: str
-    deframer: _Deframer
+    deframer: Deframer
     active_at: float = field(default_factory=time.monotonic)
     """When the connection was accepted or last sent an event (blank lines do not count)."""
     seq: int = 0
@@ -460,7 +359,7 @@ class _StreamSource(Source):
             self._next_id,
             sock,
             self._peer(sock, addr),
-            _Deframer(cfg.framing, cfg.max_frame_bytes),
+            Deframer(cfg.framing, cfg.max_frame_bytes),
             budgeted=budgeted,
         )
         self._conns[conn.id] = conn
@@ -492,13 +391,13 @@ class _StreamSource(Source):
                 self._close(conn)
 
     def _queue_replies(self, conn: _Conn) -> None:
-        lines = self.config.framing == "lines"
+        framing = self.config.framing
         while conn.notices:
             n, reason = conn.notices.popleft()
-            conn.out += f"ERR {n} {reason}\n".encode() if lines else _u64(n | _REJECTED_BIT)
+            conn.out += reject_reply(framing, n, reason)
         if conn.acked > conn.told:
             conn.told = conn.acked
-            conn.out += f"ACK {conn.told}\n".encode() if lines else _u64(conn.told)
+            conn.out += ack_reply(framing, conn.told)
 
     async def _write_loop(self, conn: _Conn, scope: anyio.CancelScope) -> None:
         """Writes notices and acks; after a clean end of input, until every frame is acked."""
@@ -566,7 +465,7 @@ class _StreamSource(Source):
             await self._emit(ctx, conn, frames, None)
 
     async def _emit(
-        self, ctx: SourceContext, conn: _Conn, frames: list[_Frame], last: _Frame | None
+        self, ctx: SourceContext, conn: _Conn, frames: list[Frame], last: Frame | None
     ) -> None:
         """Numbers the frames and sends them in batches within the context's limits."""
         if last is not None:
@@ -597,10 +496,6 @@ class _StreamSource(Source):
                     events, size = [], 0
         finally:
             conn.sending = False
-
-
-def _u64(n: int) -> bytes:
-    return n.to_bytes(8, "big")
 
 
 async def _recv(sock: socket.socket, size: int) -> bytes:
