@@ -27,7 +27,6 @@ from tfrecordd.errors import ConfigError, OutputError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent, Registry
 from tfrecordd.runtime import Daemon
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
-from tfrecordd_plugins.sources import socket as socket_source
 from tfrecordd_plugins.sources.socket import (
     TcpSource,
     TcpSourceConfig,
@@ -36,6 +35,7 @@ from tfrecordd_plugins.sources.socket import (
     UnixSource,
     UnixSourceConfig,
 )
+from tfrecordd_plugins.sources.socket.connection import recv
 
 pytestmark = pytest.mark.anyio
 
@@ -883,6 +883,6 @@ async def test_a_read_cut_short_by_a_timeout_loses_no_bytes() -> None:
         b.sendall(b'{"id": 1}\n')
         got: bytes | None = None
         with anyio.move_on_after(0):
-            got = await socket_source._recv(a, 1024)
+            got = await recv(a, 1024)
         assert got is None
         assert a.recv(1024) == b'{"id": 1}\n'

@@ -50,7 +50,7 @@ from tfrecordd_plugins.sources.redis_stream import (
     RedisStreamSourceConfig,
     _Entry,
 )
-from tfrecordd_plugins.sources.socket import _Deframer
+from tfrecordd_plugins.sources.socket.framing import Deframer
 
 settings.register_profile(
     "reliability",
@@ -201,7 +201,7 @@ def test_stream_framing_of_any_bytes_in_any_chunks(
     """Frames do not depend on how TCP cut the bytes; over-long frames carry a reason."""
 
     def frames(chunks: list[bytes]) -> list[tuple[bytes, str | None]]:
-        d = _Deframer(framing, 64)
+        d = Deframer(framing, 64)
         out = [f for c in chunks for f in d.feed(c)]
         end = d.end("connection closed")
         if end is not None:
