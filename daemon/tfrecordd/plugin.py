@@ -211,6 +211,15 @@ class Source(abc.ABC):
         del tokens
         return state
 
+    @staticmethod
+    def compact(tokens: list[Token]) -> list[Token]:
+        """Merge the tokens of one commit into fewer (called each time the open shard takes a
+        batch, with its tokens so far and the new one last). Must cover exactly what ``tokens``
+        do: acking the result acks what acking ``tokens`` would, and folding it gives what
+        folding them would; and compacting again changes nothing. Default: ``tokens`` as
+        they are."""
+        return tokens
+
     async def aclose(self) -> None:  # noqa: B027
         """Release resources; called once after ``run`` has ended."""
 

@@ -868,7 +868,9 @@ class Daemon:
                 written = len(run)
             unit = self._unit
             for batch in run[:written]:
-                unit.tokens.setdefault(batch.source, []).append(batch.token)
+                tokens = unit.tokens.setdefault(batch.source, [])
+                tokens.append(batch.token)
+                unit.tokens[batch.source] = self.sources[batch.source].compact(tokens)
                 unit.events[batch.source] = unit.events.get(batch.source, 0) + batch.events
             if unit.first_at is None:
                 unit.first_at = time.monotonic()
