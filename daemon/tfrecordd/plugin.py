@@ -6,9 +6,10 @@ config file. The built-ins register exactly the way a third-party package does.
 
 Delivery works by acknowledgement tokens. Each :class:`RawBatch` a source sends carries one
 JSON-serializable ``token`` describing the positions it covers. The daemon journals the tokens
-with the shard that holds the batch's records, and calls :meth:`Source.ack` with them only after
-that shard is published and durable. After a crash, :meth:`Source.recover` receives the folded
-state of everything committed and the tokens whose acks must be redone.
+(merged by :meth:`Source.compact`) with the shard that holds the batch's records, and calls
+:meth:`Source.ack` with them only after that shard is published and durable. After a crash,
+:meth:`Source.recover` receives the folded state of everything committed and the tokens whose
+acks must be redone.
 """
 
 from __future__ import annotations
