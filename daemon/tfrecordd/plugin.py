@@ -214,11 +214,12 @@ class Source(abc.ABC):
 
     @staticmethod
     def compact(tokens: list[Token]) -> list[Token]:
-        """Merge the tokens of one commit into fewer (called each time the open shard takes a
-        batch, with its tokens so far and the new one last). Must cover exactly what ``tokens``
-        do: acking the result acks what acking ``tokens`` would, and folding it gives what
-        folding them would; and compacting again changes nothing. Default: ``tokens`` as
-        they are."""
+        """Merge the tokens of one commit into fewer. The daemon calls it as the open shard
+        takes batches (with the tokens so far, the newest last, each time their count has doubled
+        since the last call), so that a shard's tokens stay few in memory and in the journal. Must
+        cover exactly what ``tokens`` do: acking the result acks what acking ``tokens`` would,
+        and folding it gives what folding them would; and compacting again changes nothing.
+        Default: ``tokens`` as they are."""
         return tokens
 
     async def aclose(self) -> None:  # noqa: B027
