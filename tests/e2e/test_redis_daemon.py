@@ -370,8 +370,8 @@ def test_two_daemons_killed_at_commit_points_never_ack_each_others_entries(
         written[node] |= {record_id(rec) for rec in read_shard(shard)}
     merged = 0
     for n in nodes:
-        for shard, items in journal_ranges(tmp_path / n / "state"):
-            if not (tmp_path / "shards" / shard).exists():
+        for name, items in journal_ranges(tmp_path / n / "state"):
+            if not (tmp_path / "shards" / name).exists():
                 continue
             for item in items:
                 low, high = (item, item) if isinstance(item, str) else (item[0], item[1])
