@@ -6,9 +6,10 @@ config file. The built-ins register exactly the way a third-party package does.
 
 Delivery works by acknowledgement tokens. Each :class:`RawBatch` a source sends carries one
 JSON-serializable ``token`` describing the positions it covers. The daemon journals the tokens
-with the shard that holds the batch's records, and calls :meth:`Source.ack` with them only after
-that shard is published and durable. After a crash, :meth:`Source.recover` receives the folded
-state of everything committed and the tokens whose acks must be redone.
+(merged by :meth:`Source.compact`) with the shard that holds the batch's records, and calls
+:meth:`Source.ack` with them only after that shard is published and durable. After a crash,
+:meth:`Source.recover` receives the folded state of everything committed and the tokens whose
+acks must be redone.
 """
 
 from __future__ import annotations
@@ -210,6 +211,16 @@ class Source(abc.ABC):
         crash)."""
         del tokens
         return state
+
+    @staticmethod
+    def compact(tokens: list[Token]) -> list[Token]:
+        """Merge the tokens of one commit into fewer. The daemon calls it as the open shard
+        takes batches (with the tokens so far, the newest last, each time their count has doubled
+        since the last call), so that a shard's tokens stay few in memory and in the journal. Must
+        cover exactly what ``tokens`` do: acking the result acks what acking ``tokens`` would,
+        and folding it gives what folding them would; and compacting again changes nothing.
+        Default: ``tokens`` as they are."""
+        return tokens
 
     async def aclose(self) -> None:  # noqa: B027
         """Release resources; called once after ``run`` has ended."""

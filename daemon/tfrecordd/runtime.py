@@ -261,6 +261,8 @@ class _Unit:
 
     shard: OpenShard | None = None
     tokens: dict[str, list[Token]] = field(default_factory=dict)
+    compacted: dict[str, int] = field(default_factory=dict)
+    """How many tokens each source had after its tokens were last compacted."""
     events: dict[str, int] = field(default_factory=dict)
     first_at: float | None = None
     intent: Intent | None = None
@@ -881,7 +883,13 @@ class Daemon:
                 written = len(run)
             unit = self._unit
             for batch in run[:written]:
-                unit.tokens.setdefault(batch.source, []).append(batch.token)
+                tokens = unit.tokens.setdefault(batch.source, [])
+                tokens.append(batch.token)
+                if len(tokens) >= 2 * unit.compacted.get(batch.source, 1):
+                    # Merged each time they double: a constant cost per batch, amortized.
+                    tokens = self.sources[batch.source].compact(tokens)
+                    unit.tokens[batch.source] = tokens
+                    unit.compacted[batch.source] = max(1, len(tokens))
                 unit.events[batch.source] = unit.events.get(batch.source, 0) + batch.events
             if unit.first_at is None:
                 unit.first_at = time.monotonic()

@@ -3,8 +3,9 @@
 :func:`check_source` runs a source the way the daemon does, against a recording context, and
 checks the contract every source keeps: the events that the outside world delivered arrive
 (payloads intact, each exactly once, in order per producer), batches respect the context's
-limits, tokens are JSON-serializable, ``fold`` is idempotent, ``ack`` may be repeated, and the
-source stops promptly when cancelled.
+limits, tokens are JSON-serializable, ``fold`` is idempotent, ``compact`` keeps what the tokens
+cover (acking what it gives, as the daemon does, leaves nothing to read again) and is
+idempotent, ``ack`` may be repeated, and the source stops promptly when cancelled.
 """
 
 from __future__ import annotations
@@ -66,9 +67,12 @@ async def check_source(
     events: int = 25,
     wait: float = 20.0,
     ordered: bool = True,
+    settle: float = 1.0,
 ) -> RecordingContext:
     """Run ``config``'s source, deliver ``events`` events through ``produce``, and check the
-    contract, waiting up to ``wait`` seconds for the events. Returns the context for further
+    contract, waiting up to ``wait`` seconds for the events. Then ack the tokens, compacted
+    the way the daemon compacts them, and run a new source from the folded state for
+    ``settle`` seconds: it must send none of the events again. Returns the context for further
     checks; raises :class:`ContractError`."""
     source = config.build()
     if not isinstance(source, Source):
@@ -99,9 +103,57 @@ async def check_source(
             await source.aclose()
     _check_batches(ctx, source)
     tokens = [b.token for b in ctx.batches]
-    await source.ack(tokens)
-    await source.ack(tokens)
+    compacted = _check_compact(source, tokens)
+    await source.ack(compacted)
+    await source.ack(compacted)
+    await _check_nothing_again(config, ctx, type(source).fold(None, compacted), settle)
     return ctx
+
+
+def _check_compact(source: Source, tokens: list[Any]) -> list[Any]:
+    """What the daemon journals and acks for ``tokens``: each batch's token added to the
+    compacted ones before it."""
+    compact = type(source).compact
+    step: list[Any] = []
+    for token in tokens:
+        step = compact([*step, token])
+    try:
+        step = json.loads(json.dumps(step))
+    except (TypeError, ValueError) as e:
+        raise ContractError(f"compact gave tokens that are not JSON-serializable: {e}") from e
+    whole = compact(list(tokens))
+    again = compact(list(step))
+    if json.dumps(again, sort_keys=True) != json.dumps(step, sort_keys=True):
+        raise ContractError("compact is not idempotent")
+    fold = type(source).fold
+    folded = json.dumps(fold(None, tokens), sort_keys=True)
+    for got in (step, whole):
+        if json.dumps(fold(None, got), sort_keys=True) != folded:
+            raise ContractError("folding compacted tokens differs from folding the tokens")
+    return step
+
+
+async def _check_nothing_again(
+    config: SourceConfig, ctx: RecordingContext, state: Any, settle: float
+) -> None:
+    """A new source that recovers from what was acked sends none of its events again."""
+    source = config.build()
+    again = RecordingContext(name=config.name, state_dir=ctx.state_dir)
+    await source.recover(state, [])
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(source.run, again)
+            await anyio.sleep(settle)
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.fail_after(10, shield=True):
+            await source.aclose()
+    repeated = set(again.payloads()) & set(ctx.payloads())
+    if repeated:
+        raise ContractError(
+            f"{len(repeated)} acked events were sent again (acked as compacted): "
+            f"{sorted(repeated)[:3]}"
+        )
 
 
 def _check_batches(ctx: RecordingContext, source: Source) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import io
 import random
 import signal
 import time
@@ -21,10 +23,12 @@ from tests.support import (
     dead_letters,
     movie_event,
     read_shard,
+    record_id,
     run_clean_until,
     shard_files,
     wait_for,
 )
+from tfrecordd.framing import iter_framed
 
 STREAM, GROUP = "events", "tfrecordd"
 CRASH_POINTS = [
@@ -295,3 +299,85 @@ def test_a_deleted_consumer_group_stops_the_daemon_and_resumes_where_committed(
     r.xgroup_create(STREAM, GROUP, last, mkstream=True)
     finish(cfg, r)
     assert_exactly_once(tmp_path / "shards", first | second)
+
+
+def journal_ranges(state: Path) -> list[tuple[str, list[Any]]]:
+    """``(shard, items)`` of every intent in a daemon's journal."""
+    data = (state / "journal").read_bytes()
+    intents = [orjson.loads(p) for _, p in iter_framed(io.BytesIO(data), "journal")]
+    return [
+        (rec["shard"], [t for token in rec["positions"].get("events", []) for t in token])
+        for rec in intents
+        if rec["t"] == "intent" and rec["shard"]
+    ]
+
+
+def test_two_daemons_killed_at_commit_points_never_ack_each_others_entries(
+    tmp_path: Path, redis_server: RedisServer, r: Redis
+) -> None:
+    """Two daemons of one group read a stream in turns (small batches) and are killed at random
+    commit points: the ranges each merges never span an entry the other read."""
+    rng = random.Random(20261125)
+    nodes = ("a", "b")
+    configs = {
+        n: write_redis_config(
+            tmp_path / n,
+            redis_server.url,
+            daemon={"node_id": n, "state_dir": tmp_path / n / "state", "max_batch_events": 10},
+            output={"dir": tmp_path / "shards", "max_shard_records": 120, "max_shard_age": "200ms"},
+            features={"id": "int64"},
+        )
+        for n in nodes
+    }
+    expected: set[int] = set()
+    crashed = 0
+    for round_ in range(6):
+        first = round_ * 3000
+        xadd(r, [b'{"id": %d}' % i for i in range(first, first + 3000)])
+        expected |= set(range(first, first + 3000))
+        armed = {n: f"{rng.choice(CRASH_POINTS)}:{rng.randint(1, 6)}" for n in nodes}
+        daemons = [DaemonProcess(configs[n], env={"TFRECORDD_CRASH_AT": armed[n]}) for n in nodes]
+        try:
+            wait_for(
+                lambda ds=daemons: all(d.proc.poll() is not None for d in ds) or drained(r), 60
+            )
+            crashed += sum(d.proc.poll() == 137 for d in daemons)
+        finally:
+            for d in daemons:
+                d.kill()
+    assert crashed >= 6, f"only {crashed} of 12 runs reached their crash point"
+    # Both run again, clean, until the stream is drained: each rereads its own pending entries
+    # and redoes the acks of its published commits.
+    finishing = [DaemonProcess(configs[n]) for n in nodes]
+    try:
+        for d in finishing:
+            d.wait_started()
+        wait_for(lambda: drained(r), 60)
+        for d in finishing:
+            assert d.stop() == 0, d.output()
+    finally:
+        for d in finishing:
+            d.kill()
+    assert_exactly_once(tmp_path / "shards", expected)
+    assert r.xpending_range(STREAM, GROUP, "-", "+", 10) == []
+
+    entries: Any = r.xrange(STREAM)
+    keys = [tuple(map(int, e[0].decode().split("-"))) for e in entries]
+    event_id = [orjson.loads(e[1][b"data"])["id"] for e in entries]
+    written: dict[str, set[int | None]] = {n: set() for n in nodes}
+    for shard in shard_files(tmp_path / "shards"):
+        node = "a" if "-a-" in shard.name else "b"
+        written[node] |= {record_id(rec) for rec in read_shard(shard)}
+    merged = 0
+    for n in nodes:
+        for name, items in journal_ranges(tmp_path / n / "state"):
+            if not (tmp_path / "shards" / name).exists():
+                continue
+            for item in items:
+                low, high = (item, item) if isinstance(item, str) else (item[0], item[1])
+                lo, hi = (tuple(map(int, x.split("-"))) for x in (low, high))
+                start, end = bisect.bisect_left(keys, lo), bisect.bisect_right(keys, hi)
+                inside = {event_id[k] for k in range(start, end)}
+                assert inside <= written[n], f"{n}'s range {item} holds the other's entries"
+                merged += end - start > 10
+    assert merged, "some ranges merged batches"

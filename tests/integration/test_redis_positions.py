@@ -13,7 +13,7 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from tests.integration.test_redis_source import GROUP, STREAM, run_until, until, xadd
+from tests.integration.test_redis_source import GROUP, STREAM, pending, run_until, until, xadd
 from tests.redis_server import RedisServer, write_redis_config
 from tests.support import movie_event, read_ids
 from tfrecordd.config import load_config
@@ -21,8 +21,10 @@ from tfrecordd.errors import EXIT_UNAVAILABLE, SourceLostError
 from tfrecordd.framing import iter_framed
 from tfrecordd.fsys import LOCAL
 from tfrecordd.journal import Journal
+from tfrecordd.plugin import RawBatch
 from tfrecordd.runtime import Daemon
-from tfrecordd_plugins.sources.redis_stream import RedisStreamSource
+from tfrecordd.testing import RecordingContext
+from tfrecordd_plugins.sources.redis_stream import RedisStreamSource, RedisStreamSourceConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -102,7 +104,12 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
         source = daemon.sources["events"]
         assert isinstance(source, RedisStreamSource)
 
+        held: list[int] = []
+
         async def all_read() -> bool:
+            # What the open shard's positions hold in memory, in the daemon and in the source.
+            held.append(sum(map(len, daemon._unit.tokens.values())))
+            held.append(len(source._inflight))
             return bool((await r.xinfo_groups(STREAM))[0]["lag"] == 0)
 
         # The shard is published (and its entries acked) by the drain.
@@ -115,10 +122,13 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
     assert len(intents) == 1, "one shard holds every entry"
     tokens = intents[0]["positions"]["events"]
     size = len(orjson.dumps(intents[0]["positions"]))
-    # One range per batch (batches of max_batch_events = 1000): not one ID per entry (3.6 MB).
-    assert len(tokens) <= n // 1000 + 5
+    # 200 batches (of max_batch_events = 1000) read back to back by one consumer: their
+    # ranges merge into a few, whatever the shard's size (not one ID per entry: 3.6 MB; not
+    # one range per batch: 8.7 KB).
+    assert len(tokens) <= 3, tokens
     assert all(len(t) == 1 and isinstance(t[0], list) for t in tokens)
-    assert size < 20 * 1024, f"{size} bytes of positions for {n} entries"
+    assert size < 256, f"{size} bytes of positions for {n} entries"
+    assert max(held) <= 3, f"up to {max(held)} ranges held for the open shard"
     assert len(source._inflight) == 0
 
 
@@ -296,3 +306,74 @@ async def test_claimed_entries_between_entries_in_flight_get_ranges_of_their_own
 
 def _k(entry_id: str) -> tuple[int, ...]:
     return tuple(map(int, entry_id.split("-")))
+
+
+class _Interleaved(RecordingContext):
+    """After each batch the source sends, another consumer of the group reads ``theirs``
+    entries as new (``0``: it reads nothing): the two consumers' reads interleave."""
+
+    def __init__(self, r: Redis, theirs: int) -> None:
+        super().__init__(name="events", max_batch_events=10)
+        self.r, self.theirs = r, theirs
+
+    async def send(self, batch: RawBatch) -> None:
+        self.batches.append(batch)
+        if self.theirs:
+            await self.r.xreadgroup(GROUP, "other", {STREAM: ">"}, count=self.theirs)
+
+
+async def _read_interleaved(url: str, r: Redis, theirs: int, n: int) -> list[Any]:
+    """Run a bare source until the group has handed out all ``n`` entries; its tokens."""
+    source = RedisStreamSourceConfig(
+        name="events", url=url, stream=STREAM, encoder="movies", block=0.05
+    ).build()
+    ctx = _Interleaved(r, theirs)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(source.run, ctx)
+            await until(lambda: _lag(r, 0))
+            tg.cancel_scope.cancel()
+        tokens = [b.token for b in ctx.batches]
+        await source.ack(source.compact(tokens))
+    finally:
+        await source.aclose()
+    return tokens
+
+
+async def _lag(r: Redis, lag: int) -> bool:
+    groups = await r.xinfo_groups(STREAM)
+    return bool(groups and groups[0]["lag"] == lag)
+
+
+async def test_ranges_read_back_to_back_merge_and_ack_the_same_entries(
+    redis_server: RedisServer,
+) -> None:
+    async with Redis.from_url(redis_server.url) as r:
+        await r.xgroup_create(STREAM, GROUP, "0", mkstream=True)
+        await xadd(r, [movie_event(i) for i in range(500)])
+        tokens = await _read_interleaved(redis_server.url, r, 0, 500)
+        assert len(tokens) == 50
+        merged = RedisStreamSource.compact(tokens)
+        assert len(merged) == 1, merged
+        assert await pending(r) == 0
+
+
+async def test_a_merged_range_never_acks_entries_another_consumer_read_between(
+    redis_server: RedisServer,
+) -> None:
+    async with Redis.from_url(redis_server.url) as r:
+        await r.xgroup_create(STREAM, GROUP, "0", mkstream=True)
+        ids = await xadd(r, [movie_event(i) for i in range(300)])
+        tokens = await _read_interleaved(redis_server.url, r, 5, 300)
+        left: list[Any] = await r.xpending_range(STREAM, GROUP, "-", "+", 1000)
+    theirs = {p["message_id"].decode() for p in left}
+    assert {p["consumer"].decode() for p in left} == {"other"}
+    # The other consumer read between most of this one's batches; only its entries are left.
+    assert len(theirs) >= 50
+    # Every range this consumer's tokens hold stops where the other consumer's reads began.
+    merged = RedisStreamSource.compact(tokens)
+    keys = sorted(ids, key=_k)
+    for item in (t for token in merged for t in token):
+        low, high = (item, item) if isinstance(item, str) else (item[0], item[1])
+        inside = {i for i in keys if _k(low) <= _k(i) <= _k(high)}
+        assert not inside & theirs, (item, sorted(inside & theirs)[:3])

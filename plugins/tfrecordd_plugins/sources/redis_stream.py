@@ -6,9 +6,34 @@ stays in its consumer's pending entries list (PEL) from XREADGROUP until the sha
 record is published and durable; only then is it XACKed. A batch's token is the ID ranges it
 covers (``[first, last]``, or an ID alone), journalled with the shard: a range never spans an
 entry pending in the group outside the batch, so XACKing what the group has pending in it acks
-the batch and nothing else, and a shard's positions stay a few ranges per batch, not an ID per
-entry. Reads go through Lua scripts that hand out no more than ``max_batch_bytes`` (plus one
-event cut to ``max_event_bytes``) at a time.
+the batch and nothing else. Reads go through Lua scripts that hand out no more than
+``max_batch_bytes`` (plus one event cut to ``max_event_bytes``) at a time.
+
+Positions stay flat: :meth:`RedisStreamSource.compact` merges the ranges of a shard's batches
+that were read back to back, so a shard of any size read by one consumer is a range or two in
+memory and in the journal, not a range per batch. Two ranges ``[a, b]`` and ``[c, d]`` merge
+into ``[a, d]`` only if acking it can take nothing else from the group: nothing may be pending
+between ``b`` and ``c``, then or later. A range's third ID says so (``[c, d, b]``: ``c`` is
+*joined* to ``b``), set by the read scripts inside Redis, atomically with the read:
+
+* entries read as new: ``c`` was handed out by XREADGROUP ``>`` right after ``b``, in the same
+  reply or in this consumer's next one with the group's last-delivered-id still ``b`` just
+  before it (no consumer of the group was handed anything since ``b``, so no other daemon
+  holds an entry in between); for the first entry of a reply, XPENDING must also find nothing
+  between ``b`` and ``c`` (what a group moved back could have left there);
+* pending and claimed entries (read one at a time): XPENDING finds nothing in the group
+  between ``b`` and ``c``. It misses nothing: entries deleted by XDEL or trimmed by XTRIM stay
+  in the PEL until acked.
+
+Nothing can become pending there afterwards: XADD only adds IDs above the stream's last one
+and XREADGROUP ``>`` only IDs above the last-delivered-id (both ``d`` or more); XCLAIM and
+XAUTOCLAIM move entries that are already pending. Only a group moved back (XGROUP SETID, or
+deleted and created again) could hand out entries in between again; that
+stops the source (:class:`~tfrecordd.errors.SourceLostError`, exit 69) when seen, and is a
+replay anyway. So a merged range acks exactly what its parts would. With several daemons in a
+group, ranges merge only over the stretches one daemon reads alone: their number grows with
+how often the daemons' reads interleave, not with the entries. Tokens of older releases (IDs
+alone and ``[first, last]`` ranges) are read and acked as before.
 
 Exactly once, within one daemon:
 
@@ -110,7 +135,8 @@ end
 _READ_LUA = (
     _ENTRY_LUA
     + """
--- ARGV: group, consumer, start ('>' or an ID), count, budget, field, max_event_bytes
+-- ARGV: group, consumer, start ('>' or an ID), count, budget, field, max_event_bytes, after
+-- (with '>': the last entry this consumer read as new, or '')
 local key, group, consumer, at = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local count, budget, max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
 local out, used, prev = {}, 0, nil
@@ -126,6 +152,9 @@ if at == '>' then
   if not from then
     return redis.error_reply('NOGROUP No such consumer group ' .. group .. ' for key ' .. key)
   end
+  -- The group handed out nothing since this consumer's last read: the first entry may join
+  -- that read's last one (if nothing is pending between them either).
+  if ARGV[8] ~= '' and from == ARGV[8] then prev = ARGV[8] end
   local n, step = 0, 16
   while n < count and used < budget do
     local r = redis.call('XRANGE', key, '(' .. from, '+', 'COUNT', math.min(step, count - n))
@@ -141,7 +170,7 @@ if at == '>' then
   if n == 0 then return out end
   local r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', n, 'STREAMS', key, '>')
   for i, raw in ipairs(r[1][2]) do
-    out[i] = entry(key, group, raw[1], raw[2], ARGV[6], max, '0', prev)
+    out[i] = entry(key, group, raw[1], raw[2], ARGV[6], max, i == 1 and '1' or '0', prev)
     prev = raw[1]
   end
   return out
@@ -309,14 +338,58 @@ def _before(key: Key) -> Key:
     return (key[0], key[1] - 1) if key[1] else (key[0] - 1, 2**64 - 1)
 
 
+def _after(key: Key) -> Key:
+    """The least possible entry ID above ``key``."""
+    return (key[0], key[1] + 1) if key[1] < 2**64 - 1 else (key[0] + 1, 0)
+
+
+Span = tuple[Key, Key, Key | None]
+"""A range of a token as numbers: first, last, and the ID it continues (see :func:`_item`)."""
+
+
+def _span(item: Any) -> Span:
+    """An item of a token: an entry ID, ``[first, last]``, or ``[first, last, joined]``."""
+    if isinstance(item, str):
+        return _key(item), _key(item), None
+    return _key(item[0]), _key(item[1]), _key(item[2]) if len(item) > 2 else None
+
+
+def _item(span: Span) -> str | list[str]:
+    """A token's item for a range: ``joined``, when set, is an entry ID before ``first`` with
+    nothing pending in the group between the two when ``first`` was read (see the module
+    docs): a range ending there may be merged with this one."""
+    first, last, joined = span
+    if joined is not None:
+        return [_id(first), _id(last), _id(joined)]
+    return _id(first) if first == last else [_id(first), _id(last)]
+
+
 def _spans(token: Token) -> list[tuple[str, str]]:
     """The ``(first, last)`` ID ranges of a token: a list whose items are entry IDs or
-    ``[first, last]`` ranges (a token of an older release is a list of IDs alone)."""
+    ``[first, last]`` ranges, perhaps with a third ID (a token of an older release is a list
+    of IDs alone, or of IDs and ``[first, last]`` ranges)."""
     return [(t, t) if isinstance(t, str) else (str(t[0]), str(t[1])) for t in token]
 
 
+def _merge(spans: list[Span]) -> list[Span]:
+    """Ranges in order, merged where that acks nothing more: where they overlap or touch, and
+    where one continues the one before (its ``joined`` is that one's last)."""
+    out: list[Span] = []
+    for first, last, joined in sorted(spans, key=lambda s: (s[0], s[1])):
+        if out:
+            low, high, before = out[-1]
+            if first <= high or first == _after(high) or joined == high:
+                if first == low and joined is not None and (before is None or joined < before):
+                    before = joined
+                out[-1] = (low, max(high, last), before)
+                continue
+        out.append((first, last, joined))
+    return out
+
+
 class _InFlight:
-    """The ID ranges of the batches sent and not yet acked, disjoint, in order."""
+    """The ID ranges of the batches sent and not yet acked, disjoint, in order; a range that
+    continues the one before it is merged into it, so that they stay few."""
 
     def __init__(self) -> None:
         self._firsts: list[Key] = []
@@ -329,15 +402,31 @@ class _InFlight:
         i = bisect.bisect_right(self._firsts, key) - 1
         return i >= 0 and key <= self._lasts[i]
 
-    def add(self, first: Key, last: Key) -> None:
+    def add(self, first: Key, last: Key, joined: Key | None = None) -> None:
         i = bisect.bisect_left(self._firsts, first)
+        if i and (joined == self._lasts[i - 1] or first == _after(self._lasts[i - 1])):
+            self._lasts[i - 1] = max(self._lasts[i - 1], last)
+            return
         self._firsts.insert(i, first)
         self._lasts.insert(i, last)
 
-    def discard(self, first: Key, last: Key) -> None:
-        i = bisect.bisect_left(self._firsts, first)
-        if i < len(self._firsts) and self._firsts[i] == first and self._lasts[i] == last:
-            del self._firsts[i], self._lasts[i]
+    def discard(self, first: Key, last: Key, joined: Key | None = None) -> None:
+        """Remove ``first`` .. ``last`` (acked), cutting the ranges it overlaps, and what lies
+        between ``joined`` and ``first``: nothing of this consumer is there, but a range that
+        merged across the two may hold it."""
+        if joined is not None:
+            first = _after(joined)
+        lo = bisect.bisect_left(self._lasts, first)
+        hi = bisect.bisect_right(self._firsts, last)
+        if lo >= hi:
+            return
+        kept: list[tuple[Key, Key]] = []
+        if self._firsts[lo] < first:
+            kept.append((self._firsts[lo], _before(first)))
+        if self._lasts[hi - 1] > last:
+            kept.append((_after(last), self._lasts[hi - 1]))
+        self._firsts[lo:hi] = [k[0] for k in kept]
+        self._lasts[lo:hi] = [k[1] for k in kept]
 
     def lowest(self) -> Key | None:
         return self._firsts[0] if self._firsts else None
@@ -472,6 +561,12 @@ class RedisStreamSource(Source):
     # -- acknowledgement ---------------------------------------------------------------------
 
     @staticmethod
+    def compact(tokens: list[Token]) -> list[Token]:
+        """One token per range, ranges read back to back merged (see the module docs): a
+        shard's positions stay a few ranges, however many entries and batches it holds."""
+        return [[_item(s)] for s in _merge([_span(t) for token in tokens for t in token])]
+
+    @staticmethod
     def fold(state: Any, tokens: Sequence[Token]) -> Any:
         """Keep the highest committed entry ID (``{"last": id}``): where the group resumes if
         it has to be recreated. Every commit was XACKed before it was marked done."""
@@ -505,10 +600,11 @@ class RedisStreamSource(Source):
                 # Acks may still come after close (a late redo): that client is not kept.
                 await self.aclose()
         for token in tokens:
-            for low, high in _spans(token):
-                self._inflight.discard(_key(low), _key(high))
-                if self._committed is None or _key(high) > self._committed:
-                    self._committed = _key(high)
+            for item in token:
+                low, high, joined = _span(item)
+                self._inflight.discard(low, high, joined)
+                if self._committed is None or high > self._committed:
+                    self._committed = high
 
     async def _ack_tokens(self, tokens: Sequence[Token]) -> int:
         """XACK what the tokens cover: single IDs as they are, ranges by what the group has
@@ -587,14 +683,15 @@ class RedisStreamSource(Source):
                     if time.monotonic() >= next_claim:
                         await self._claim(ctx, consumer)
                         next_claim = time.monotonic() + cfg.claim_interval
-                    entries = await self._read(ctx, consumer, ">")
+                    after = self._read_max
+                    entries = await self._read(ctx, consumer, ">", after)
                     if not entries:
                         # Nothing new: no blocking read (it would return entries whole, of any
                         # size), so ask again after `block`.
                         await anyio.sleep(cfg.block)
                         continue
                     self._check_new(entries)
-                    await self._deliver(ctx, entries)
+                    await self._deliver(ctx, entries, before=after)
             except (RedisError, OSError) as e:
                 if isinstance(e, RedisError) and _is_nogroup(e):
                     raise self._lost("was deleted while tfrecordd read it") from e
@@ -604,12 +701,16 @@ class RedisStreamSource(Source):
                 log.warning("redis stream %s: %s; retrying in %.1fs", cfg.stream, e, delay)
                 await anyio.sleep(delay)
 
-    async def _read(self, ctx: SourceContext, consumer: str, at: str) -> list[_Entry]:
-        """Entries of one XREADGROUP from ``at``, within the batch limits (count and bytes)."""
+    async def _read(
+        self, ctx: SourceContext, consumer: str, at: str, after: Key | None = None
+    ) -> list[_Entry]:
+        """Entries of one XREADGROUP from ``at``, within the batch limits (count and bytes).
+        ``after``: with ``>``, the last entry this consumer read as new; the first entry read
+        is ``joined`` to it if the group handed out nothing in between."""
         cfg = self.config
         reply = await self._script(
             "read", cfg.group, consumer, at, ctx.max_batch_events, ctx.max_batch_bytes,
-            cfg.field, cfg.max_event_bytes,
+            cfg.field, cfg.max_event_bytes, "" if after is None else _id(after),
         )  # fmt: skip
         return [_Entry.parse(e) for e in reply or []]
 
@@ -664,11 +765,19 @@ class RedisStreamSource(Source):
             if cursor == "0-0":
                 return
 
-    async def _deliver(self, ctx: SourceContext, entries: list[_Entry], exact: bool = True) -> None:
+    async def _deliver(
+        self,
+        ctx: SourceContext,
+        entries: list[_Entry],
+        exact: bool = True,
+        before: Key | None = None,
+    ) -> None:
         """Send entries in batches within the context's limits. A batch's token is the ID
-        ranges it covers: ``[first, last]``, or an ID alone. ``exact``: the entries are all
-        the group holds between the first and the last (new entries); otherwise a range
-        spans only entries marked ``joined``, and entries in flight are left out."""
+        ranges it covers: ``[first, last]``, or an ID alone, and with the entry before
+        ``first`` when it is ``joined`` to it (``before``: the entry before the first).
+        ``exact``: the entries are all the group holds between the first and the last (new
+        entries); otherwise a range spans only entries marked ``joined``, and entries in
+        flight are left out."""
         if not entries:
             return
         if self.config.id_field is not None:
@@ -676,19 +785,20 @@ class RedisStreamSource(Source):
         else:
             events = self._events(entries)
         batch: list[RawEvent] = []
-        spans: list[list[Key]] = []
+        spans: list[Span] = []
         size = 0
         chained = False
+        prev = before
         for entry, event in zip(entries, events, strict=True):
             key = _key(entry.id)
             if not exact and key in self._inflight:
-                chained = False
+                chained, prev = False, key
                 continue
             if chained and (exact or entry.joined):
-                spans[-1][1] = key
+                spans[-1] = (spans[-1][0], key, spans[-1][2])
             else:
-                spans.append([key, key])
-            chained = True
+                spans.append((key, key, prev if entry.joined else None))
+            chained, prev = True, key
             if event is not None:
                 batch.append(event)
                 size += len(event.payload)
@@ -700,14 +810,10 @@ class RedisStreamSource(Source):
         if spans:
             await self._send(ctx, batch, spans)
 
-    async def _send(
-        self, ctx: SourceContext, batch: list[RawEvent], spans: list[list[Key]]
-    ) -> None:
-        token: list[str | list[str]] = []
-        for low, high in spans:
-            self._inflight.add(low, high)
-            token.append(_id(low) if low == high else [_id(low), _id(high)])
-        await ctx.send(RawBatch(ctx.name, batch, token))
+    async def _send(self, ctx: SourceContext, batch: list[RawEvent], spans: list[Span]) -> None:
+        for span in spans:
+            self._inflight.add(*span)
+        await ctx.send(RawBatch(ctx.name, batch, [_item(s) for s in spans]))
 
     def _events(self, entries: list[_Entry]) -> list[RawEvent | None]:
         return [self._event(entry) for entry in entries]
