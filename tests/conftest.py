@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.tiers import needs
+from tests.tiers import group, needs
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,6 +24,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for name in sorted(needs(item) - {m.name for m in item.iter_markers()}):
             item.add_marker(name)
+        if (together := group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(together))
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="long mode: pass --run-slow")

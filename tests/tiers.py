@@ -37,6 +37,20 @@ SERVERS = re.compile(r"\b(?:redis_server|RedisServer|running_redis|s3_server|run
 """A module that starts a redis-server or an S3 server."""
 
 
+KILL_TIMING = frozenset(
+    {
+        "reliability/test_crash_harness.py",
+        "reliability/test_overload.py",
+        "reliability/test_shutdown.py",
+    }
+)
+"""Modules whose tests time signals against a loaded daemon (SIGKILL at forced phases, SIGTERM
+trials, twice the output's rate): under pytest-xdist they share one worker (``--dist
+loadgroup``), so no two of them load the machine at once."""
+
+KILL_TIMING_GROUP = "kill-timing"
+
+
 UNIT = "unit"
 """The folder of the tests that need only Python and the package: no process, no server."""
 
@@ -53,3 +67,10 @@ def needs(item: pytest.Item) -> set[str]:
     if item.path.suffix == ".py" and spawns(item.path):
         marks.add("subprocess")
     return marks
+
+
+def group(item: pytest.Item) -> str | None:
+    """The xdist group ``item`` must run in, if any."""
+    if not item.path.is_relative_to(TESTS):
+        return None
+    return KILL_TIMING_GROUP if item.path.relative_to(TESTS).as_posix() in KILL_TIMING else None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiers import SERVERS, TESTS, UNIT, spawns
+from tests.tiers import KILL_TIMING, SERVERS, TESTS, UNIT, spawns
 
 UNIT_MODULES = sorted((TESTS / UNIT).glob("test_*.py"))
 
@@ -26,3 +26,8 @@ def test_the_rules_see_what_they_look_for() -> None:
     assert spawns(TESTS / "integration" / "test_workers.py")
     assert not spawns(TESTS / "unit" / "test_journal.py")
     assert SERVERS.search((TESTS / "integration" / "test_redis_source.py").read_text())
+
+
+@pytest.mark.parametrize("module", sorted(KILL_TIMING))
+def test_the_kill_timing_group_names_modules_that_exist(module: str) -> None:
+    assert (TESTS / module).is_file()
