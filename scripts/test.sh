@@ -12,10 +12,19 @@ export TFRECORDD_REQUIRE_SPEEDUPS=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+# The suite runs on every core (pytest-xdist); the tests of one xdist_group share a worker.
+# TFRECORDD_TEST_WORKERS=0 runs it in this process, serially.
+workers="${TFRECORDD_TEST_WORKERS:-auto}"
+parallel=()
+if [ "$workers" != 0 ]; then
+  parallel=(-n "$workers" --dist loadgroup)
+fi
+start=$(date +%s)
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "${parallel[@]}" "$@"
 rc=$?
 set -e
+echo "test suite: $(($(date +%s) - start)) s wall on $(nproc) cores (pytest ${parallel[*]:-serial}), exit $rc"
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing on purpose" >&2
   exit 1

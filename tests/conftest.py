@@ -1,10 +1,12 @@
-"""Shared fixtures and the markers' switches."""
+"""Shared fixtures, the markers' switches, and the tiers' markers (tests/tiers.py)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.tiers import group, needs
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -19,6 +21,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in sorted(needs(item) - {m.name for m in item.iter_markers()}):
+            item.add_marker(name)
+        if (together := group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(together))
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="long mode: pass --run-slow")

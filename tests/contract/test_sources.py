@@ -12,6 +12,8 @@ from tfrecordd.testing import check_source
 
 REGISTRY = Registry.from_entry_points()
 TYPES = sorted(REGISTRY.sources)
+SERVERS = {"redis-stream": pytest.mark.redis}
+"""The sources whose contract producer starts a server (tests/tiers.py: the markers)."""
 
 
 def test_every_registered_plugin_loads() -> None:
@@ -29,7 +31,9 @@ def test_source_has_a_contract_producer(source_type: str) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("source_type", TYPES)
+@pytest.mark.parametrize(
+    "source_type", [pytest.param(t, marks=SERVERS.get(t, ()), id=t) for t in TYPES]
+)
 async def test_source_contract(source_type: str, tmp_path: Path) -> None:
     module = importlib.import_module(f"tests.contract.producers.{source_type.replace('-', '_')}")
     async with module.producer(tmp_path) as (config, produce):

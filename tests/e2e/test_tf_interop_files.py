@@ -13,7 +13,7 @@ from tfrecordd.cli import main
 from tfrecordd.compression import SUFFIXES, TF_COMPRESSION_TYPE, Compression
 from tfrecordd.errors import EXIT_DATA, EXIT_OK
 from tfrecordd.reader import iter_records
-from tfrecordd.writer import open_writer
+from tfrecordd.writer import open_writer, pack
 
 pytestmark = pytest.mark.tensorflow
 
@@ -58,6 +58,22 @@ def test_tensorflow_reads_our_files_with_many_sync_points(
                 w.sync()  # gzip: a new member; zlib: a full flush
         w.write_many(RECORDS)
     assert _tf_read(tf, path, compression) == RECORDS + RECORDS
+
+
+@pytest.mark.parametrize("compression", TF_READABLE)
+def test_tensorflow_reads_packed_units_then_a_running_unit_as_one_stream(
+    tf: Any, tmp_path: Path, compression: Compression
+) -> None:
+    # What the daemon's shards hold: batches compressed where they were encoded, appended whole,
+    # then records compressed by the shard's own stream (test_daemon_tensorflow runs a daemon).
+    records = [b"record %d" % i for i in range(2510)]
+    path = tmp_path / f"mixed{SUFFIXES[compression]}"
+    with open_writer(path, compression) as w:
+        for start in (0, 1000, 2000):
+            w.write_packed(pack(records[start : min(start + 1000, 2500)], compression))
+        w.write_many(records[2500:])
+    assert _tf_read(tf, path, compression) == records
+    assert list(iter_records(path)) == records
 
 
 @pytest.mark.parametrize("compression", TF_READABLE)

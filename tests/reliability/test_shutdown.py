@@ -97,7 +97,9 @@ def test_sigterm_trials_redis_stream(tmp_path: Path, redis_server: RedisServer) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("source", ["directory", "redis-stream"])
+@pytest.mark.parametrize(
+    "source", ["directory", pytest.param("redis-stream", marks=pytest.mark.redis)]
+)
 def test_sigterm_trials_long(tmp_path: Path, source: str) -> None:
     if source == "directory":
         sigterm_trials(tmp_path, source, 60, seed=23, url=None)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -97,17 +95,6 @@ def test_plugin_keys_with_types_defaults_limits_and_docstrings_from_the_source()
     assert rows["mode"] == ['`"fast" \\| "slow"`', '`"fast"`', "Which way to run."]
     shared = _rows(text, "## Sources")
     assert set(shared) == {"name", "type", "encoder"}
-
-
-def test_module_prints_the_reference() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "tfrecordd.configref"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    assert result.stdout == render()
 
 
 def test_operations_doc_lists_every_metric() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 import weakref
 from array import array
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tfrecordd import manifest, shards
-from tfrecordd.compression import Compression
+from tfrecordd.compression import SUFFIXES, Compression
 from tfrecordd.fsys import LOCAL
 from tfrecordd.reader import iter_records
 from tfrecordd.shards import FinishedShard, OpenShard
@@ -103,3 +104,54 @@ def test_offsets_are_not_kept_when_not_asked_for(
     assert len(finished.offsets) == 0
     assert _offsets(finished) == []
     assert [p.name for p in tmp_path.iterdir()] == [".a_tfrecord.inprogress"]
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+@pytest.mark.parametrize("packed", [False, True], ids=["records", "packed"])
+def test_fits_keeps_every_shard_under_its_cap_and_fills_it(
+    tmp_path: Path, compression: Compression, packed: bool
+) -> None:
+    # The rule the daemon rotates by (test_daemon_spool runs it end to end): a batch goes into
+    # the open shard only if the file stays within the cap, and a shard is cut only when the
+    # next batch would not fit, so shards are filled.
+    cap = 128 << 10
+    rng = random.Random(11)
+    # Partly random, so the compressed batches stay a small but real part of the cap.
+    records = [
+        b"event %d " % i * rng.randint(1, 10) + rng.randbytes(rng.randint(0, 200))
+        for i in range(8000)
+    ]
+    batches: list[list[bytes]] = []
+    while len(batches) < 1 or sum(map(len, batches)) < len(records):
+        start = sum(map(len, batches))
+        batches.append(records[start : start + rng.randint(1, 100)])
+    sizes: list[int] = []
+    read: list[bytes] = []
+    shard: OpenShard | None = None
+    for batch in batches:
+        item = pack(batch, compression) if packed else batch
+        if shard is not None and not shard.fits(item):
+            sizes.append(shard.finish(fsync=False).size)
+            read += iter_records(shard.tmp_path, compression=compression)
+            shard = None
+        if shard is None:
+            name = f"part-{len(sizes)}{SUFFIXES[compression]}"
+            shard = OpenShard(str(tmp_path), name, compression, None, cap, LOCAL)
+            assert shard.fits(item), "an empty shard takes any batch"
+        shard.write(item)
+    assert shard is not None
+    sizes.append(shard.finish(fsync=False).size)
+    read += iter_records(shard.tmp_path, compression=compression)
+    assert read == records
+    assert len(sizes) > 2
+    assert max(sizes) <= cap
+    assert min(sizes[:-1]) >= cap // 2
+
+
+def test_a_batch_larger_than_the_cap_goes_into_an_empty_shard_alone(tmp_path: Path) -> None:
+    shard = OpenShard(str(tmp_path), "big.tfrecord", Compression.NONE, None, 1024, LOCAL)
+    big = [b"x" * 4096]
+    assert shard.fits(big)
+    shard.write(big)
+    assert not shard.fits([b"y"])
+    assert shard.finish(fsync=False).size > 1024
