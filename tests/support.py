@@ -51,10 +51,32 @@ def movie_event(i: int) -> dict[str, Any]:
     }
 
 
+_PORTS_PER_WORKER = 1500
+_PORT_BASE = 20000
+"""Below Linux's ephemeral range (32768 and up), so no connection's local port takes a port
+handed out here between the check and the daemon's bind."""
+_next_port = 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free for TCP and UDP now, from a range of its own per xdist worker: two
+    workers never hand out the same port, and the kernel hands none of these to an outgoing
+    connection meanwhile."""
+    global _next_port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = _PORT_BASE + (int(worker or 0) % 8) * _PORTS_PER_WORKER
+    start = os.getpid() % _PORTS_PER_WORKER
+    for _ in range(_PORTS_PER_WORKER):
+        port = base + (start + _next_port) % _PORTS_PER_WORKER
+        _next_port += 1
+        try:
+            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                with socket.socket(socket.AF_INET, kind) as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free loopback port left in this worker's range")
 
 
 def _toml(value: Any) -> str:
