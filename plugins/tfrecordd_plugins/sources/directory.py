@@ -10,9 +10,10 @@ a file half-written into shards resumes exactly where the last published shard s
 any crash: delivery is exactly once.
 
 Several daemons may share a spool: the rename into a node's claim folder decides which one gets
-a file, and each daemon reads only its own folder. Claims left directly in
-``.tfrecordd-claimed/`` by a version without node folders are adopted by the first daemon to
-start (they keep their names, under which the journal knows their offsets).
+a file, and each daemon reads only its own folder, which it locks while it runs (a second daemon
+with the same ``node_id`` on the spool stops with :class:`StateInUseError`, exit 75). Claims
+left directly in ``.tfrecordd-claimed/`` by a version without node folders are adopted by the
+first daemon to start (they keep their names, under which the journal knows their offsets).
 
 Formats: ``jsonl`` (one JSON value per line), ``csv`` (a header row, then one event per record;
 quoted fields may span lines) and ``whole-file`` (one file is one event, e.g. an image, with its
@@ -53,9 +54,9 @@ import aiofiles
 import anyio
 from pydantic import Field, field_validator
 
-from tfrecordd import crashpoints, speedups
+from tfrecordd import crashpoints, speedups, statelock
 from tfrecordd.compression import Compression, open_decompressed
-from tfrecordd.errors import EXIT_CONFIG, CompressionError, TfrecorddError
+from tfrecordd.errors import EXIT_CONFIG, CompressionError, StateInUseError, TfrecorddError
 from tfrecordd.plugin import (
     DirectoryUse,
     Lines,
@@ -350,9 +351,11 @@ class DirectorySource(Source):
             os.close(parent)
 
     def _open_claims(self, node: str) -> None:
-        """This node's claim folder; claims left directly in the claim root by a version
-        without node folders are moved into it (keeping their names, so their committed
-        offsets still apply)."""
+        """This node's claim folder, locked (an exclusive ``flock`` held until :meth:`aclose`):
+        a second daemon with the same ``node_id`` on this spool would resume the first one's
+        claims as its own. Claims left directly in the claim root by a version without node
+        folders are then moved into it (keeping their names, so their committed offsets still
+        apply)."""
         self._open_dirs()
         if self._node == node:
             return
@@ -360,7 +363,18 @@ class DirectorySource(Source):
             raise SpoolError(f"node_id {node!r} cannot name a claim folder")
         root = self._fds["root"]
         self.claim_dir = os.path.join(self.spool, CLAIM_DIR, node)
-        self._fds["claims"] = _own_dir(root, node, self.claim_dir)
+        claims = _own_dir(root, node, self.claim_dir)
+        try:
+            if not statelock.try_lock(claims):
+                raise StateInUseError(
+                    f"spool {self.spool}: node_id {node} is in use by another tfrecordd reading "
+                    f"this spool (it holds {self.claim_dir}): each daemon sharing a spool needs "
+                    "a node_id of its own; stop that daemon or give this one another node_id"
+                )
+        except BaseException:
+            os.close(claims)
+            raise
+        self._fds["claims"] = claims
         self._node = node
         with os.scandir(root) as entries:
             legacy = [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
