@@ -1,36 +1,16 @@
-"""Spool-directory source: files claimed, read in batches, removed once their records are published.
+"""Spool-directory source: the ``directory`` plugin's config, and the source that wires its parts.
 
-Producers write a file under a temporary or hidden name and publish it by renaming it to a name
-that matches ``pattern``. The source claims each new file by renaming it into its node's claim
-folder, ``<path>/.tfrecordd-claimed/<node_id>/`` (a unique, time-ordered claim name that encodes
-the file's path relative to the spool), reads it in batches, and deletes it (or moves it into
-``done_dir``) only when every record from it is in a published shard. Each batch's token is
-``<node_id>/<claim name>`` and the offset (in the decompressed stream) after its last record, so
-a file half-written into shards resumes exactly where the last published shard stopped, after
-any crash: delivery is exactly once.
-
-Several daemons may share a spool: the rename into a node's claim folder decides which one gets
-a file, and each daemon reads only its own folder, which it locks while it runs (a second daemon
-with the same ``node_id`` on the spool stops with :class:`StateInUseError`, exit 75). Claims
-left directly in ``.tfrecordd-claimed/`` by a version without node folders are adopted by the
-first daemon to start (they keep their names, under which the journal knows their offsets).
-
-Formats: ``jsonl`` (one JSON value per line), ``csv`` (a header row, then one event per record;
-quoted fields may span lines) and ``whole-file`` (one file is one event, e.g. an image, with its
-file name and the name of its parent folder as a label). Files ending in ``.gz`` or ``.zst`` are
-decompressed as they are read, up to ``max_decompressed_bytes``. An input that cannot be read to
-its end (a damaged or oversized compressed stream, a file still being written) is dead-lettered
-with the reason, and the file is moved into ``<path>/.tfrecordd-rejected/`` rather than deleted.
-
-Anyone who can write into the spool can rename the daemon's folders in it or plant files there,
-so nothing under the spool is reached by path: the spool is opened once, at start, and every
-folder and file below it is opened, listed, renamed or deleted relative to a held descriptor,
-never following a symlink. The claim, node, rejected and (inside the spool) done folders must
-be real directories owned by the daemon's user; if one is not, the start fails (exit 78). Only
-regular files are read: a symlink, FIFO, device or directory matching the pattern is refused
-(counted, logged once, left in place). A file in the claim folder that cannot be opened, or a
-name too long to claim, is refused once: counted, logged, and moved into the rejected folder,
-its reason appended to ``.reasons.jsonl`` there.
+Producers publish a file into the spool by renaming it to a name that matches ``pattern``. The
+source claims each new file by renaming it into its node's claim folder,
+``<path>/.tfrecordd-claimed/<node_id>/`` (locked while it runs: a second daemon with the same
+``node_id`` on the spool stops with exit 75), reads it in batches whose tokens carry the offset
+after their last record, and deletes it (or moves it into ``done_dir``; one that could not be
+read to its end into ``.tfrecordd-rejected/``) only once every record from it is in a published
+shard, so delivery is exactly once, also with several daemons on one spool. The parts, each in
+a module of its own: :mod:`.spool_folders` (folders below the spool, never through a symlink),
+:mod:`.spool_names` (claim names), :mod:`.spool_claims` (claiming, finishing, setting aside),
+:mod:`.spool_positions` (tokens and committed offsets), :mod:`.spool_reading` (one file's bytes,
+decompressed) and :mod:`.spool_formats` (``jsonl``, ``csv`` and ``whole-file`` batches).
 """
 
 from __future__ import annotations
@@ -150,10 +130,9 @@ class DirectorySourceConfig(SourceConfig):
 
 
 class DirectorySource(Source):
-    """Reads a spool directory; see the module docs for the protocol. Claiming is
-    :class:`.spool_claims.Claims`'s, positions :class:`.spool_positions.Positions`', reading a
-    file :class:`.spool_reading.FileReader`'s and splitting it into batches
-    :class:`.spool_formats.FormatReaders`'."""
+    """Reads a spool directory: claims files (:class:`.spool_claims.Claims`), reads each from
+    its committed offset (:class:`.spool_positions.Positions`) into batches
+    (:class:`.spool_formats.FormatReaders`), and finishes it once its end is acknowledged."""
 
     def __init__(self, config: DirectorySourceConfig) -> None:
         self.config = config

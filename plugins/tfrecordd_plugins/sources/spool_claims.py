@@ -9,7 +9,11 @@ daemon's user (else :class:`SpoolError`), and the node's claim folder is locked 
 runs. :class:`Claims` finds the regular files that match, claims each by renaming it into the
 node's folder (the rename decides which daemon gets a file), and, once its records are
 published, deletes it, moves it into ``done_dir``, or sets it aside into the rejected folder
-with its reason recorded; each rename is made durable by fsyncing the folders it touched.
+with its reason recorded (``.reasons.jsonl`` there); each rename is made durable by fsyncing
+the folders it touched. Only regular files are claimed (a symlink, FIFO or device that matches
+is counted, logged once and left in place); a claim that cannot be opened, or a name too long to
+claim, is set aside once. Claims left directly in ``.tfrecordd-claimed/`` by a version without
+node folders are adopted, under their names, by the first daemon to start.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 :class:`FileReader` opens a file in the claim folder relative to the folder's descriptor (never
 following a symlink, only a regular file), reads it through aiofiles (a plain file) or a
-decompressing stream in a worker thread (``.gz``, ``.zst``), seeks to a committed offset in the
+decompressing stream in a worker thread (``.gz``, ``.zst``; up to
+``max_decompressed_bytes``), seeks to a committed offset in the
 decompressed stream, and notices a file that changes while it is read. Whatever cannot be read
 on to the end raises :class:`Rejected`, so the source moves the file aside instead of deleting a
 tail nobody read.
