@@ -39,9 +39,9 @@ class DaemonSection(_Section):
     """``[daemon]``: identity, state and shutdown."""
 
     node_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9_.-]+$")
-    """This daemon's id in shard names and claims; unique among daemons sharing an output (a
-    second daemon with the same id on one output exits with status 75). Default: the host
-    name."""
+    """This daemon's id in shard names and claims; unique among daemons sharing an output or a
+    spool (a second daemon with the same id on one output or one spool exits with status 75).
+    Default: the host name."""
     state_dir: Path = Path("/var/lib/tfrecordd")
     """Where the journal, the checkpoint, source state and the dead letters live. One daemon
     per ``state_dir``: a second one started on it exits with status 75."""

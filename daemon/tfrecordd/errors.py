@@ -104,7 +104,8 @@ class DurabilityError(TfrecorddError):
 
 
 class StateInUseError(TfrecorddError):
-    """Another process holds the lock on ``state_dir``: one daemon per ``state_dir``."""
+    """Another process holds the lock on ``state_dir`` (one daemon per ``state_dir``), or on
+    this ``node_id``'s staging folder in the output or claim folder in a spool."""
 
     exit_code = EXIT_IN_USE
 

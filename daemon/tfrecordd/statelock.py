@@ -1,5 +1,6 @@
 """One daemon per ``state_dir``: an exclusive ``flock`` held on ``state_dir/lock`` while it runs;
-and one per node id on an output: a ``flock`` on the node's staging folder.
+and one per node id on an output: a ``flock`` on the node's staging folder (the spool source
+takes the same kind of lock on its node's claim folder, with :func:`try_lock`).
 
 Two daemons on one ``state_dir`` would share a journal and discard each other's in-progress
 shards. The lock is taken before recovery reads anything and released when the process ends,
@@ -61,16 +62,28 @@ def acquire_folder(path: str, node_id: str) -> int:
     gets :class:`StateInUseError`."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        if not try_lock(fd):
+            raise StateInUseError(
+                f"node_id {node_id} is in use by another tfrecordd writing to {path}: node ids"
+                " must be unique among the daemons sharing an output"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def try_lock(fd: int) -> bool:
+    """Take the exclusive ``flock`` on the open file ``fd`` without waiting; ``False`` if another
+    open file (another daemon) holds it. Closing ``fd`` releases it, and so does the end of the
+    process, however it ends."""
+    try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-        os.close(fd)
         if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise
-        raise StateInUseError(
-            f"node_id {node_id} is in use by another tfrecordd writing to {path}: node ids must"
-            " be unique among the daemons sharing an output"
-        ) from None
-    return fd
+        return False
+    return True
 
 
 def held_by_other(state_dir: str) -> bool:

@@ -106,6 +106,7 @@ async def _read_all(spool: Path, max_line: int) -> list[Any]:
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
     await source.ack([b.token for b in ctx.batches])
+    await source.aclose()
     return [e for b in ctx.batches for e in b.expand()]
 
 
@@ -190,6 +191,7 @@ async def test_a_resumed_file_with_a_byte_order_mark_keeps_its_header(tmp_path: 
             while not ctx.batches:
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+    await first.aclose()  # as a stopped daemon does: its claim folder is free again
     token = ctx.batches[0].token
     assert not token["eof"]
     # A restart after the first batch was committed: resumes past the header, reading it again.
@@ -202,6 +204,7 @@ async def test_a_resumed_file_with_a_byte_order_mark_keeps_its_header(tmp_path: 
             while not any(b.token["eof"] for b in ctx2.batches):
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+    await second.aclose()
     values = [e.value for b in ctx2.batches for e in b.expand()]
     assert values == [{"id": str(i), "name": f"n{i}", "comment": "c"} for i in range(7, 20)]
 

@@ -1,5 +1,6 @@
 """A second daemon on the same ``state_dir`` (an operator's slip) is refused, never run beside
-the first: one journal, one set of in-progress shards, one owner."""
+the first: one journal, one set of in-progress shards, one owner. So is a second daemon with the
+same ``node_id`` on one output (its staging folder) or on one spool (its claim folder)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import pytest
 
 from tests.support import (
     DaemonProcess,
+    assert_exactly_once,
     movie_event,
     read_ids,
     run_clean_until,
+    shard_files,
     spool_file,
     wait_for,
     write_config,
@@ -158,3 +161,102 @@ def test_a_second_daemon_with_the_same_node_id_on_one_output_exits(tmp_path: Pat
     ids = read_ids(a / "shards")
     assert set(ids) == set(range(300))
     assert set(ids.values()) == {1}
+
+
+def _same_node_on_one_spool(tmp_path: Path, age_a: str = "10m") -> tuple[Path, Path, Path]:
+    """Two configs with one ``node_id`` (``test``) and one spool, each with its own output and
+    ``state_dir`` (the first one's shards published after ``age_a``); and the spool."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    config_a = write_config(a, output={"max_shard_age": age_a})
+    config_b = write_config(b, output={"max_shard_age": "100ms"}, source={"path": a / "spool"})
+    return config_a, config_b, a / "spool"
+
+
+def _exit_status(daemon: DaemonProcess, timeout: float = 60) -> int:
+    wait_for(lambda: daemon.proc.poll() is not None, timeout)
+    return daemon.wait()
+
+
+def test_a_second_daemon_with_the_same_node_id_on_one_spool_exits(tmp_path: Path) -> None:
+    """Its own ``state_dir`` and output, but the first one's ``node_id`` and spool: before the
+    claim folder's lock, it resumed the first one's claims (still there until the first one's
+    open shard is published) as its own, and both wrote their events."""
+    config_a, config_b, spool = _same_node_on_one_spool(tmp_path)
+    spool_file(spool, "a.jsonl", [movie_event(i) for i in range(300)])
+    first = DaemonProcess(config_a)
+    try:
+        first.wait_started(90)
+        wait_for(lambda: _spool_drained(tmp_path / "a"), 90)
+        second = DaemonProcess(config_b)
+        try:
+            status = _exit_status(second)
+        finally:
+            second.kill()
+        said = second.output()
+        assert status == EXIT_IN_USE, said
+        assert f"spool {spool}: node_id test is in use by another tfrecordd" in said
+        assert "each daemon sharing a spool needs a node_id of its own" in said
+        assert first.proc.poll() is None, first.output()
+        spool_file(spool, "b.jsonl", [movie_event(i) for i in range(300, 600)])
+        wait_for(lambda: _spool_drained(tmp_path / "a"), 90)
+        assert first.stop() == 0, first.output()
+    finally:
+        first.kill()
+    # Released when the first one stopped: it restarts, and finishes any claim left.
+    run_clean_until(config_a, lambda: _claims_done(tmp_path / "a"))
+    assert_exactly_once(tmp_path / "a" / "shards", set(range(600)))
+    assert not shard_files(tmp_path / "b" / "shards")
+
+
+def test_the_claim_folder_lock_goes_with_its_holder(tmp_path: Path) -> None:
+    """A SIGKILLed holder leaves no stale lock on the claim folder, and one that stops releases
+    it: the daemon with the same ``node_id`` and another ``state_dir`` starts after either."""
+    config_a, config_b, spool = _same_node_on_one_spool(tmp_path, "100ms")
+    root = tmp_path / "a"
+
+    def done() -> bool:
+        return _spool_drained(root) and _claims_done(root)
+
+    spool_file(spool, "a.jsonl", [movie_event(i) for i in range(100)])
+    first = DaemonProcess(config_a)
+    try:
+        first.wait_started(90)
+        wait_for(done, 90)  # its source has run: it holds the claim folder
+    finally:
+        first.kill()
+    spool_file(spool, "b.jsonl", [movie_event(i) for i in range(100, 200)])
+    run_clean_until(config_b, done)
+    spool_file(spool, "c.jsonl", [movie_event(i) for i in range(200, 300)])
+    run_clean_until(config_a, done)
+    assert_exactly_once(root / "shards", set(range(100)) | set(range(200, 300)))
+    assert_exactly_once(tmp_path / "b" / "shards", set(range(100, 200)))
+
+
+@pytest.mark.anyio
+async def test_two_daemons_in_one_process_share_no_claim_folder(tmp_path: Path) -> None:
+    """The claim folder's lock is taken per open folder, so it holds between two daemons in one
+    process too, and is released when the source closes (not only when the process ends)."""
+    config_a, config_b, spool = _same_node_on_one_spool(tmp_path)
+    root = tmp_path / "a"
+    spool_file(spool, "a.jsonl", [movie_event(i) for i in range(50)])
+    first = Daemon(load_config(config_a), handle_signals=False)
+    second = Daemon(load_config(config_b), handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(first.run)
+        with anyio.fail_after(30):
+            while not _spool_drained(root):  # the first one's source holds the claim folder
+                await anyio.sleep(0.05)
+        with anyio.fail_after(30), pytest.raises(BaseExceptionGroup) as raised:
+            await second.run()
+        assert raised.group_contains(StateInUseError, match="node_id test is in use")
+        first.request_stop()
+    spool_file(spool, "b.jsonl", [movie_event(i) for i in range(50, 100)])
+    third = Daemon(load_config(config_b), handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(third.run)
+        with anyio.fail_after(30):
+            while not (_spool_drained(root) and _claims_done(root)):
+                await anyio.sleep(0.05)
+        third.request_stop()
+    assert_exactly_once(root / "shards", set(range(50)))
+    assert_exactly_once(tmp_path / "b" / "shards", set(range(50, 100)))

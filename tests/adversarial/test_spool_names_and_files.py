@@ -38,9 +38,8 @@ from tfrecordd_plugins.sources.directory import (
     REASONS,
     REJECT_DIR,
     DirectorySourceConfig,
-    _claim_name,
-    _original,
 )
+from tfrecordd_plugins.sources.spool_names import claim_name, original
 
 
 def _refused(daemon: Daemon, reason: str) -> float:
@@ -91,10 +90,10 @@ def test_claim_names_keep_any_bytes_and_stay_one_component(parts: list[bytes]) -
     parts = [p.replace(b"/", b"_").replace(b"\0", b"_") for p in parts]
     parts = [b"_" + p if p in (b".", b"..") else p for p in parts]
     rel = os.fsdecode(b"/".join(parts))
-    claim = _claim_name(time.time_ns(), rel)
+    claim = claim_name(time.time_ns(), rel)
     claim.encode("utf-8")  # a valid token and dead-letter position, whatever the name was
     assert "/" not in claim
-    assert _original(claim) == rel
+    assert original(claim) == rel
     raw = os.fsencode(rel)
     try:
         raw.decode("utf-8")

@@ -69,9 +69,8 @@ async def run_until_drained(root: Path, daemon: Daemon, events: int, timeout: fl
         source = daemon.sources["spool"]
         assert isinstance(source, DirectorySource)
         spool = root / "spool"
-        await until(
-            lambda: {f"test/{p.name}" for p in claimed_files(spool)} <= source._sent_eof, timeout
-        )
+        sent = source.positions.sent_eof
+        await until(lambda: {f"test/{p.name}" for p in claimed_files(spool)} <= sent, timeout)
         daemon.request_stop()
     assert spool_drained(root)
 

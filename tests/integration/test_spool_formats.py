@@ -45,6 +45,7 @@ async def run_until_files_done(
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
     await source.ack([b.token for b in ctx.batches])
+    await source.aclose()
     return ctx
 
 
@@ -106,6 +107,7 @@ async def test_csv_resumes_past_the_header(tmp_path: Path) -> None:
             while len(ctx.batches) < 2:
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+    await first.aclose()  # as a stopped daemon does: its claim folder is free again
     committed = ctx.batches[1].token
     assert not committed["eof"]
     # A new daemon resumes from the committed offset of the second batch.
@@ -118,6 +120,7 @@ async def test_csv_resumes_past_the_header(tmp_path: Path) -> None:
             while not any(b.token["eof"] for b in ctx2.batches):
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+    await second.aclose()
     seen = [e.value["k"] for e in good(ctx)[:60]] + [e.value["k"] for e in good(ctx2)]
     assert seen == [str(i) for i in range(100)]
 
@@ -338,6 +341,7 @@ def test_lines_come_out_once_across_reads_long_lines_and_resumes(
                 while not any(b.token["eof"] for b in ctx.batches):
                     await anyio.sleep(0.005)
             tg.cancel_scope.cancel()
+        await source.aclose()  # the next read of the spool is another daemon's
         return ctx
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -43,7 +43,6 @@ from tfrecordd_plugins.sources.directory import (
     CLAIM_DIR,
     DirectorySource,
     DirectorySourceConfig,
-    _original,
 )
 from tfrecordd_plugins.sources.redis_stream import (
     RedisStreamSource,
@@ -51,6 +50,7 @@ from tfrecordd_plugins.sources.redis_stream import (
     _Entry,
 )
 from tfrecordd_plugins.sources.socket.framing import Deframer
+from tfrecordd_plugins.sources.spool_names import original
 
 settings.register_profile(
     "reliability",
@@ -274,8 +274,8 @@ def test_claim_names_stay_in_their_folder(parts: list[str], forged: str) -> None
     rel = "/".join(parts)
     claim = f"{1:020d}-{quote(rel, safe='')}"
     assert "/" not in claim
-    assert _original(claim) == rel
-    decoded = _original(f"{1:020d}-{forged}")
+    assert original(claim) == rel
+    decoded = original(f"{1:020d}-{forged}")
     assert not decoded.startswith("/")
     assert ".." not in decoded.split("/")
 

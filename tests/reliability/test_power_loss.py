@@ -47,14 +47,15 @@ import anyio
 import orjson
 import pytest
 
-import tfrecordd_plugins.sources.directory as directory_source
+import tfrecordd_plugins.sources.spool_claims as spool_claims
 from tests.reliability.harness import count_ids
 from tests.support import claimed_files, movie_event, write_config
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
 from tfrecordd.runtime import Daemon
 from tfrecordd.shards import STAGING_DIR
-from tfrecordd_plugins.sources.directory import CLAIM_DIR, _original
+from tfrecordd_plugins.sources.directory import CLAIM_DIR
+from tfrecordd_plugins.sources.spool_names import original
 
 pytestmark = [pytest.mark.anyio]
 
@@ -283,7 +284,7 @@ class Spool:
     def present(self) -> set[str]:
         """Producer files still in the spool or claimed (not yet acked)."""
         names = {n for n in os.listdir(self.path) if n in self.files}
-        names |= {_original(c.name) for c in claimed_files(self.path)}
+        names |= {original(c.name) for c in claimed_files(self.path)}
         return names
 
 
@@ -316,18 +317,18 @@ class CutFigures:
 def routed_dir_fsync(model: DurabilityModel) -> Iterator[None]:
     """Route the directory source's own directory fsyncs into the model (they bypass the
     daemon's FileSystem)."""
-    real = directory_source._fsync_dir
+    real = spool_claims.fsync_dir
 
     def fsync_dir(fd: int) -> None:
         model.op()
         real(fd)
         model.sync_dir(os.readlink(f"/proc/self/fd/{fd}"))
 
-    directory_source._fsync_dir = fsync_dir
+    spool_claims.fsync_dir = fsync_dir
     try:
         yield
     finally:
-        directory_source._fsync_dir = real
+        spool_claims.fsync_dir = real
 
 
 async def run_until_drained(daemon: Daemon, producer: Spool, stall: float = 60.0) -> None:
@@ -543,7 +544,7 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
     model = _linked_not_durable(tmp_path, linked)
     spool_dirs = str(spool.resolve())
 
-    real = directory_source._fsync_dir
+    real = spool_claims.fsync_dir
 
     def fsync_then_cut(fd: int) -> None:
         model.op()
@@ -553,7 +554,7 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
         if os.path.realpath(path).startswith(spool_dirs):
             model.freeze()  # the first redone ack is durable: cut now
 
-    directory_source._fsync_dir = fsync_then_cut
+    spool_claims.fsync_dir = fsync_then_cut
     try:
         daemon = Daemon(load_config(cfg_path), fs=PowerLossFs(model), handle_signals=False)
         async with anyio.create_task_group() as tg:
@@ -564,7 +565,7 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
             acked = set(files) - producer_present(spool, files)
             tg.cancel_scope.cancel()
     finally:
-        directory_source._fsync_dir = real
+        spool_claims.fsync_dir = real
     assert acked, "the restart redid the acks of the killed commit"
     model.apply_cut()
     ids, problems = count_ids(shards)
@@ -592,4 +593,4 @@ def _linked_not_durable(root: Path, linked: str) -> DurabilityModel:
 def producer_present(spool: Path, files: dict[str, set[int]]) -> set[str]:
     """Spool files not yet acked (in the spool or claimed)."""
     names = {n for n in os.listdir(spool) if n in files}
-    return names | {_original(c.name) for c in claimed_files(spool)}
+    return names | {original(c.name) for c in claimed_files(spool)}

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfrecordd.plugin import Lines, RawBatch
-from tfrecordd_plugins.sources import directory
-from tfrecordd_plugins.sources.directory import _cuts
+from tfrecordd_plugins.sources import spool_formats
+from tfrecordd_plugins.sources.spool_formats import cuts
 
 LINE = st.sampled_from(
     [b"", b" ", b"\r", b"\t \x0b\x0c", b"{}", b" {}", b"[1]", b"x" * 9, b"\x01", b"a b", b"y" * 70]
@@ -57,7 +57,7 @@ def test_split_gives_the_events_line_by_line_reading_gives(
     assert all("max_line_bytes" in (ev.error or "") for ev in refused)
 
 
-COMPILED = [False, True] if directory._cframe is not None else [False]
+COMPILED = [False, True] if spool_formats.cframe is not None else [False]
 
 
 @pytest.mark.parametrize("compiled", COMPILED, ids=lambda c: "compiled" if c else "python")
@@ -77,12 +77,12 @@ def test_cuts_make_batches_of_whole_lines_within_both_limits(
 
 @contextmanager
 def _compiled(on: bool) -> Iterator[None]:
-    saved = directory._cframe
-    directory._cframe = saved if on else None
+    saved = spool_formats.cframe
+    spool_formats.cframe = saved if on else None
     try:
         yield
     finally:
-        directory._cframe = saved
+        spool_formats.cframe = saved
 
 
 def _check_cuts(lengths: list[int], newline_at_end: bool, max_events: int, max_bytes: int) -> None:
@@ -99,7 +99,7 @@ def _check_cuts_in(
     work: bytes | bytearray, at: int, size: int, max_events: int, max_bytes: int
 ) -> list[int]:
     buf = bytes(work[at : at + size])
-    ends = [end - at for end in _cuts(work, at, at + size, max_events, max_bytes)]
+    ends = [end - at for end in cuts(work, at, at + size, max_events, max_bytes)]
     start = 0
     for end in ends:
         assert start < end <= len(buf)
@@ -121,6 +121,6 @@ def _check_cuts_in(
 def test_cuts_of_a_large_buffer_hold_max_events_each(compiled: bool) -> None:
     buf = b"".join(b'{"n": %d}\n' % i for i in range(100_000))
     with _compiled(compiled):
-        ends = list(_cuts(buf, 0, len(buf), 1000, 1 << 20))
+        ends = list(cuts(buf, 0, len(buf), 1000, 1 << 20))
     assert len(ends) == 100
     assert all(buf[:end].count(b"\n") == 1000 * (i + 1) for i, end in enumerate(ends))

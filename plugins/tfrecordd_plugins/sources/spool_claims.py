@@ -1,0 +1,467 @@
+"""Claiming: the spool's folders held open, files claimed into this node's folder, finished or
+set aside.
+
+The spool is opened once, at start, and every folder and file below it is opened, listed,
+renamed or deleted relative to a held descriptor, never following a symlink (``O_NOFOLLOW``):
+anyone who can write into the spool can rename the daemon's folders or plant files there. The
+claim, node, rejected and (inside the spool) done folders must be real directories owned by the
+daemon's user (else :class:`SpoolError`), and the node's claim folder is locked while the source
+runs. :class:`Claims` finds the regular files that match, claims each by renaming it into the
+node's folder (the rename decides which daemon gets a file), and, once its records are
+published, deletes it, moves it into ``done_dir``, or sets it aside into the rejected folder
+with its reason recorded (``.reasons.jsonl`` there); each rename is made durable by fsyncing
+the folders it touched. Only regular files are claimed (a symlink, FIFO or device that matches
+is counted, logged once and left in place); a claim that cannot be opened, or a name too long to
+claim, is set aside once. Claims left directly in ``.tfrecordd-claimed/`` by a version without
+node folders are adopted, under their names, by the first daemon to start.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Container
+from contextlib import suppress
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from tfrecordd import crashpoints, statelock
+from tfrecordd.errors import StateInUseError, TfrecorddError
+from tfrecordd.plugin import SourceContext
+from tfrecordd_plugins.sources.spool_folders import (
+    DIR_FLAGS,
+    SpoolError,
+    open_dir,
+    open_path,
+    own_dir,
+)
+from tfrecordd_plugins.sources.spool_names import (
+    CLAIM_DIR,
+    NAME_MAX,
+    REASONS,
+    REJECT_DIR,
+    TEMP_SUFFIXES,
+    claim_name,
+    original,
+    printable,
+    valid_key,
+)
+
+log = logging.getLogger("tfrecordd_plugins.sources.directory")  # the source's one logger
+
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_HELD_FOLDERS = 64
+"""Spool folders held open at once while claiming (each is fsynced when closed)."""
+
+
+class ClaimSettings(Protocol):
+    """The source settings claiming follows (the directory source's config)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> Path: ...
+    @property
+    def pattern(self) -> str: ...
+    @property
+    def recursive(self) -> bool: ...
+    @property
+    def on_done(self) -> str: ...
+    @property
+    def done_dir(self) -> Path | None: ...
+
+
+def fsync_dir(fd: int) -> None:
+    """fsync a folder: every fsync of the spool's folders goes through here."""
+    os.fsync(fd)
+
+
+def _close_synced(folders: dict[str, int]) -> None:
+    """fsync (a claim renamed out of them must stay out after a power cut) and close."""
+    try:
+        for fd in folders.values():
+            fsync_dir(fd)
+    finally:
+        for fd in folders.values():
+            os.close(fd)
+        folders.clear()
+
+
+class Claims:
+    """The spool's folders, held open from start, and the files claimed, finished or set aside
+    in them (blocking calls: the source runs them in worker threads)."""
+
+    def __init__(self, config: ClaimSettings) -> None:
+        self.config = config
+        self.spool = str(config.path)
+        self.claim_dir = os.path.join(self.spool, CLAIM_DIR)
+        """This daemon's claim folder (``<spool>/.tfrecordd-claimed/<node_id>`` once running)."""
+        self.reject_dir = os.path.join(self.spool, REJECT_DIR)
+        self.done_dir = str(config.done_dir or os.path.join(self.spool, "done"))
+        self.refused: set[str] = set()
+        """Spool paths refused (left in place, not looked at again), and claims (``node/claim``)
+        whose open failed in a way that may pass (logged once)."""
+        self._stuck: set[str] = set()
+        """Claims that could neither be read nor moved aside: not tried again by this process."""
+        self._node: str | None = None
+        self._fds: dict[str, int] = {}
+        """Folders held open since start: ``spool``, ``root`` (the claim folders' parent),
+        ``claims`` (this node's), ``rejected``, ``done``."""
+        self.seen: dict[str, tuple[int, int]] = {}
+        """Size and modification time of each new claim when it was found."""
+        self._own: set[tuple[int, int]] = set()
+        """The daemon's own folders (device, inode): never read as spool folders."""
+
+    @property
+    def node(self) -> str | None:
+        """The node whose claim folder is open (and locked), once :meth:`open_claims` ran."""
+        return self._node
+
+    @property
+    def claims_fd(self) -> int:
+        """This node's claim folder (after :meth:`open_claims`)."""
+        return self._fds["claims"]
+
+    def open(self) -> None:
+        """Open the spool (following the configured path once) and the daemon's folders in it
+        (never following a symlink), and check that they are the daemon's."""
+        if "spool" in self._fds:
+            return
+        fds = self._fds
+        try:
+            os.makedirs(self.spool, exist_ok=True)
+            fds["spool"] = os.open(self.spool, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fds["root"] = own_dir(fds["spool"], CLAIM_DIR, self.claim_dir)
+            fds["rejected"] = own_dir(fds["spool"], REJECT_DIR, self.reject_dir)
+            own = [fds["root"], fds["rejected"]]
+            if self.config.on_done == "move":
+                fds["done"] = self._open_done()
+                own.append(fds["done"])
+            else:
+                # Only to leave it out of a recursive scan: one that cannot be opened is none.
+                with suppress(OSError):
+                    own.append(fds.setdefault("done-id", os.open(self.done_dir, DIR_FLAGS)))
+        except BaseException:
+            self.close()
+            raise
+        self._own = {(st.st_dev, st.st_ino) for st in map(os.fstat, own)}
+
+    def _open_done(self) -> int:
+        """``done_dir``: inside the spool, reached from the spool's descriptor without following
+        a symlink and checked to be the daemon's; elsewhere (the operator's own path), by path."""
+        spool, done = os.path.abspath(self.spool), os.path.abspath(self.done_dir)
+        rel = os.path.relpath(done, spool)
+        if rel in (".", os.pardir) or rel.startswith(os.pardir + os.sep):
+            os.makedirs(done, exist_ok=True)
+            return os.open(done, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        *parents, last = rel.split(os.sep)
+        parent = open_path(self._fds["spool"], parents, create=True)
+        try:
+            return own_dir(parent, last, done, 0o777)
+        finally:
+            os.close(parent)
+
+    def open_claims(self, node: str) -> None:
+        """This node's claim folder, locked (an exclusive ``flock`` held until :meth:`close`):
+        a second daemon with the same ``node_id`` on this spool would resume the first one's
+        claims as its own. Claims left directly in the claim root by a version without node
+        folders are then moved into it (keeping their names, so their committed offsets still
+        apply)."""
+        self.open()
+        if self._node == node:
+            return
+        if node in (".", ".."):
+            raise SpoolError(f"node_id {node!r} cannot name a claim folder")
+        root = self._fds["root"]
+        self.claim_dir = os.path.join(self.spool, CLAIM_DIR, node)
+        claims = own_dir(root, node, self.claim_dir)
+        try:
+            if not statelock.try_lock(claims):
+                raise StateInUseError(
+                    f"spool {self.spool}: node_id {node} is in use by another tfrecordd reading "
+                    f"this spool (it holds {self.claim_dir}): each daemon sharing a spool needs "
+                    "a node_id of its own; stop that daemon or give this one another node_id"
+                )
+        except BaseException:
+            os.close(claims)
+            raise
+        self._fds["claims"] = claims
+        self._node = node
+        with os.scandir(root) as entries:
+            legacy = [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
+        for name in legacy:
+            with suppress(FileNotFoundError):  # another daemon adopted it first
+                os.rename(name, name, src_dir_fd=root, dst_dir_fd=self._fds["claims"])
+                log.info("%s: adopted %s from the claim folder's old layout", self.spool, name)
+        if legacy:
+            fsync_dir(self._fds["claims"])
+            fsync_dir(root)
+
+    def close(self) -> None:
+        """Close the folders (releasing the claim folder's lock)."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._node = None
+
+    def _folder(self, key: str) -> tuple[int, str, bool]:
+        """The folder holding the file a token names, the file's name, and whether the folder
+        was opened for this call (and must be closed)."""
+        node, _, name = key.rpartition("/")
+        if not node:
+            return self._fds["root"], name, False
+        if node == self._node:
+            return self._fds["claims"], name, False
+        return open_dir(node, self._fds["root"]), name, True
+
+    def finish(self, key: str, rejected: str | None) -> None:
+        """Delete the claimed file ``key`` (``node/claim``) whose records are all published, or
+        move it into ``done_dir``, or (``rejected``: why) into the rejected folder; durably.
+        Idempotent: a file already gone is done."""
+        if not valid_key(key):
+            log.error("%s: a token names %r, not a claim: ignored", self.spool, key)
+            return
+        self.open()  # acks may come after close (redone, say)
+        try:
+            folder, claim, opened = self._folder(key)
+        except FileNotFoundError:
+            return
+        try:
+            try:
+                os.stat(claim, dir_fd=folder, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            if rejected is not None:
+                self._set_aside(folder, claim, printable(original(claim)), rejected)
+            elif self.config.on_done == "delete":
+                os.unlink(claim, dir_fd=folder)
+            else:
+                self._move_done(folder, claim)
+            fsync_dir(folder)
+        finally:
+            if opened:
+                os.close(folder)
+        crashpoints.reached("after-spool-ack")
+
+    def _move_done(self, folder: int, claim: str) -> None:
+        *parents, name = original(claim).split("/")
+        dst = open_path(self._fds["done"], parents, create=True)
+        try:
+            with suppress(FileNotFoundError):
+                os.stat(name, dir_fd=dst, follow_symlinks=False)
+                name = f"{name}.{claim.split('-', 1)[0]}"
+            os.rename(claim, name, src_dir_fd=folder, dst_dir_fd=dst)
+            fsync_dir(dst)
+        finally:
+            os.close(dst)
+
+    def _set_aside(
+        self, folder: int, name: str, shown: str, reason: str, as_name: str = ""
+    ) -> bool:
+        """Move ``name`` from ``folder`` into the rejected folder (as ``as_name``, if given) and
+        record why; ``False`` if it was gone."""
+        target = as_name or name
+        rejected = self._fds["rejected"]
+        try:
+            os.rename(name, target, src_dir_fd=folder, dst_dir_fd=rejected)
+        except FileNotFoundError:
+            return False
+        line = {
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "source": self.config.name,
+            "file": printable(target),
+            "path": shown,
+            "reason": reason,
+        }
+        try:
+            fd = os.open(REASONS, _APPEND_FLAGS, 0o600, dir_fd=rejected)
+            try:
+                os.write(fd, json.dumps(line).encode() + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.error("%s: cannot record why %s was rejected: %s", self.reject_dir, shown, e)
+        fsync_dir(rejected)
+        fsync_dir(folder)
+        return True
+
+    def check_spool(self) -> None:
+        """The spool path still leads to the directory opened at start: one deleted and made
+        again, or a symlink pointed elsewhere, is seen by a restart, not silently ignored."""
+        held = os.fstat(self._fds["spool"])
+        try:
+            now = os.stat(self.spool)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise TfrecorddError(
+                f"{self.spool}: the spool directory was removed or replaced while the daemon "
+                "ran; a restart reads the one there now (claims in the old one stay there)"
+            )
+
+    def pending(self, ctx: SourceContext, skip: Container[str]) -> list[str]:
+        """This node's claims not yet read to their end (a name that is not UTF-8, which no
+        claim made here has, is moved aside)."""
+        out = []
+        folder = self._fds["claims"]
+        try:
+            names = os.listdir(folder)
+        except OSError as e:
+            log.warning("%s: cannot list %s: %s", ctx.name, self.claim_dir, e)
+            return []
+        for claim in sorted(names):
+            key = f"{self._node}/{claim}"
+            if key in skip or key in self._stuck:
+                continue
+            try:
+                claim.encode()
+            except UnicodeEncodeError:
+                shown = printable(original(claim))
+                self.refuse(ctx, folder, claim, shown, "bad_name", "a claim name that is not UTF-8")
+                continue
+            out.append(claim)
+        return out
+
+    def refuse(
+        self,
+        ctx: SourceContext,
+        folder: int,
+        name: str,
+        shown: str,
+        label: str,
+        reason: str,
+        as_name: str = "",
+    ) -> bool:
+        """Move a file that cannot be read into the rejected folder, once: counted, logged with
+        ``reason`` (recorded beside it). A file that cannot be moved either is left, and not
+        tried again by this process."""
+        try:
+            moved = self._set_aside(folder, name, shown, reason, as_name)
+        except OSError as e:
+            self._stuck.add(f"{self._node}/{name}")
+            ctx.count_refused(label)
+            log.error("%s: %s: %s; cannot move it aside either (%s)", ctx.name, shown, reason, e)
+            return False
+        if moved:
+            ctx.count_refused(label)
+            log.warning("%s: %s refused (%s): moved into %s", ctx.name, shown, reason, REJECT_DIR)
+        return moved
+
+    def _candidates(self, ctx: SourceContext) -> list[tuple[str, str, tuple[int, int]]]:
+        """``(folder, name, (size, modification time))`` of the regular files that match,
+        oldest first (folders relative to the spool, ``""`` for the spool itself)."""
+        found: list[tuple[float, str, str, tuple[int, int]]] = []
+        try:
+            folders = [("", os.open(".", DIR_FLAGS, dir_fd=self._fds["spool"]))]
+        except OSError as e:  # out of descriptors, say: looked at again after a poll
+            log.warning("%s: cannot list %s: %s", ctx.name, self.spool, e)
+            return []
+        while folders:
+            rel_dir, fd = folders.pop()
+            try:
+                self._scan(ctx, rel_dir, fd, found, folders)
+            finally:
+                os.close(fd)
+        return [(rel_dir, name, seen) for _, rel_dir, name, seen in sorted(found)]
+
+    def _scan(
+        self,
+        ctx: SourceContext,
+        rel_dir: str,
+        fd: int,
+        found: list[tuple[float, str, str, tuple[int, int]]],
+        folders: list[tuple[str, int]],
+    ) -> None:
+        try:
+            with os.scandir(fd) as it:
+                entries = list(it)
+        except OSError as e:
+            log.warning("%s: cannot list %s: %s", ctx.name, printable(rel_dir) or self.spool, e)
+            return
+        for entry in entries:
+            name = entry.name
+            if name.startswith("."):
+                continue
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            try:
+                if self.config.recursive and entry.is_dir(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) not in self._own:
+                        folders.append((rel, open_dir(name, fd)))
+                    continue
+                if name.endswith(TEMP_SUFFIXES) or not fnmatch.fnmatchcase(
+                    name, self.config.pattern
+                ):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+            except OSError:  # gone, or replaced by something that is not a folder
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                if rel not in self.refused:
+                    self.refused.add(rel)
+                    ctx.count_refused("not_regular_file")
+                    log.warning("%s: %s is not a regular file; refused", ctx.name, printable(rel))
+                continue
+            found.append((st.st_mtime, rel_dir, name, (st.st_size, st.st_mtime_ns)))
+
+    def claim_new(self, ctx: SourceContext) -> list[str]:
+        """Rename new files into this node's claim folder: the rename decides which daemon
+        gets a file another one is claiming too. A name that cannot become a claim name is
+        moved aside, once."""
+        claimed: list[str] = []
+        claims = self._fds["claims"]
+        folders: dict[str, int] = {}
+        try:
+            for rel_dir, name, seen in self._candidates(ctx):
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                if rel in self.refused:
+                    continue
+                ns = time.time_ns()
+                claim = claim_name(ns, rel)
+                try:
+                    if rel_dir not in folders:
+                        if len(folders) >= _HELD_FOLDERS:
+                            _close_synced(folders)
+                        parts = rel_dir.split("/") if rel_dir else []
+                        folders[rel_dir] = open_path(self._fds["spool"], parts)
+                    size = len(claim.encode())
+                    if size > NAME_MAX:
+                        raise OSError(errno.ENAMETOOLONG, f"{size} bytes, over {NAME_MAX}")
+                    os.rename(name, claim, src_dir_fd=folders[rel_dir], dst_dir_fd=claims)
+                except FileNotFoundError:  # gone: claimed by another daemon, say
+                    continue
+                except OSError as e:
+                    self.refused.add(rel)
+                    if e.errno == errno.ENAMETOOLONG:
+                        digest = hashlib.sha256(os.fsencode(rel)).hexdigest()[:16]
+                        reason = f"name too long to claim ({e.strerror})"
+                        as_name = f"{ns:020d}-{digest}.name-too-long"
+                        self.refuse(
+                            ctx,
+                            folders[rel_dir],
+                            name,
+                            printable(rel),
+                            "name_too_long",
+                            reason,
+                            as_name,
+                        )
+                    else:
+                        ctx.count_refused("unclaimable")
+                        log.error("%s: cannot claim %s: %s", ctx.name, printable(rel), e)
+                    continue
+                crashpoints.reached("after-claim")
+                claimed.append(claim)
+                self.seen[claim] = seen
+            if claimed:
+                fsync_dir(claims)
+        finally:
+            _close_synced(folders)
+        return claimed

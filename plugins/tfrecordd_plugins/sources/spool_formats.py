@@ -1,0 +1,358 @@
+"""Format readers: how the bytes of one claimed spool file become batches of events.
+
+``whole-file`` makes the file one event (with its name and its parent folder's name as a label);
+``jsonl`` sends :class:`~tfrecordd.plugin.Lines` batches of whole lines, cut from one reused
+buffer (the lines are split where they are encoded); ``csv`` finds each record's end with
+:mod:`.csvrecords` and sends one event per record, keyed by the header row. Every batch carries
+the token of the offset after its last record, the file's last batch its end, and a record over
+``max_line_bytes`` becomes a dead letter holding its first bytes; an input that cannot be read
+on (:class:`.spool_reading.Rejected`) ends with a batch that marks the file as rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+
+from tfrecordd import speedups
+from tfrecordd.plugin import Lines, RawBatch, RawEvent, SourceContext
+from tfrecordd_plugins.sources import csvrecords
+from tfrecordd_plugins.sources.spool_positions import token as _token
+from tfrecordd_plugins.sources.spool_reading import FileReader, Rejected
+
+log = logging.getLogger("tfrecordd_plugins.sources.directory")  # the source's one logger
+
+cframe = speedups.load("_cframe")
+"""The compiled line scanner :func:`cuts` uses, or ``None`` (then Python finds the cuts)."""
+
+
+class FormatSettings(Protocol):
+    """The source settings the format readers follow (the directory source's config)."""
+
+    @property
+    def format(self) -> str: ...
+    @property
+    def read_size(self) -> int: ...
+    @property
+    def max_line_bytes(self) -> int: ...
+    @property
+    def max_file_bytes(self) -> int: ...
+    @property
+    def csv_delimiter(self) -> str: ...
+
+
+class FormatReaders:
+    """Reads claimed files into batches by the configured format, reusing one read buffer."""
+
+    def __init__(self, config: FormatSettings, spool_name: str) -> None:
+        self.config = config
+        self._spool_name = spool_name
+        """The label of a whole file directly in the spool: the spool folder's name."""
+        self._work = bytearray(work_size(config))
+
+    async def read(
+        self,
+        ctx: SourceContext,
+        claim: str,
+        rel: str,
+        reader: FileReader,
+        offset: int,
+        reopen: Callable[[], FileReader],
+    ) -> None:
+        """Send the batches of the open ``reader`` (claim ``claim``, spool path ``rel``) from
+        ``offset``; ``reopen`` gives another reader of the same file (a resumed CSV file's
+        header is read from its start)."""
+        if self.config.format == "whole-file":
+            await self._read_whole(ctx, claim, rel, reader)
+        elif self.config.format == "jsonl":
+            await self._read_lines(ctx, claim, rel, reader, offset)
+        else:
+            await self._read_csv(ctx, claim, rel, reader, offset, reopen)
+
+    async def _read_whole(
+        self, ctx: SourceContext, claim: str, rel: str, reader: FileReader
+    ) -> None:
+        limit = self.config.max_file_bytes
+        data = b""
+        try:
+            async for chunk in reader.chunks(0):
+                data += chunk
+                if len(data) > limit:
+                    raise Rejected(f"file larger than max_file_bytes ({limit})")
+        except Rejected as e:
+            await reject(ctx, claim, rel, str(e), len(data))
+            return
+        parts = Path(rel).parts
+        label = parts[-2] if len(parts) > 1 else self._spool_name
+        value = {"filename": parts[-1], "label": label, "path": rel}
+        event = RawEvent(data, rel, value=value, format="file")
+        await ctx.send(RawBatch(ctx.name, [event], _token(claim, len(data), True)))
+
+    async def _read_lines(
+        self, ctx: SourceContext, claim: str, rel: str, reader: FileReader, offset: int
+    ) -> None:
+        """Send the file's JSON lines from ``offset`` as :class:`Lines` batches of whole lines.
+
+        Only whole buffers are handled here (a search for the last newline, a count of them): the
+        lines are split where they are encoded. A line that outgrows ``max_line_bytes`` before
+        its newline arrives is skipped as it is read, its first bytes kept for the dead letter.
+
+        The file is read into one buffer, the source's own, over and over: a new buffer per read
+        is fresh memory the kernel faults in page by page (with 64 MiB reads, a tenth of the
+        daemon's CPU went to those faults). Only the batches are copied out of it.
+
+        A buffer's last batch waits for the next read: when that read finds the end of the file,
+        the batch carries the file's end, instead of a batch of its own after it (which would
+        cost a commit of its own when it arrives between two shards).
+        """
+        max_line, read_size = self.config.max_line_bytes, self.config.read_size
+        max_events, max_bytes = ctx.max_batch_events, ctx.max_batch_bytes
+        work = self._work
+        kept = 0  # bytes at work[:kept] (a line's start), from stream position `offset`
+        head: bytes | None = None  # first bytes of an overlong line still being skipped
+        head_at = 0
+        eof = False
+        lines = False  # whether the last buffer held whole lines: if not, the end goes alone
+        held: tuple[Lines, int] | None = None  # the last batch cut, and the offset after it
+
+        async def send_held(last: bool) -> None:
+            nonlocal held
+            if held is not None:
+                batch, end = held
+                held = None
+                await ctx.send(RawBatch(ctx.name, [], _token(claim, end, last), batch))
+
+        try:
+            await reader.seek(offset)
+            while not eof:
+                if len(work) < kept + read_size:
+                    # A new buffer, never a resize: a view of the old one may still be held by
+                    # the thread that read into it.
+                    grown = bytearray(kept + read_size)
+                    grown[:kept] = work[:kept]
+                    work = self._work = grown
+                with memoryview(work) as view:
+                    got = await reader.read_into(view[kept : kept + read_size])
+                eof = not got
+                if held is not None and eof and not kept and head is None:
+                    await send_held(True)
+                    return
+                await send_held(False)
+                n, at = kept + got, 0  # work[at:n] is unread, from stream position `offset`
+                if head is not None:
+                    nl = work.find(b"\n", 0, n)
+                    if nl < 0 and not eof:
+                        offset, kept = offset + n, 0
+                        continue
+                    at = nl + 1 if nl >= 0 else n
+                    offset += at
+                    event = too_long(rel, head_at, head, max_line)
+                    last = eof and at == n
+                    await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, last)))
+                    head = None
+                    if last:
+                        return
+                whole = n if eof else work.rfind(b"\n", at, n) + 1 or at
+                lines = whole > at
+                start = at
+                with memoryview(work) as view:
+                    for end in cuts(work, start, whole, max_events, max_bytes):
+                        await send_held(False)
+                        batch = Lines(bytes(view[start:end]), rel, offset + start - at, max_line)
+                        held = batch, offset + end - at
+                        start = end
+                if eof:
+                    await send_held(True)
+                offset, kept = offset + whole - at, n - whole
+                work[:kept] = work[whole:n]
+                if kept > max_line:
+                    head, head_at = bytes(work[:max_line]), offset
+                    offset, kept = offset + kept, 0
+        except Rejected as e:
+            await send_held(False)
+            await reject(ctx, claim, rel, str(e), offset)
+            return
+        finally:
+            if len(work) > work_size(self.config):
+                # A line longer than a read grew it: back to its usual size for the next file.
+                self._work = bytearray(work_size(self.config))
+        if not lines:
+            await ctx.send(RawBatch(ctx.name, [], _token(claim, offset, True)))
+
+    async def _read_csv(
+        self,
+        ctx: SourceContext,
+        claim: str,
+        rel: str,
+        reader: FileReader,
+        offset: int,
+        reopen: Callable[[], FileReader],
+    ) -> None:
+        """Send the file's CSV records from ``offset`` in batches whose tokens sit on record
+        ends (the header row first, or read again when resuming past it). A record longer than
+        ``max_line_bytes`` is dead-lettered whole (its first bytes kept) while the scanner reads
+        on through it, so the next record starts exactly where the long one ends."""
+        cfg = self.config
+        header = await self._csv_header(reopen()) if offset > 0 else None
+        max_line = cfg.max_line_bytes
+        max_events, max_bytes = ctx.max_batch_events, ctx.max_batch_bytes
+        delimiter = cfg.csv_delimiter
+        events: list[RawEvent] = []
+        batch_bytes = 0
+        buf = b""  # unread bytes, starting at stream position `offset`
+        head: bytes | None = None  # first bytes of an overlong record still being skipped
+        head_at = 0
+        state = csvrecords.State.FIELD_START  # the scanner's, at buf[0]
+        # The last full batch waits for the next one: if none comes, it carries the file's end
+        # (as the JSON-lines reader's last batch does), not an empty batch of its own.
+        held: RawBatch | None = None
+        try:
+            async with aclosing(reader.chunks(offset)) as chunks:
+                while True:
+                    chunk = await anext(chunks, b"")
+                    buf += chunk
+                    if offset == 0 and header is None:
+                        if len(buf) < len(csvrecords.BOM) and chunk:
+                            continue
+                        if buf.startswith(csvrecords.BOM):
+                            buf, offset = buf[len(csvrecords.BOM) :], len(csvrecords.BOM)
+                    found = csvrecords.split(buf, not chunk, state, ord(delimiter))
+                    at = offset
+                    for record, nxt in zip(found.records, found.ends, strict=True):
+                        n = len(record)
+                        if head is not None:
+                            events.append(too_long(rel, head_at, head, max_line))
+                            head = None
+                        elif n > max_line:
+                            events.append(too_long(rel, at, record[:max_line], max_line))
+                        elif not n or record.isspace():
+                            pass
+                        elif header is None:
+                            header = csvrecords.row(record, delimiter)
+                        else:
+                            events.append(
+                                csvrecords.event(record, f"{rel}:{at}", header, delimiter)
+                            )
+                            batch_bytes += n
+                        at = offset + nxt
+                        if len(events) >= max_events or batch_bytes >= max_bytes:
+                            if held is not None:
+                                await ctx.send(held)
+                            held = RawBatch(ctx.name, events, _token(claim, at, False))
+                            events, batch_bytes = [], 0
+                    buf, offset = buf[found.consumed :], offset + found.consumed
+                    state = csvrecords.State.FIELD_START if found.records else state
+                    if not chunk:
+                        if head is not None:  # the input ended inside the over-long record
+                            events.append(too_long(rel, head_at, head, max_line))
+                        break
+                    if len(buf) > max_line:
+                        # Over-long: keep its first bytes for the dead letter and drop the rest,
+                        # carrying the scanner's state across so its end is found exactly.
+                        if head is None:
+                            head, head_at = buf[:max_line], offset
+                        state = found.state
+                        offset, buf = offset + len(buf), b""
+        except Rejected as e:
+            if held is not None:
+                await ctx.send(held)
+            if events:
+                await ctx.send(RawBatch(ctx.name, events, _token(claim, offset, False)))
+            await reject(ctx, claim, rel, str(e), offset)
+            return
+        if held is not None and not events:
+            events, held = held.events, None
+        if held is not None:
+            await ctx.send(held)
+        await ctx.send(RawBatch(ctx.name, events, _token(claim, offset, True)))
+
+    async def _csv_header(self, reader: FileReader) -> list[str] | None:
+        """The header row of a CSV file being resumed past its start (``reader`` not open yet)."""
+        with anyio.CancelScope(shield=True):
+            await reader.open()
+        delimiter = ord(self.config.csv_delimiter)
+        try:
+            buf = b""
+            final = False
+            async with aclosing(reader.chunks(0)) as chunks:
+                while not final:
+                    chunk = await anext(chunks, b"")
+                    buf += chunk
+                    final = not chunk
+                    start = len(csvrecords.BOM) if buf.startswith(csvrecords.BOM) else 0
+                    found = csvrecords.split(
+                        buf[start:], final, csvrecords.State.FIELD_START, delimiter
+                    )
+                    for record in found.records:
+                        if record.strip():
+                            return csvrecords.row(record, self.config.csv_delimiter)
+            return None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await reader.close()
+
+
+async def reject(ctx: SourceContext, claim: str, rel: str, reason: str, offset: int) -> None:
+    """Send the batch that ends a file whose rest (from ``offset``) cannot be read: a dead
+    letter with ``reason``, and a token that has the file moved aside once it is committed."""
+    log.warning("%s: %s rejected: %s", ctx.name, rel, reason)
+    event = RawEvent(b"", f"{rel}:{offset}", error=f"input rejected: {reason}")
+    await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, True, bad=reason)))
+
+
+def work_size(config: FormatSettings) -> int:
+    """The read buffer's size: a read, after the start of a line left from the read before."""
+    return config.read_size + min(config.max_line_bytes, config.read_size)
+
+
+def cuts(
+    buf: bytes | bytearray, start: int, whole: int, max_events: int, max_bytes: int
+) -> Iterator[int]:
+    """Where the batches of ``buf[start:whole]`` (whole lines) end: each holds
+    ``max_events`` lines (the last may hold fewer) and, unless one line is longer, at most
+    ``max_bytes`` bytes. Exact counts matter: a shard's record cap is filled by whole batches.
+    One at a time: the source sends each batch (and lets the event loop run) before the next."""
+    per_line = 0  # bytes per line in the batch before: where to look for this one's end
+    while start < whole:
+        bound = whole
+        if bound - start > max_bytes:
+            bound = (
+                buf.rfind(b"\n", start, start + max_bytes) + 1
+                or buf.find(b"\n", start + max_bytes, whole) + 1
+                or whole
+            )
+        if cframe is not None:
+            end, _ = cframe.line_end(buf, start, bound, max_events)
+            yield end
+            start = end
+            continue
+        end = bound
+        # Counting newlines up to the end of a large buffer for every batch would cost more than
+        # the batches: look about as far as the batch before suggests.
+        if per_line and end - start > (reach := per_line * max_events * 5 // 4):
+            end = buf.rfind(b"\n", start, start + reach) + 1 or bound
+        lines = buf.count(b"\n", start, end) + (buf[end - 1] != 10)
+        if lines > max_events:
+            guess = start + (end - start) * max_events // lines
+            end = buf.rfind(b"\n", start, guess) + 1 or buf.find(b"\n", start, end) + 1
+            lines = buf.count(b"\n", start, end)
+            while lines > max_events:
+                end = buf.rfind(b"\n", start, end - 1) + 1
+                lines -= 1
+        while lines < max_events and end < bound:
+            end = buf.find(b"\n", end, bound) + 1 or bound
+            lines += 1
+        yield end
+        per_line = (end - start) // lines + 1
+        start = end
+
+
+def too_long(rel: str, at: int, head: bytes, limit: int) -> RawEvent:
+    return RawEvent(
+        head, f"{rel}:{at}", error=f"record longer than max_line_bytes ({limit}); first bytes kept"
+    )

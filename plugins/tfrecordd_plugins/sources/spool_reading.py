@@ -1,0 +1,216 @@
+"""Reading one claimed spool file: its decompressed bytes, without blocking the event loop.
+
+:class:`FileReader` opens a file in the claim folder relative to the folder's descriptor (never
+following a symlink, only a regular file), reads it through aiofiles (a plain file) or a
+decompressing stream in a worker thread (``.gz``, ``.zst``; up to
+``max_decompressed_bytes``), seeks to a committed offset in the
+decompressed stream, and notices a file that changes while it is read. Whatever cannot be read
+on to the end raises :class:`Rejected`, so the source moves the file aside instead of deleting a
+tail nobody read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
+
+import aiofiles
+import anyio
+
+from tfrecordd.compression import Compression, open_decompressed
+from tfrecordd.errors import CompressionError
+
+GROW_POLLS = 10
+"""A file still growing this many poll intervals after it was first read to its end has the
+rest refused."""
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SUFFIX_COMPRESSION = {".gz": Compression.GZIP, ".zst": Compression.ZSTD, ".zstd": Compression.ZSTD}
+
+
+class ReadSettings(Protocol):
+    """The source settings a :class:`FileReader` follows (the directory source's config)."""
+
+    @property
+    def read_size(self) -> int: ...
+    @property
+    def poll_interval(self) -> float: ...
+    @property
+    def max_decompressed_bytes(self) -> int: ...
+
+
+class Rejected(Exception):
+    """The rest of the input cannot be read; the file is moved aside."""
+
+
+def compression_of(name: str, configured: str) -> Compression:
+    """How the file ``name`` is compressed: ``configured``, or by its suffix for ``auto``."""
+    if configured != "auto":
+        return Compression(configured)
+    return _SUFFIX_COMPRESSION.get(os.path.splitext(name)[1], Compression.NONE)
+
+
+class FileReader:
+    """Decompressed bytes of one claimed file, read without blocking the event loop.
+
+    A file that changes after it was opened (a producer still writing into a published file)
+    is noticed at the end of what was read, by its size and modification time: a plain file is
+    read on while it grows (until it has been still for a poll interval, for at most
+    ``GROW_POLLS`` poll intervals); a compressed one, or one that keeps growing, has the rest
+    refused (:class:`Rejected`), so the file is moved aside rather than deleted with a tail
+    nobody read."""
+
+    def __init__(
+        self, folder: int, name: str, compression: Compression, config: ReadSettings
+    ) -> None:
+        self.folder = folder
+        self.name = name
+        self.compression = compression
+        self.config = config
+        self.grew = False
+        """Whether the file changed after it was opened (or ``seen``)."""
+        self.seen: tuple[int, int] | None = None
+        """The file's size and modification time when it was claimed, if known: a change
+        since then is noticed too."""
+        self._plain: Any = None
+        self._raw: Any = None
+        self._stream: Any = None
+        self._at_end = False
+        self._fd = -1
+        self._pos = 0  # of a plain file: where the next read starts
+        self._seen = (0, 0)  # size and modification time at the last look
+        self._grew_at = 0.0
+        self._still = False  # looked again after a poll interval: nothing changed
+
+    def _opener(self, name: str, flags: int) -> int:
+        return os.open(name, flags | _FILE_FLAGS, dir_fd=self.folder)
+
+    async def open(self) -> None:
+        if self.compression is Compression.NONE:
+            self._plain = await aiofiles.open(self.name, "rb", opener=self._opener)
+            fd = self._plain.fileno()
+        else:
+            self._raw = await anyio.to_thread.run_sync(self._open_raw)
+            fd = self._raw.fileno()
+            self._stream = open_decompressed(
+                self._raw,
+                self.compression,
+                path=self.name,
+                max_bytes=self.config.max_decompressed_bytes,
+            )
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            await self.close()
+            raise Rejected("not a regular file")
+        self._fd = fd
+        self._seen = self.seen or (st.st_size, st.st_mtime_ns)
+
+    def _open_raw(self) -> Any:
+        return open(self.name, "rb", buffering=0, opener=self._opener)
+
+    async def seek(self, offset: int) -> None:
+        """Read from ``offset`` (in the decompressed stream) on; a compressed stream is read up
+        to it."""
+        self._at_end = False
+        if self._plain is not None:
+            if offset:
+                await self._plain.seek(offset)
+            self._pos = offset
+            return
+        size = self.config.read_size
+        while offset > 0:
+            skipped = await self._decompressed(min(size, offset))
+            if not skipped:
+                self._at_end = True
+                return
+            offset -= len(skipped)
+
+    async def read(self) -> bytes:
+        """The next bytes, up to ``read_size``; ``b""`` at the end."""
+        size = self.config.read_size
+        while True:
+            if not self._at_end:
+                if self._plain is None:
+                    chunk = await self._decompressed(size)
+                else:
+                    chunk = await self._plain.read(size)
+                    self._pos += len(chunk)
+                # A read returns less than asked only at the end of the file: no trip to a
+                # thread to hear that again.
+                self._at_end = len(chunk) < size
+                if chunk:
+                    return chunk
+            if not await self._more():
+                return b""
+            self._at_end = False
+
+    async def read_into(self, target: memoryview) -> int:
+        """Read the next bytes into ``target``; how many (``0`` at the end)."""
+        while True:
+            if not self._at_end:
+                if self._plain is None:
+                    chunk = await self._decompressed(len(target))
+                    got = len(chunk)
+                    target[:got] = chunk
+                else:
+                    got = await self._plain.readinto(target)
+                    self._pos += got
+                self._at_end = got < len(target)
+                if got:
+                    return got
+            if not await self._more():
+                return 0
+            self._at_end = False
+
+    async def _more(self) -> bool:
+        """At the end of what was read: whether the file grew since, so reading goes on."""
+        while True:
+            st = os.fstat(self._fd)
+            now = (st.st_size, st.st_mtime_ns)
+            if now == self._seen:
+                if not self.grew or self._still:
+                    return False
+                # It changed before: let a writer that is still at it show itself.
+                await anyio.sleep(self.config.poll_interval)
+                self._still = True
+                continue
+            self._seen, self._still = now, False
+            if not self.grew:
+                self.grew, self._grew_at = True, time.monotonic()
+            if self._plain is None:
+                raise Rejected(
+                    "the file changed while it was read (published before it was complete); "
+                    "the rest is not read"
+                )
+            if st.st_size < self._pos:
+                raise Rejected(f"the file was cut to {st.st_size} bytes while it was read")
+            if time.monotonic() - self._grew_at > GROW_POLLS * self.config.poll_interval:
+                raise Rejected(
+                    f"still being written {GROW_POLLS} poll intervals after it was read to its "
+                    f"end; the rest, from byte {self._pos}, is not read"
+                )
+            if st.st_size > self._pos:
+                return True
+
+    async def chunks(self, offset: int) -> AsyncGenerator[bytes, None]:
+        """The bytes from ``offset`` (in the decompressed stream) to the end."""
+        await self.seek(offset)
+        while chunk := await self.read():
+            yield chunk
+
+    async def _decompressed(self, size: int) -> bytes:
+        try:
+            chunk: bytes = await anyio.to_thread.run_sync(self._stream.read, size)
+        except CompressionError as e:
+            raise Rejected(e.detail) from e
+        return chunk
+
+    async def close(self) -> None:
+        if self._plain is not None:
+            await self._plain.close()
+            self._plain = None
+        if self._raw is not None:
+            await anyio.to_thread.run_sync(self._raw.close)
+            self._raw = self._stream = None
