@@ -23,17 +23,15 @@ import logging
 import os
 import signal
 import time
-from array import array
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tfrecordd import crashpoints, manifest, statelock
-from tfrecordd.compression import Compression, Compressor, compression_from_name
+from tfrecordd.compression import Compressor, compression_from_name
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError, UploadError
@@ -43,12 +41,10 @@ from tfrecordd.journal import Intent, Journal
 from tfrecordd.metrics import Metrics, Stopwatch, serve
 from tfrecordd.notify import SystemdNotifier
 from tfrecordd.output import LocalOutput, make_output
+from tfrecordd.pipeline.encode import EncodeStage, take_waiting
+from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.plugin import (
-    Encoder,
-    EncodeResult,
-    Lines,
     RawBatch,
-    RawEvent,
     Source,
     SourceContext,
     Token,
@@ -62,18 +58,13 @@ from tfrecordd.shards import (
     offsets_name,
     staged_path,
 )
-from tfrecordd.workers import DEPTH, EncodeWorkers
-from tfrecordd.writer import Packed, pack
+from tfrecordd.writer import Packed
 
 log = logging.getLogger("tfrecordd")
 
 PAUSE_LOG_AFTER = 5.0
 """A source held back longer than this by a full pipeline is logged as paused (and resumed)."""
 
-
-GROUP_BATCHES = 4
-"""The most batches encoded in one trip to the encode thread or to a worker process (those
-already waiting): fewer hand-offs when the pipeline is full, none held back when it is not."""
 
 WRITE_RUN_BATCHES = 16
 """The most waiting batches the write stage takes at once: written in one trip to its thread
@@ -86,168 +77,6 @@ lines, bad events) are committed on their own, when no shard is open to carry th
 POSITIONS_ONLY_BATCHES = 16384
 """A commit without records is made at the latest when this many batches' positions wait (an
 intent of about a megabyte), however fast batches without records keep coming."""
-
-PACK_MIN_BYTES = 64 * 1024
-"""Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
-of their own: a trickle of small batches still compresses as one stream."""
-
-
-@dataclass(slots=True)
-class EncodedBatch:
-    """A batch after encoding: records for the shard (or already packed into a compression
-    unit), failures for the dead letters."""
-
-    source: str
-    records: list[bytes] | Packed
-    token: Token
-    events: int
-    failures: list[tuple[RawEvent, str, str]]
-
-    @property
-    def count(self) -> int:
-        """Records for the shard."""
-        r = self.records
-        return r.records if isinstance(r, Packed) else len(r)
-
-
-@dataclass(slots=True)
-class _Slot:
-    """One worker request's place in the encode stage's output order."""
-
-    done: anyio.Event = field(default_factory=anyio.Event)
-    results: list[EncodedBatch] = field(default_factory=list)
-
-
-_T = TypeVar("_T")
-
-
-def _take_waiting(recv: MemoryObjectReceiveStream[_T], first: _T, limit: int) -> list[_T]:
-    """``first`` and the items already waiting in ``recv`` behind it, up to ``limit`` in all."""
-    items = [first]
-    while len(items) < limit:
-        try:
-            items.append(recv.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream):
-            break
-    return items
-
-
-def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEvent]]:
-    good: list[RawEvent] = []
-    rejected: list[RawEvent] = []
-    for ev in events:
-        (good if ev.error is None else rejected).append(ev)
-    return good, rejected
-
-
-def _blank(batch: RawBatch) -> bool:
-    """Whether encoding ``batch`` gives nothing: no events, and lines (if any) that are all
-    empty or whitespace, none long enough to be refused. Such a batch (a storm of blank lines,
-    a file's end) skips the trip to an encoder."""
-    lines = batch.lines
-    if batch.events or lines is None:
-        return not batch.events
-    return len(lines.data) <= lines.max_line and (not lines.data or lines.data.isspace())
-
-
-_Failures = list[tuple[int, str, str]]
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What encoding a batch gave, as it travels back from an encode worker: records (packed
-    when worth it), failures of the events sent (by index), failures of the events split from
-    the batch's lines (with the event: the daemon's process never split them), and how many
-    events the lines held."""
-
-    records: list[bytes] | Packed
-    failures: _Failures
-    line_failures: list[tuple[RawEvent, str, str]]
-    line_events: int
-
-
-ENCODER_ERROR = "encoder-error"
-"""The dead-letter reason of an event on which the encoder raised instead of reporting it."""
-
-
-def _guarded(encode: Callable[[list[_T]], EncodeResult], items: list[_T]) -> EncodeResult:
-    """``encode(items)``; if it raises, each item alone, so that one event an encoder cannot
-    take (whatever it raises) fails alone, as :data:`ENCODER_ERROR`, and the others go on."""
-    try:
-        return encode(items)
-    except Exception:
-        log.exception("the encoder raised on a batch of %d events: encoding each alone", len(items))
-    result = EncodeResult()
-    for i, item in enumerate(items):
-        try:
-            one = encode([item])
-        except Exception as e:
-            result.failures.append((i, ENCODER_ERROR, f"the encoder raised {type(e).__name__}"))
-            continue
-        result.records.extend(one.records)
-        result.failures.extend((i, reason, detail) for _, reason, detail in one.failures)
-    return result
-
-
-def _encode_events(
-    encoder: Encoder,
-    events: list[RawEvent],
-    lines: Lines | None,
-    compression: Compression,
-    level: int | None,
-) -> _Outcome:
-    """Encode ``events`` and then the events of ``lines``; frame and compress the records into
-    a unit of their own when they are large enough to be worth one."""
-    result = _guarded(encoder.encode_batch, events) if events else EncodeResult()
-    records, failures = result.records, result.failures
-    line_failures: list[tuple[RawEvent, str, str]] = []
-    line_events = 0
-    if lines is not None:
-        payloads, refused = lines.split()
-        line_events = len(payloads) + len(refused)
-        line_failures = [(ev, "rejected", ev.error or "") for ev in refused]
-        result = _guarded(encoder.encode_lines, payloads)
-        records = records + result.records if records else result.records
-        if result.failures:
-            offsets = lines.offsets()
-            line_failures += [
-                (RawEvent(payloads[i], lines.at(offsets[i])), reason, detail)
-                for i, reason, detail in result.failures
-            ]
-    packed: list[bytes] | Packed = records
-    if framed_size(records) >= PACK_MIN_BYTES:
-        packed = pack(records, compression, level)
-    return _Outcome(packed, failures, line_failures, line_events)
-
-
-_Shipment = tuple[bytes, "array[int]", list[tuple[int, Any, str | None]]]
-
-
-def _ship(events: list[RawEvent]) -> _Shipment:
-    """Events as they travel to an encode worker: the payloads joined into one bytes object with
-    their lengths, and ``(index, value, format)`` for the few events that have either.
-
-    The main process is the pipeline's narrow part, and pickling one joined payload costs a
-    small part of pickling a thousand small ones (and the worker splits it, in parallel)."""
-    payloads = [ev.payload for ev in events]
-    extras = [
-        (i, ev.value, ev.format)
-        for i, ev in enumerate(events)
-        if ev.value is not None or ev.format is not None
-    ]
-    return b"".join(payloads), array("Q", map(len, payloads)), extras
-
-
-def _unship(shipment: _Shipment) -> list[RawEvent]:
-    blob, lengths, extras = shipment
-    events = []
-    at = 0
-    for n in lengths:
-        events.append(RawEvent(blob[at : at + n], ""))
-        at += n
-    for i, value, fmt in extras:
-        events[i].value, events[i].format = value, fmt
-    return events
 
 
 @dataclass(slots=True)
@@ -335,9 +164,14 @@ class Daemon:
         self.fsync = out.fsync
         self.namer = ShardNamer(out.prefix, config.daemon.node_id, out.compression)
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
-        self._encoders: dict[str, Encoder] = {n: e.build() for n, e in config.encoders.items()}
-        self.encoder_of = {s.name: self._encoders[s.encoder] for s in config.sources}
-        self._encoder_name = {s.name: s.encoder for s in config.sources}
+        self.encode = EncodeStage(
+            config.encoders,
+            {s.name: s.encoder for s in config.sources},
+            workers=config.daemon.encode_workers,
+            compression=out.compression,
+            level=out.level,
+            metrics=self.metrics,
+        )
         self._schemas = {
             s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources
         }
@@ -460,7 +294,7 @@ class Daemon:
                 with pipeline_scope:
                     async with anyio.create_task_group() as pipeline:
                         pipeline.start_soon(self._run_sources, raw_send)
-                        pipeline.start_soon(self._encode_stage, raw_recv, enc_send)
+                        pipeline.start_soon(self.encode.run, raw_recv, enc_send)
                         pipeline.start_soon(self._write_stage, enc_recv)
                 if pipeline_scope.cancelled_caught:
                     log.error("drain did not finish within drain_timeout; open work will replay")
@@ -676,122 +510,6 @@ class Daemon:
             await src.run(_SourceContext(self, name, send))
         log.info("source %s: finished", name)
 
-    async def _encode_stage(
-        self,
-        recv: MemoryObjectReceiveStream[RawBatch],
-        send: MemoryObjectSendStream[EncodedBatch],
-    ) -> None:
-        depth = self.metrics.stream_depth.labels("encode")
-        workers = self.config.daemon.encode_workers
-        async with recv, send:
-            if workers == 1:
-                async for batch in recv:
-                    group = _take_waiting(recv, batch, GROUP_BATCHES)
-                    depth.set(recv.statistics().current_buffer_used)
-                    if all(map(_blank, group)):
-                        encoded_group = self._encode_all(group)
-                    else:
-                        encoded_group = await anyio.to_thread.run_sync(self._encode_all, group)
-                    for encoded in encoded_group:
-                        await send.send(encoded)
-                return
-            # Several requests encode at once, in this process's encode thread and in worker
-            # processes; a slot per request, queued in arrival order, keeps their batches in order
-            # on the way out (offsets commit in order). Batches already waiting go to an encoder
-            # together, up to GROUP_BATCHES.
-            pool = EncodeWorkers(
-                workers - 1, dict(self.config.encoders), local=self._encode_requests
-            )
-            order_send, order_recv = anyio.create_memory_object_stream[_Slot](workers * DEPTH)
-            out = self.config.output
-
-            async def encode(batches: list[RawBatch], slot: _Slot) -> None:
-                splits = [_split_rejected(b.events) for b in batches]
-                sent = [
-                    i
-                    for i, (b, (good, _)) in enumerate(zip(batches, splits, strict=True))
-                    if good or (b.lines is not None and not _blank(b))
-                ]
-                requests = [
-                    (
-                        self._encoder_name[batches[i].source],
-                        _ship(splits[i][0]),
-                        batches[i].lines,
-                        out.compression,
-                        out.level,
-                    )
-                    for i in sent
-                ]
-                outcomes: list[_Outcome | None] = [None] * len(batches)
-                answers = await pool.call_many(requests) if sent else []
-                for i, outcome in zip(sent, answers, strict=True):
-                    outcomes[i] = outcome
-                slot.results = [
-                    self._encoded(b, good, rejected, outcome)
-                    for b, (good, rejected), outcome in zip(batches, splits, outcomes, strict=True)
-                ]
-                slot.done.set()
-
-            async def forward() -> None:
-                async with order_recv:
-                    async for slot in order_recv:
-                        await slot.done.wait()
-                        for result in slot.results:
-                            await send.send(result)
-
-            async with anyio.create_task_group() as workers_tg:
-                await workers_tg.start(pool.run)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(forward)
-                    async with order_send:
-                        async for batch in recv:
-                            group = _take_waiting(recv, batch, GROUP_BATCHES)
-                            depth.set(recv.statistics().current_buffer_used)
-                            slot = _Slot()
-                            await order_send.send(slot)
-                            tg.start_soon(encode, group, slot)
-                workers_tg.cancel_scope.cancel()
-
-    def _encode_requests(self, requests: list[tuple[Any, ...]]) -> list[_Outcome]:
-        """The daemon's own encoder among the workers: requests as they go to a worker."""
-        return [
-            _encode_events(self._encoders[name], _unship(shipment), lines, compression, level)
-            for name, shipment, lines, compression, level in requests
-        ]
-
-    def _encode_all(self, batches: list[RawBatch]) -> list[EncodedBatch]:
-        return [self._encode(batch) for batch in batches]
-
-    def _encode(self, batch: RawBatch) -> EncodedBatch:
-        good, rejected = _split_rejected(batch.events)
-        outcome = None
-        if good or (batch.lines is not None and not _blank(batch)):
-            out = self.config.output
-            encoder = self.encoder_of[batch.source]
-            outcome = _encode_events(encoder, good, batch.lines, out.compression, out.level)
-        return self._encoded(batch, good, rejected, outcome)
-
-    def _encoded(
-        self,
-        batch: RawBatch,
-        good: list[RawEvent],
-        rejected: list[RawEvent],
-        outcome: _Outcome | None,
-    ) -> EncodedBatch:
-        """The batch for the writer: its records, and every failure with its event."""
-        failures = [(ev, "rejected", ev.error or "") for ev in rejected]
-        records: list[bytes] | Packed = []
-        events = len(batch.events)
-        if outcome is not None:
-            records = outcome.records
-            failures.extend((good[i], reason, detail) for i, reason, detail in outcome.failures)
-            failures.extend(outcome.line_failures)
-            if outcome.line_events:
-                # Events sent as lines are counted here, where they were first split.
-                self.metrics.events_received.labels(batch.source).inc(outcome.line_events)
-                events += outcome.line_events
-        return EncodedBatch(batch.source, records, batch.token, events, failures)
-
     async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         depth = self.metrics.stream_depth.labels("write")
         max_age = self.config.output.max_shard_age
@@ -810,7 +528,7 @@ class Daemon:
                         ended = True
                 self._beat = time.monotonic()
                 if batch is not None:
-                    batches = _take_waiting(recv, batch, WRITE_RUN_BATCHES)
+                    batches = take_waiting(recv, batch, WRITE_RUN_BATCHES)
                     depth.set(recv.statistics().current_buffer_used)
                     await self._write_batches(batches)
                 self._update_open_gauges()

@@ -28,8 +28,11 @@ from tfrecordd import shards as shards_module
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
-from tfrecordd.runtime import GROUP_BATCHES, Daemon
-from tfrecordd.workers import EncodeWorkers
+from tfrecordd.pipeline import encoding
+from tfrecordd.pipeline.encode import GROUP_BATCHES, EncodeStage
+from tfrecordd.pipeline.encoding import EncodeRequest
+from tfrecordd.pipeline.workers import EncodeWorkers
+from tfrecordd.runtime import Daemon
 from tfrecordd.writer import Packed, pack
 from tfrecordd_plugins.sources.directory import DirectorySource
 
@@ -275,7 +278,7 @@ async def test_packed_batches_keep_the_cap_too(
         packed.append(len(records))
         return pack(records, *args)
 
-    monkeypatch.setattr(runtime, "pack", counting_pack)
+    monkeypatch.setattr(encoding, "pack", counting_pack)
     cap = 512 << 10
     n = 20_000 if compression == "none" else 200_000
     cfg = write_config(tmp_path, output={"max_shard_bytes": cap, "compression": compression})
@@ -412,7 +415,7 @@ def _requests_counted(monkeypatch: pytest.MonkeyPatch, method: str) -> list[int]
     sizes: list[int] = []
     original = getattr(EncodeWorkers, method)
 
-    async def counted(pool: EncodeWorkers, requests: list[tuple[Any, ...]]) -> list[Any]:
+    async def counted(pool: EncodeWorkers, requests: list[EncodeRequest]) -> list[Any]:
         sizes.append(len(requests))
         result: list[Any] = await original(pool, requests)
         return result
@@ -451,13 +454,13 @@ async def test_the_encode_thread_takes_waiting_batches_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sizes: list[int] = []
-    encode_all = Daemon._encode_all
+    encode_all = EncodeStage.encode_all
 
-    def counted(daemon: Daemon, batches: list[Any]) -> list[Any]:
+    def counted(stage: EncodeStage, batches: list[Any]) -> list[Any]:
         sizes.append(len(batches))
-        return encode_all(daemon, batches)
+        return encode_all(stage, batches)
 
-    monkeypatch.setattr(Daemon, "_encode_all", counted)
+    monkeypatch.setattr(EncodeStage, "encode_all", counted)
     cfg = write_config(
         tmp_path,
         daemon={"max_batch_events": 25},
