@@ -10,7 +10,8 @@ on the unmutated copy: they must pass there, or the verdict says nothing. A muta
 when its tests fail; it survives when they pass. A table is printed; the exit status is 0 only
 when every mutation applied cleanly, its tests passed without it and failed with it.
 
-Run it once per change to the commit path (shards, output, runtime's commit, journal, recovery).
+Run it once per change to the commit path (shards, output, pipeline/commit.py, journal,
+recovery).
 When a mutation no longer applies (the code it edits changed), update its text here.
 """
 
@@ -77,7 +78,7 @@ MUTATIONS = (
     Mutation(
         "publish-before-intent",
         "swapped order: the shard is published before its intent is journalled",
-        "daemon/tfrecordd/runtime.py",
+        "daemon/tfrecordd/pipeline/commit.py",
         r"^(\s*)self\.journal\.write_intent\(intent\)\n((?:.*\n){1,12}?)(\s*)self\.output\.publish\(finished\)\n",
         r"\1if finished is not None:\n\1    self.output.publish(finished)\n"
         r"\1self.journal.write_intent(intent)\n\2\3pass\n",

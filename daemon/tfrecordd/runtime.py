@@ -23,7 +23,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import anyio
@@ -34,13 +33,14 @@ from tfrecordd import crashpoints, manifest, statelock
 from tfrecordd.compression import Compressor, compression_from_name
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
-from tfrecordd.errors import DurabilityError, UploadError
+from tfrecordd.errors import DurabilityError
 from tfrecordd.framing import framed_size
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.journal import Intent, Journal
-from tfrecordd.metrics import Metrics, Stopwatch, serve
+from tfrecordd.metrics import Metrics, serve
 from tfrecordd.notify import SystemdNotifier
 from tfrecordd.output import LocalOutput, make_output
+from tfrecordd.pipeline.commit import Committer, CommitUnit, Manifests
 from tfrecordd.pipeline.encode import EncodeStage, take_waiting
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.plugin import (
@@ -50,7 +50,6 @@ from tfrecordd.plugin import (
     Token,
 )
 from tfrecordd.shards import (
-    FinishedShard,
     OpenShard,
     RecordOffsets,
     ShardNamer,
@@ -77,21 +76,6 @@ lines, bad events) are committed on their own, when no shard is open to carry th
 POSITIONS_ONLY_BATCHES = 16384
 """A commit without records is made at the latest when this many batches' positions wait (an
 intent of about a megabyte), however fast batches without records keep coming."""
-
-
-@dataclass(slots=True)
-class _Unit:
-    """What the next commit will cover: an open shard (if any records came) and tokens."""
-
-    shard: OpenShard | None = None
-    tokens: dict[str, list[Token]] = field(default_factory=dict)
-    events: dict[str, int] = field(default_factory=dict)
-    first_at: float | None = None
-    intent: Intent | None = None
-    """Set once the commit's intent may be in the journal."""
-
-    def empty(self) -> bool:
-        return self.shard is None and not self.tokens
 
 
 class _SourceContext(SourceContext):
@@ -172,9 +156,6 @@ class Daemon:
             level=out.level,
             metrics=self.metrics,
         )
-        self._schemas = {
-            s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources
-        }
         self.journal = Journal(
             self.state_dir,
             fs,
@@ -185,9 +166,23 @@ class Daemon:
         self.dead_letters = DeadLetters(
             self.state_dir, fs, config.daemon.dead_letter_max_bytes, fsync=self.fsync
         )
+        self.manifests = Manifests(
+            self.output,
+            out.compression,
+            {s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources},
+        )
+        self.committer = Committer(
+            output=self.output,
+            journal=self.journal,
+            sources=self.sources,
+            dead_letters=self.dead_letters,
+            metrics=self.metrics,
+            fsync=self.fsync,
+            manifests=self.manifests if out.manifests else None,
+        )
         self.metrics_port: int | None = None
-        self._unit = _Unit()
-        self._committer: TaskGroup | None = None
+        self._unit = CommitUnit()
+        self._commits: TaskGroup | None = None
         self._committed: anyio.Event | None = None
         self._sources_scope: anyio.CancelScope | None = None
         self._pipeline_scope: anyio.CancelScope | None = None
@@ -311,7 +306,7 @@ class Daemon:
         if self._unit.shard is not None:
             await anyio.to_thread.run_sync(self._unit.shard.discard)
             self.metrics.shards_discarded.inc()
-            self._unit = _Unit()
+            self._unit = CommitUnit()
         for name, src in self.sources.items():
             try:
                 await src.aclose()
@@ -437,7 +432,7 @@ class Daemon:
                 m = self.output.read_published(intent.shard, scan)
                 log.info("%s: manifest rebuilt from the published object", intent.shard)
             offsets.close()
-            self._publish_manifest(
+            self.manifests.publish(
                 intent.shard,
                 intent.positions,
                 records=m["records"],
@@ -450,18 +445,6 @@ class Daemon:
             )
         finally:
             offsets.remove()
-
-    def _publish_manifest(
-        self, shard: str, positions: dict[str, list[Token]], **facts: Any
-    ) -> None:
-        parts = manifest.parts(
-            shard=shard,
-            compression=self.config.output.compression,
-            schemas=self._schemas,
-            positions=positions,
-            **facts,
-        )
-        self.output.publish_sidecar(manifest.manifest_name(shard), parts)
 
     async def _recover(self) -> None:
         rec = await anyio.to_thread.run_sync(self.journal.recover)
@@ -514,7 +497,7 @@ class Daemon:
         depth = self.metrics.stream_depth.labels("write")
         max_age = self.config.output.max_shard_age
         # Leaving the committer's group waits for the last commit.
-        async with recv, anyio.create_task_group() as self._committer:
+        async with recv, anyio.create_task_group() as self._commits:
             ended = False
             while not ended:
                 wait = IDLE_COMMIT_AFTER
@@ -586,8 +569,7 @@ class Daemon:
                 written = len(run)
             unit = self._unit
             for batch in run[:written]:
-                unit.tokens.setdefault(batch.source, []).append(batch.token)
-                unit.events[batch.source] = unit.events.get(batch.source, 0) + batch.events
+                unit.add(batch)
             if unit.first_at is None:
                 unit.first_at = time.monotonic()
             at += written
@@ -705,110 +687,17 @@ class Daemon:
 
         One commit at a time, in order: this waits for the previous one to end first. Called
         from the write stage only, whose task group the commit runs in."""
-        assert self._committer is not None
+        assert self._commits is not None
         if self._committed is not None:
             # The unit stays the daemon's until then: if the previous commit fails, the clean-up
             # discards its shard.
             await self._committed.wait()
-        unit, self._unit = self._unit, _Unit()
+        unit, self._unit = self._unit, CommitUnit()
         done = self._committed = anyio.Event()
-        self._committer.start_soon(self._commit_unit, unit, done)
+        self._commits.start_soon(self._commit_unit, unit, done)
 
-    async def _commit_unit(self, unit: _Unit, done: anyio.Event) -> None:
+    async def _commit_unit(self, unit: CommitUnit, done: anyio.Event) -> None:
         try:
-            await self._commit_steps(unit)
+            await self.committer.commit(unit)
         finally:
             done.set()
-
-    async def _commit_steps(self, unit: _Unit) -> None:
-        positions = unit.tokens
-        counted = unit.shard.file_bytes if unit.shard is not None else 0
-        with Stopwatch(self.metrics.publish_duration):
-            try:
-                intent, finished = await anyio.to_thread.run_sync(self._commit_sync, unit)
-            except UploadError:
-                # The intent is journalled and the staged copy is whole: the next start resumes
-                # the upload instead of replaying the events.
-                raise
-            except BaseException:
-                if unit.shard is not None:
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(self._abandon, unit)
-                    self.metrics.shards_discarded.inc()
-                raise
-        if finished is not None:
-            self.metrics.shards_published.inc()
-            self.metrics.file_bytes_written.inc(finished.size - counted)
-            self.metrics.last_publish.set(time.time())
-            log.info(
-                "published %s: %d records, %d bytes", finished.name, finished.records, finished.size
-            )
-        for source, tokens in positions.items():
-            with Stopwatch(self.metrics.ack_duration.labels(source)):
-                await self.sources[source].ack(tokens)
-            self.metrics.events_acked.labels(source).inc(unit.events.get(source, 0))
-            crashpoints.reached("after-ack")
-        await anyio.to_thread.run_sync(self.journal.write_done, intent.seq)
-        crashpoints.reached("after-done")
-        self.metrics.journal_bytes.set(self.journal.size)
-
-    def _abandon(self, unit: _Unit) -> None:
-        """Discard a failed commit's shard. Once its intent may be journalled, the in-progress
-        file goes only after a durable ``drop`` (recovery takes an intent without one for
-        published): if the journal cannot take it, the file stays for recovery to drop."""
-        assert unit.shard is not None
-        intent = unit.intent
-        try:
-            if intent is not None and not self.output.is_published(intent):
-                self.journal.drop(intent.seq)
-        except Exception as e:
-            log.error(
-                "%s: left in progress for the next start to decide on (%s)", unit.shard.name, e
-            )
-            unit.shard.offsets.remove()
-            return
-        unit.shard.discard()
-
-    def _commit_sync(self, unit: _Unit) -> tuple[Intent, FinishedShard | None]:
-        finished: FinishedShard | None = None
-        if unit.shard is not None:
-            with Stopwatch(self.metrics.fsync_duration):
-                finished = unit.shard.finish(fsync=self.fsync)
-            crashpoints.reached("after-fsync")
-        try:
-            self.dead_letters.sync()
-        except OSError as e:
-            raise DurabilityError(f"dead letters: fsync failed: {e.strerror or e}") from e
-        intent = self.journal.next_intent(
-            finished.name if finished else None,
-            unit.tokens,
-            records=finished.records if finished else 0,
-            size=finished.size if finished else 0,
-            sha256=finished.sha256 if finished else None,
-        )
-        unit.intent = intent
-        try:
-            with Stopwatch(self.metrics.fsync_duration):
-                self.journal.write_intent(intent)
-        except OSError as e:
-            raise DurabilityError(f"journal: {e.strerror or e}") from e
-        crashpoints.reached("after-intent")
-        if finished is not None:
-            try:
-                self.output.publish(finished)
-                if self.config.output.manifests:
-                    self._publish_manifest(
-                        finished.name,
-                        unit.tokens,
-                        records=finished.records,
-                        size=finished.size,
-                        sha256=finished.sha256,
-                        crc=finished.crc32c,
-                        offsets=finished.offsets.chunks(),
-                        first_time=finished.first_time,
-                        last_time=finished.last_time,
-                    )
-            finally:
-                # A manifest lost to a crash or an error here is rebuilt from the shard itself.
-                finished.offsets.remove()
-        return intent, finished
