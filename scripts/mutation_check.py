@@ -63,7 +63,7 @@ MUTATIONS = (
         "the output directory is not fsynced after a shard's publish",
         "daemon/tfrecordd/output.py",
         r'(crashpoints\.reached\("after-publish"\)\n)'
-        r"\s*if self\.fsync:\n\s*self\.fs\.fsync_dir\(self\.staging_dir\)\n",
+        r"\s*if self\.fsync:\n\s*self\.fs\.fsync_dir\(self\.location\)\n",
         r"\1",
         (POWER_CUTS,),
     ),
@@ -87,7 +87,7 @@ MUTATIONS = (
     Mutation(
         "visible-inprogress-name",
         "an in-progress shard is named so that every *.tfrecord* glob matches it",
-        "daemon/tfrecordd/shards.py",
+        "daemon/tfrecordd/writer.py",
         r'^(def inprogress_name\((\w+)[^)]*\)[^:]*:\n(?:\s+""".*"""\n)?)'
         r"(?:    .*\n)*?    return .*\n",
         r'\1    return f"{\2}.inprogress"\n',
