@@ -6,19 +6,21 @@ clone of the send side (the stream ends by itself when the last source stops), a
 a cancel scope, not a flag. Blocking work (file writes, compression, fsync, encoding) runs in
 worker threads so the event loop keeps serving sockets and metrics.
 
-A batch large enough (:data:`PACK_MIN_BYTES` framed) is framed and compressed where it was encoded
-(the encode thread, or an encode worker process) into a compression unit of its own, which the
-shard appends as it is: the writer then only writes bytes, and compression grows with
-``encode_workers`` like encoding does.
+The stages are modules of :mod:`tfrecordd.pipeline`: encode (:class:`EncodeStage`), write
+(:class:`WriteStage`), commit (:class:`Committer`) and recovery. A batch large enough
+(:data:`~tfrecordd.pipeline.encoding.PACK_MIN_BYTES` framed) is framed and compressed where it
+was encoded (the encode thread, or an encode worker process) into a compression unit of its own,
+which the shard appends as it is: the writer then only writes bytes, and compression grows with
+``encode_workers`` like encoding does. A shard is committed (fsync, journal, publish, acks) in a
+task of its own while the writer fills the next one; commits run one at a time, in order
+(:meth:`WriteStage.commit`).
 
-A shard is committed (fsync, journal, publish, acks) in a task of its own while the writer fills
-the next one; commits run one at a time, in order (:meth:`Daemon._commit`).
+:class:`Daemon` keeps the lifecycle (locks, start, drain, clean-up), signals, the watchdog and
+the wiring of the stages.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
 import signal
@@ -26,23 +28,23 @@ import time
 from typing import Any, BinaryIO
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
 
-from tfrecordd import crashpoints, manifest, statelock
-from tfrecordd.compression import Compressor, compression_from_name
+from tfrecordd import manifest, statelock
+from tfrecordd.compression import compression_from_name
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError
-from tfrecordd.framing import framed_size
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.journal import Intent, Journal
 from tfrecordd.metrics import Metrics, serve
 from tfrecordd.notify import SystemdNotifier
 from tfrecordd.output import LocalOutput, make_output
-from tfrecordd.pipeline.commit import Committer, CommitUnit, Manifests
-from tfrecordd.pipeline.encode import EncodeStage, take_waiting
+from tfrecordd.pipeline.commit import Committer, Manifests
+from tfrecordd.pipeline.encode import EncodeStage
 from tfrecordd.pipeline.encoding import EncodedBatch
+from tfrecordd.pipeline.write import WriteStage
 from tfrecordd.plugin import (
     RawBatch,
     Source,
@@ -50,32 +52,17 @@ from tfrecordd.plugin import (
     Token,
 )
 from tfrecordd.shards import (
-    OpenShard,
     RecordOffsets,
     ShardNamer,
     leftovers,
     offsets_name,
     staged_path,
 )
-from tfrecordd.writer import Packed
 
 log = logging.getLogger("tfrecordd")
 
 PAUSE_LOG_AFTER = 5.0
 """A source held back longer than this by a full pipeline is logged as paused (and resumed)."""
-
-
-WRITE_RUN_BATCHES = 16
-"""The most waiting batches the write stage takes at once: written in one trip to its thread
-where the shard's caps allow (each trip costs the event loop and the thread a hand-off)."""
-
-IDLE_COMMIT_AFTER = 1.0
-"""Seconds without a batch after which positions that came with no records (a file's end, blank
-lines, bad events) are committed on their own, when no shard is open to carry them."""
-
-POSITIONS_ONLY_BATCHES = 16384
-"""A commit without records is made at the latest when this many batches' positions wait (an
-intent of about a megabyte), however fast batches without records keep coming."""
 
 
 class _SourceContext(SourceContext):
@@ -146,7 +133,6 @@ class Daemon:
         self.out_dir = self.output.staging_dir
         self.state_dir = str(config.daemon.state_dir)
         self.fsync = out.fsync
-        self.namer = ShardNamer(out.prefix, config.daemon.node_id, out.compression)
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
         self.encode = EncodeStage(
             config.encoders,
@@ -180,17 +166,20 @@ class Daemon:
             fsync=self.fsync,
             manifests=self.manifests if out.manifests else None,
         )
+        self.write = WriteStage(
+            out,
+            self.out_dir,
+            ShardNamer(out.prefix, config.daemon.node_id, out.compression),
+            self.committer,
+            self.dead_letters,
+            fs=fs,
+            metrics=self.metrics,
+        )
         self.metrics_port: int | None = None
-        self._unit = CommitUnit()
-        self._commits: TaskGroup | None = None
-        self._committed: anyio.Event | None = None
         self._sources_scope: anyio.CancelScope | None = None
         self._pipeline_scope: anyio.CancelScope | None = None
-        self._flush_requested = False
         self._stopping = False
         self._running = False
-        self._beat = time.monotonic()
-        self._statvfs_at = 0.0
 
     # -- control ---------------------------------------------------------------------------
 
@@ -211,11 +200,11 @@ class Daemon:
 
     def request_flush(self) -> None:
         """Publish the open shard now (what SIGHUP does)."""
-        self._flush_requested = True
+        self.write.request_flush()
 
     def healthy(self) -> bool:
         """True while the pipeline runs and the writer loop is not stuck."""
-        return self._running and time.monotonic() - self._beat < 120
+        return self._running and time.monotonic() - self.write.beat < 120
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -290,7 +279,7 @@ class Daemon:
                     async with anyio.create_task_group() as pipeline:
                         pipeline.start_soon(self._run_sources, raw_send)
                         pipeline.start_soon(self.encode.run, raw_recv, enc_send)
-                        pipeline.start_soon(self._write_stage, enc_recv)
+                        pipeline.start_soon(self.write.run, enc_recv)
                 if pipeline_scope.cancelled_caught:
                     log.error("drain did not finish within drain_timeout; open work will replay")
                 services.cancel_scope.cancel()
@@ -303,10 +292,8 @@ class Daemon:
                 await self._cleanup()
 
     async def _cleanup(self) -> None:
-        if self._unit.shard is not None:
-            await anyio.to_thread.run_sync(self._unit.shard.discard)
+        if await self.write.discard():
             self.metrics.shards_discarded.inc()
-            self._unit = CommitUnit()
         for name, src in self.sources.items():
             try:
                 await src.aclose()
@@ -492,212 +479,3 @@ class Daemon:
         async with send:
             await src.run(_SourceContext(self, name, send))
         log.info("source %s: finished", name)
-
-    async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
-        depth = self.metrics.stream_depth.labels("write")
-        max_age = self.config.output.max_shard_age
-        # Leaving the committer's group waits for the last commit.
-        async with recv, anyio.create_task_group() as self._commits:
-            ended = False
-            while not ended:
-                wait = IDLE_COMMIT_AFTER
-                if self._unit.first_at is not None:
-                    wait = min(wait, self._unit.first_at + max_age - time.monotonic())
-                batch: EncodedBatch | None = None
-                with anyio.move_on_after(max(wait, 0.0)):
-                    try:
-                        batch = await recv.receive()
-                    except anyio.EndOfStream:
-                        ended = True
-                self._beat = time.monotonic()
-                if batch is not None:
-                    batches = take_waiting(recv, batch, WRITE_RUN_BATCHES)
-                    depth.set(recv.statistics().current_buffer_used)
-                    await self._write_batches(batches)
-                self._update_open_gauges()
-                if self._unit.empty():
-                    self._flush_requested = False
-                    continue
-                first = self._unit.first_at
-                # Positions without records ride with the next shard's commit; with no shard
-                # open, they are committed when the stream pauses.
-                idle = batch is None and self._unit.shard is None
-                if (
-                    idle
-                    or self._flush_requested
-                    or (first is not None and self._beat - first >= max_age)
-                ):
-                    self._flush_requested = False
-                    await self._commit()
-            if not self._unit.empty():
-                await self._commit()
-
-    def _update_open_gauges(self) -> None:
-        shard = self._unit.shard
-        m = self.metrics
-        now = time.monotonic()
-        if now - self._statvfs_at >= 5:
-            self._statvfs_at = now
-            with contextlib.suppress(OSError):
-                st = os.statvfs(self.out_dir)
-                m.output_free_bytes.set(st.f_bavail * st.f_frsize)
-        m.open_shard_bytes.set(shard.file_bytes if shard else 0)
-        m.open_shard_records.set(shard.records if shard else 0)
-        first = self._unit.first_at
-        m.open_shard_age.set(time.monotonic() - first if first is not None else 0)
-
-    async def _write_batches(self, batches: list[EncodedBatch]) -> None:
-        """Write batches in order, in as few trips to a worker thread as the shard's caps allow,
-        committing each shard that fills. Positions that came with no records wait in the unit
-        for its commit: a storm of blank lines must not cost a journal fsync per batch."""
-        failed = [b for b in batches if b.failures]
-        if failed:
-            await anyio.to_thread.run_sync(self._dead_letter, failed)
-        limit = self.config.output.max_shard_records
-        # The free-space check holds back one batch at a time.
-        step = 1 if self.config.output.min_free_bytes else len(batches)
-        at = 0
-        while at < len(batches):
-            run = batches[at : at + step]
-            if any(b.count for b in run):
-                await self._wait_for_space(run[0])
-                written = await anyio.to_thread.run_sync(self._write_run, run)
-                if not written:
-                    await self._commit()
-                    written = await anyio.to_thread.run_sync(self._write_run, run)
-            else:
-                written = len(run)
-            unit = self._unit
-            for batch in run[:written]:
-                unit.add(batch)
-            if unit.first_at is None:
-                unit.first_at = time.monotonic()
-            at += written
-            shard = unit.shard
-            if shard is None:
-                full = sum(map(len, unit.tokens.values())) >= POSITIONS_ONLY_BATCHES
-            else:
-                full = bool(limit) and shard.records >= limit
-            if full:
-                await self._commit()
-
-    async def _wait_for_space(self, batch: EncodedBatch) -> None:
-        """Hold the writer (and so, by backpressure, the sources) while the output's file
-        system lacks room for the batch above ``min_free_bytes``."""
-        reserve = self.config.output.min_free_bytes
-        if not reserve:
-            return
-        records = batch.records
-        if isinstance(records, Packed):
-            needed = reserve + len(records.unit.data)
-        else:
-            raw = framed_size(records)
-            needed = reserve + Compressor.bound(self.config.output.compression, raw)
-        paused_at: float | None = None
-        while (free := self._free_bytes()) is not None and free < needed:
-            if paused_at is None:
-                paused_at = time.monotonic()
-                self.metrics.paused.set(1)
-                self.metrics.disk_full_pauses.inc()
-                log.warning(
-                    "output nearly full (%d bytes free, %d needed): sources paused", free, needed
-                )
-            self._beat = time.monotonic()
-            await anyio.sleep(1.0)
-        if paused_at is not None:
-            self.metrics.paused.set(0)
-            log.info("output has room again: resumed after %.1fs", time.monotonic() - paused_at)
-
-    def _free_bytes(self) -> int | None:
-        try:
-            st = os.statvfs(self.out_dir)
-        except OSError:
-            return None
-        free = st.f_bavail * st.f_frsize
-        self.metrics.output_free_bytes.set(free)
-        return free
-
-    def _dead_letter(self, batches: list[EncodedBatch]) -> None:
-        discarded = 0
-        for batch in batches:
-            for ev, reason, detail in batch.failures:
-                where, payload = ev.where, ev.payload
-                discarded += self.dead_letters.write(batch.source, where, reason, detail, payload)
-                self.metrics.events_invalid.labels(batch.source, reason).inc()
-            self.metrics.events_dead_lettered.labels(batch.source).inc(len(batch.failures))
-        if discarded:
-            self.metrics.dead_letters_discarded.inc(discarded)
-            log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
-
-    def _write_run(self, run: list[EncodedBatch]) -> int:
-        """Write the first batches of ``run`` to the open shard (opening one if none is), up to
-        one that would take it past its size or record cap, or through one that fills it to the
-        record cap; the count written, ``0`` when the first does not fit."""
-        limit = self.config.output.max_shard_records
-        for n, batch in enumerate(run):
-            shard = self._unit.shard
-            if shard is not None and limit and shard.records + batch.count > limit:
-                return n
-            if batch.count and not self._write_records(batch.records, batch.count):
-                return n
-            shard = self._unit.shard
-            if limit and shard is not None and shard.records >= limit:
-                return n + 1
-        return len(run)
-
-    def _write_records(self, records: list[bytes] | Packed, count: int) -> bool:
-        """Write a batch to the open shard (opening one if none is); ``False``, with nothing
-        written, when the batch would take the open shard past its size cap."""
-        shard = self._unit.shard
-        try:
-            if shard is not None and not shard.fits(records):
-                return False
-            if shard is None:
-                out = self.config.output
-                shard = OpenShard(
-                    self.out_dir,
-                    self.namer.next(),
-                    out.compression,
-                    out.level,
-                    out.max_shard_bytes,
-                    self.fs,
-                    track_offsets=out.manifests,
-                )
-                self._unit.shard = shard
-                crashpoints.reached("after-create")
-            before_raw, before_file = shard.raw_bytes, shard.file_bytes
-            shard.write(records)
-            crashpoints.reached("mid-write")
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise DurabilityError(
-                    "writing shard: no space left on the output file system (another writer "
-                    "took the space under min_free_bytes); the shard is discarded and its events "
-                    "replay after a restart"
-                ) from e
-            raise DurabilityError(f"writing shard: {e.strerror or e}") from e
-        self.metrics.records_written.inc(count)
-        self.metrics.raw_bytes_written.inc(shard.raw_bytes - before_raw)
-        self.metrics.file_bytes_written.inc(shard.file_bytes - before_file)
-        return True
-
-    async def _commit(self) -> None:
-        """Close the current unit and commit it while the next one fills: its shard's fsync, the
-        journal's, the publish and the acks overlap the writing of the next shard's batches.
-
-        One commit at a time, in order: this waits for the previous one to end first. Called
-        from the write stage only, whose task group the commit runs in."""
-        assert self._commits is not None
-        if self._committed is not None:
-            # The unit stays the daemon's until then: if the previous commit fails, the clean-up
-            # discards its shard.
-            await self._committed.wait()
-        unit, self._unit = self._unit, CommitUnit()
-        done = self._committed = anyio.Event()
-        self._commits.start_soon(self._commit_unit, unit, done)
-
-    async def _commit_unit(self, unit: CommitUnit, done: anyio.Event) -> None:
-        try:
-            await self.committer.commit(unit)
-        finally:
-            done.set()

@@ -32,6 +32,7 @@ from tfrecordd.pipeline import encoding
 from tfrecordd.pipeline.encode import GROUP_BATCHES, EncodeStage
 from tfrecordd.pipeline.encoding import EncodeRequest
 from tfrecordd.pipeline.workers import EncodeWorkers
+from tfrecordd.pipeline.write import WriteStage
 from tfrecordd.runtime import Daemon
 from tfrecordd.writer import Packed, pack
 from tfrecordd_plugins.sources.directory import DirectorySource
@@ -143,14 +144,14 @@ async def test_on_done_move_keeps_finished_files(tmp_path: Path) -> None:
 def write_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Each trip of the write stage to its thread: (batches offered, batches written)."""
     runs: list[tuple[int, int]] = []
-    write_run = Daemon._write_run
+    write_run = WriteStage.write_run
 
-    def recorded(daemon: Daemon, run: list[Any]) -> int:
-        written = write_run(daemon, run)
+    def recorded(stage: WriteStage, run: list[Any]) -> int:
+        written = write_run(stage, run)
         runs.append((len(run), written))
         return written
 
-    monkeypatch.setattr(Daemon, "_write_run", recorded)
+    monkeypatch.setattr(WriteStage, "write_run", recorded)
     return runs
 
 
