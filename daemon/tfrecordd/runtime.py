@@ -25,39 +25,27 @@ import logging
 import os
 import signal
 import time
-from typing import Any, BinaryIO
 
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from tfrecordd import manifest, statelock
-from tfrecordd.compression import compression_from_name
+from tfrecordd import statelock
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import LOCAL, FileSystem
-from tfrecordd.journal import Intent, Journal
+from tfrecordd.journal import Journal
 from tfrecordd.metrics import Metrics, serve
 from tfrecordd.notify import SystemdNotifier
-from tfrecordd.output import LocalOutput, make_output
+from tfrecordd.output import make_output
 from tfrecordd.pipeline.commit import Committer, Manifests
 from tfrecordd.pipeline.encode import EncodeStage
 from tfrecordd.pipeline.encoding import EncodedBatch
+from tfrecordd.pipeline.recovery import recover
 from tfrecordd.pipeline.write import WriteStage
-from tfrecordd.plugin import (
-    RawBatch,
-    Source,
-    SourceContext,
-    Token,
-)
-from tfrecordd.shards import (
-    RecordOffsets,
-    ShardNamer,
-    leftovers,
-    offsets_name,
-    staged_path,
-)
+from tfrecordd.plugin import RawBatch, Source, SourceContext
+from tfrecordd.shards import ShardNamer
 
 log = logging.getLogger("tfrecordd")
 
@@ -152,11 +140,7 @@ class Daemon:
         self.dead_letters = DeadLetters(
             self.state_dir, fs, config.daemon.dead_letter_max_bytes, fsync=self.fsync
         )
-        self.manifests = Manifests(
-            self.output,
-            out.compression,
-            {s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources},
-        )
+        schemas = {s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources}
         self.committer = Committer(
             output=self.output,
             journal=self.journal,
@@ -164,7 +148,7 @@ class Daemon:
             dead_letters=self.dead_letters,
             metrics=self.metrics,
             fsync=self.fsync,
-            manifests=self.manifests if out.manifests else None,
+            manifests=Manifests(self.output, out.compression, schemas) if out.manifests else None,
         )
         self.write = WriteStage(
             out,
@@ -252,7 +236,15 @@ class Daemon:
             self.config.daemon.queue_batches
         )
         try:
-            await self._recover()
+            await recover(
+                self.journal,
+                self.output,
+                self.sources,
+                fs=self.fs,
+                node_id=self.config.daemon.node_id,
+                manifests=self.committer.manifests,
+                metrics=self.metrics,
+            )
             async with anyio.create_task_group() as services:
                 if self.config.metrics.enabled:
                     host, port = split_host_port(self.config.metrics.listen)
@@ -331,137 +323,6 @@ class Daemon:
             await anyio.sleep(interval)
             if self.healthy():
                 self.notifier.watchdog()
-
-    def _sort_unfinished(self, unfinished: list[Intent]) -> tuple[list[Intent], int, int]:
-        """Split unfinished intents into redo and dropped (finishing the publishing of those
-        that can be finished), then discard our remaining in-progress files."""
-        redo: list[Intent] = []
-        dropped = 0
-        foreign: list[str] = []  # our files in another node's folder (an earlier node_id)
-        for intent in unfinished:
-            staged = staged_path(self.out_dir, self.output.legacy_dir, intent.shard or "")
-            if intent.shard is not None and os.path.dirname(staged) not in (
-                self.out_dir,
-                self.output.legacy_dir,
-            ):
-                foreign.append(staged)
-            if intent.shard is None:
-                redo.append(intent)
-            elif self._was_published(intent, staged):
-                self._ensure_manifest(intent)
-                redo.append(intent)
-            else:
-                self.journal.drop(intent.seq, sync=False)
-                dropped += 1
-        if dropped:
-            # Durable before any in-progress file goes (see _was_published).
-            self.journal.sync()
-        left = leftovers(self.out_dir, self.output.legacy_dir, self.config.daemon.node_id)
-        left += [p for p in foreign if os.path.lexists(p)]
-        for path in left:
-            self.fs.remove(path)
-        return redo, dropped, len(left)
-
-    def _was_published(self, intent: Intent, staged: str) -> bool:
-        """Whether an unfinished intent's shard was published (finishing an interrupted upload
-        from the staged copy where the output can).
-
-        Decided from the journal, not from the shard's presence: a shipper may have moved the
-        shard away since. Once its intent is journalled, a shard's in-progress file goes only
-        when the shard is published, or after a durable ``drop`` of the intent (recovery's
-        discard, a failed commit). So an intent whose in-progress file is gone was published,
-        whether its shard is still there or not."""
-        assert intent.shard is not None
-        if self.output.is_published(intent):
-            return True
-        try:
-            st = os.lstat(staged)
-        except FileNotFoundError:
-            if not intent.kept:
-                return self.output.sidecar_exists(manifest.manifest_name(intent.shard))
-            log.warning(
-                "%s: published before the restart and moved away since (its in-progress file "
-                "is gone too); its acknowledgements are redone, its events not written again",
-                intent.shard,
-            )
-            return True
-        if isinstance(self.output, LocalOutput) and st.st_nlink > 1:
-            # Linked to its final name, then moved away before the in-progress name was removed.
-            return True
-        return self.output.resume(intent, staged)
-
-    def _ensure_manifest(self, intent: Intent) -> None:
-        """Rebuild the manifest of a shard published just before a crash, if it is missing."""
-        assert intent.shard is not None
-        name = manifest.manifest_name(intent.shard)
-        if not self.config.output.manifests or self.output.sidecar_exists(name):
-            return
-        if isinstance(self.output, LocalOutput) and not self.output.is_published(intent):
-            log.info("%s: moved away; its manifest is not rebuilt", intent.shard)
-            return
-        # The offsets wait in a file as a shard's being written do: memory stays bounded
-        # whatever the shard's record count.
-        spill = os.path.join(self.out_dir, offsets_name(intent.shard))
-        offsets = RecordOffsets(self.fs, spill)
-        try:
-            if isinstance(self.output, LocalOutput):
-                m = manifest.scan(self.output.final_path(intent.shard), offsets)
-            else:
-                # Streamed back from the store; an attempt cut short starts the offsets again.
-                compression = compression_from_name(intent.shard)
-
-                def scan(f: BinaryIO) -> dict[str, Any]:
-                    nonlocal offsets
-                    offsets.remove()
-                    offsets = RecordOffsets(self.fs, spill)
-                    return manifest.scan(f, offsets, compression=compression)
-
-                m = self.output.read_published(intent.shard, scan)
-                log.info("%s: manifest rebuilt from the published object", intent.shard)
-            offsets.close()
-            self.manifests.publish(
-                intent.shard,
-                intent.positions,
-                records=m["records"],
-                size=m["size"],
-                sha256=m["sha256"],
-                crc=m["crc32c"],
-                offsets=offsets.chunks(),
-                first_time=None,
-                last_time=None,
-            )
-        finally:
-            offsets.remove()
-
-    async def _recover(self) -> None:
-        rec = await anyio.to_thread.run_sync(self.journal.recover)
-        redo, dropped, discarded = await anyio.to_thread.run_sync(
-            self._sort_unfinished, rec.unfinished
-        )
-        self.metrics.shards_discarded.inc(discarded)
-        if any(intent.shard is not None for intent in redo):
-            # A shard linked just before a crash may not be durable yet: its directory is
-            # fsynced before any of its acks is redone (a manifest rebuilt for it would do it
-            # too, but not every redone shard needs one).
-            await anyio.to_thread.run_sync(self.output.sync)
-        pending: dict[str, list[Token]] = {}
-        for intent in redo:
-            for source, tokens in intent.positions.items():
-                pending.setdefault(source, []).extend(tokens)
-        for name, src in self.sources.items():
-            await src.recover(rec.states.get(name), pending.get(name, []))
-        for intent in redo:
-            await anyio.to_thread.run_sync(self.journal.write_done, intent.seq)
-        self.metrics.recovered.labels("redone").inc(len(redo))
-        self.metrics.recovered.labels("dropped").inc(dropped)
-        self.metrics.journal_bytes.set(self.journal.size)
-        log.info(
-            "recovered: %d commit(s) redone, %d dropped, %d in-progress file(s) discarded%s",
-            len(redo),
-            dropped,
-            discarded,
-            f", journal tail torn at byte {rec.torn_at}" if rec.torn_at is not None else "",
-        )
 
     # -- stages ----------------------------------------------------------------------------
 

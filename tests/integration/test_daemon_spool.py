@@ -486,7 +486,7 @@ async def test_a_failed_start_releases_everything(tmp_path: Path) -> None:
     daemon = Daemon(config, handle_signals=False)
     with pytest.raises(OSError, match="not-a-dir"):
         await daemon.run()
-    assert daemon.journal._file is None
+    assert not daemon.journal.is_open
     assert metric(daemon.metrics, "tfrecordd_up") == 0
 
 

@@ -25,11 +25,9 @@ on first use, and exits when its input closes: when the daemon stops, or dies.
 
 The protocol, on the worker's stdin and stdout: a request is a header (the pickle's length, the
 number of out-of-band buffers, the shared slot they are in or -1, then each one's length,
-little-endian), a pickle (protocol 5) of a list of
-:class:`~tfrecordd.pipeline.encoding.EncodeRequest`, then, unless they are in a slot, those
-buffers: the bytes of each request's lines, kept out of the pickle. An answer is one status byte
-(``R`` a list of :class:`~tfrecordd.pipeline.encoding.Outcome`, one per request, ``E`` an
-exception), a length, a pickle.
+little-endian), a pickle (protocol 5) of a list of ``EncodeRequest``, then, unless they are in a
+slot, those buffers: the bytes of each request's lines, kept out of the pickle. An answer is one
+status byte (``R`` a list of ``Outcome``, one per request, ``E`` an exception), a length, a pickle.
 
 The lines are most of what crosses, and a pipe costs a copy into the kernel and one out of it,
 both on the CPU the workers need: measured, a few percent of the whole pipeline's CPU. So each
@@ -85,8 +83,7 @@ _IOV_MAX = 1024
 """The most buffers one ``writev`` takes (Linux's ``IOV_MAX``)."""
 
 SLOT_BYTES = 8 << 20
-"""Room for one request's lines in a worker's shared area:
-:data:`~tfrecordd.pipeline.encode.GROUP_BATCHES` batches of the
+"""Room for one request's lines in a worker's shared area: ``GROUP_BATCHES`` batches of the
 default ``max_batch_bytes`` (1 MiB), twice over. Memory is used only as far as requests reach."""
 
 _IN_PIPE = -1
