@@ -10,7 +10,8 @@ on the unmutated copy: they must pass there, or the verdict says nothing. A muta
 when its tests fail; it survives when they pass. A table is printed; the exit status is 0 only
 when every mutation applied cleanly, its tests passed without it and failed with it.
 
-Run it once per change to the commit path (shards, output, runtime's commit, journal, recovery).
+Run it once per change to the commit path (shards, output, pipeline/commit.py, journal,
+recovery).
 When a mutation no longer applies (the code it edits changed), update its text here.
 """
 
@@ -62,7 +63,7 @@ MUTATIONS = (
         "the output directory is not fsynced after a shard's publish",
         "daemon/tfrecordd/output.py",
         r'(crashpoints\.reached\("after-publish"\)\n)'
-        r"\s*if self\.fsync:\n\s*self\.fs\.fsync_dir\(self\.staging_dir\)\n",
+        r"\s*if self\.fsync:\n\s*self\.fs\.fsync_dir\(self\.location\)\n",
         r"\1",
         (POWER_CUTS,),
     ),
@@ -71,13 +72,13 @@ MUTATIONS = (
         "a finished shard is published without its fsync",
         "daemon/tfrecordd/shards.py",
         r"^(\s*)if fsync:\n\s*self\.fs\.fsync\(f\)\n",
-        r"\1pass\n",
+        r"\1if fsync:\n\1    pass\n",
         (POWER_CUTS,),
     ),
     Mutation(
         "publish-before-intent",
         "swapped order: the shard is published before its intent is journalled",
-        "daemon/tfrecordd/runtime.py",
+        "daemon/tfrecordd/pipeline/commit.py",
         r"^(\s*)self\.journal\.write_intent\(intent\)\n((?:.*\n){1,12}?)(\s*)self\.output\.publish\(finished\)\n",
         r"\1if finished is not None:\n\1    self.output.publish(finished)\n"
         r"\1self.journal.write_intent(intent)\n\2\3pass\n",
@@ -86,7 +87,7 @@ MUTATIONS = (
     Mutation(
         "visible-inprogress-name",
         "an in-progress shard is named so that every *.tfrecord* glob matches it",
-        "daemon/tfrecordd/shards.py",
+        "daemon/tfrecordd/writer.py",
         r'^(def inprogress_name\((\w+)[^)]*\)[^:]*:\n(?:\s+""".*"""\n)?)'
         r"(?:    .*\n)*?    return .*\n",
         r'\1    return f"{\2}.inprogress"\n',
@@ -100,7 +101,8 @@ IGNORE = shutil.ignore_patterns(
 
 
 def run_tests(tree: Path, tests: tuple[str, ...], time_limit: float) -> tuple[str, float]:
-    """Run ``tests`` in ``tree``: "passed", "failed" or "timed out", and the seconds taken."""
+    """Run ``tests`` in ``tree``: "passed", "failed", "timed out" or "error (exit N)", and the
+    seconds taken."""
     env = os.environ | {"PYTHONPATH": f"{tree / 'daemon'}{os.pathsep}{tree / 'plugins'}"}
     env.pop("TFRECORDD_CRASH_AT", None)
     t0 = time.monotonic()
@@ -119,7 +121,10 @@ def run_tests(tree: Path, tests: tuple[str, ...], time_limit: float) -> tuple[st
     took = time.monotonic() - t0
     tail = done.stdout.decode(errors="replace").strip().splitlines()[-1:]
     print(f"    {' '.join(tests)}: exit {done.returncode}: {''.join(tail)}", flush=True)
-    return ("passed" if done.returncode == 0 else "failed"), took
+    # pytest exits 1 when tests failed; any other status (2-5: interrupted, an internal or usage
+    # error, nothing collected, e.g. a mutant that does not import) proves nothing.
+    outcome = {0: "passed", 1: "failed"}.get(done.returncode, f"error (exit {done.returncode})")
+    return outcome, took
 
 
 def main() -> int:

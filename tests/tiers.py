@@ -27,7 +27,7 @@ SPAWNS = re.compile(
     r"^\s*(?:import|from) (?:subprocess|multiprocessing|pty)\b"
     r"|\b(?:DaemonProcess|daemon_process|run_clean_until|sys\.executable)\b"
     r"|^from tests\.reliability\.harness import"
-    r"|^from tfrecordd\.workers import",
+    r"|^from tfrecordd\.pipeline(?:\.workers import| import workers)",
     re.MULTILINE,
 )
 """A module that starts processes (the daemon, a command, encode workers, a tool): all its

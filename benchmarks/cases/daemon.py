@@ -277,17 +277,17 @@ def _encode_loop(seed: int, batches: int, start: Any, results: Any) -> None:
     """One encode worker's work (split the lines, encode, frame and gzip them into a unit) on the
     same batch over and over, with nothing else: its events per second go to ``results``."""
     from tfrecordd.compression import Compression
+    from tfrecordd.pipeline.encoding import encode_events
     from tfrecordd.plugin import Lines
-    from tfrecordd.runtime import _encode_events
     from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
     lines = Lines(b"\n".join(movie_lines(1000, seed)) + b"\n", "bench.jsonl", 0, 1 << 20)
     encoder = ExampleEncoderConfig.model_validate({"features": MOVIE_FEATURES}).build()
-    _encode_events(encoder, [], lines, Compression.GZIP, None)
+    encode_events(encoder, [], lines, Compression.GZIP, None)
     start.wait()
     t0 = time.perf_counter()
     for _ in range(batches):
-        _encode_events(encoder, [], lines, Compression.GZIP, None)
+        encode_events(encoder, [], lines, Compression.GZIP, None)
     results.put(batches * 1000 / (time.perf_counter() - t0))
 
 

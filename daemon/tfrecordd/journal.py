@@ -343,6 +343,11 @@ class Journal:
     def checkpoint_path(self) -> str:
         return os.path.join(self.state_dir, CHECKPOINT)
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the journal file is open (from :meth:`recover` until :meth:`close`)."""
+        return self._file is not None
+
     def recover(self) -> Recovered:
         """Read the checkpoint and the journal; cut a torn tail; open for appending.
 

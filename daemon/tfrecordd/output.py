@@ -6,7 +6,7 @@ calls :meth:`Output.publish`. Only when that returns are the sources acknowledge
 :meth:`Output.is_published` and :meth:`Output.resume` decide, for each journalled intent without
 ``done``, whether its acks are redone, its publishing is finished from the staged copy, or it is
 dropped (its events replay from the sources); a shard moved away after it was published is
-known from its intent (see ``Daemon._was_published``).
+known from its intent (see :mod:`tfrecordd.pipeline.recovery`).
 """
 
 from __future__ import annotations

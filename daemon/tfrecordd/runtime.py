@@ -6,270 +6,56 @@ clone of the send side (the stream ends by itself when the last source stops), a
 a cancel scope, not a flag. Blocking work (file writes, compression, fsync, encoding) runs in
 worker threads so the event loop keeps serving sockets and metrics.
 
-A batch large enough (:data:`PACK_MIN_BYTES` framed) is framed and compressed where it was encoded
-(the encode thread, or an encode worker process) into a compression unit of its own, which the
-shard appends as it is: the writer then only writes bytes, and compression grows with
-``encode_workers`` like encoding does.
+The stages are modules of :mod:`tfrecordd.pipeline`: encode (:class:`EncodeStage`), write
+(:class:`WriteStage`), commit (:class:`Committer`) and recovery. A batch large enough
+(:data:`~tfrecordd.pipeline.encoding.PACK_MIN_BYTES` framed) is framed and compressed where it
+was encoded (the encode thread, or an encode worker process) into a compression unit of its own,
+which the shard appends as it is: the writer then only writes bytes, and compression grows with
+``encode_workers`` like encoding does. A shard is committed (fsync, journal, publish, acks) in a
+task of its own while the writer fills the next one; commits run one at a time, in order
+(:meth:`WriteStage.commit`).
 
-A shard is committed (fsync, journal, publish, acks) in a task of its own while the writer fills
-the next one; commits run one at a time, in order (:meth:`Daemon._commit`).
+:class:`Daemon` keeps the lifecycle (locks, start, drain, clean-up), signals, the watchdog and
+the wiring of the stages.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
 import signal
 import time
-from array import array
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO, TypeVar
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
 
-from tfrecordd import crashpoints, manifest, statelock
-from tfrecordd.compression import Compression, Compressor, compression_from_name
+from tfrecordd import statelock
 from tfrecordd.config import DaemonConfig, split_host_port
 from tfrecordd.deadletter import DeadLetters
-from tfrecordd.errors import DurabilityError, UploadError
-from tfrecordd.framing import framed_size
+from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import LOCAL, FileSystem
-from tfrecordd.journal import Intent, Journal
-from tfrecordd.metrics import Metrics, Stopwatch, serve
+from tfrecordd.journal import Journal
+from tfrecordd.metrics import Metrics, serve
 from tfrecordd.notify import SystemdNotifier
-from tfrecordd.output import LocalOutput, make_output
-from tfrecordd.plugin import (
-    Encoder,
-    EncodeResult,
-    Lines,
-    RawBatch,
-    RawEvent,
-    Source,
-    SourceContext,
-    Token,
-)
-from tfrecordd.shards import (
-    FinishedShard,
-    OpenShard,
-    RecordOffsets,
-    ShardNamer,
-    leftovers,
-    offsets_name,
-    staged_path,
-)
-from tfrecordd.workers import DEPTH, EncodeWorkers
-from tfrecordd.writer import Packed, pack
+from tfrecordd.output import make_output
+from tfrecordd.pipeline.commit import Committer, Manifests
+from tfrecordd.pipeline.encode import EncodeStage
+from tfrecordd.pipeline.encoding import EncodedBatch
+from tfrecordd.pipeline.recovery import recover
+from tfrecordd.pipeline.write import WriteStage
+from tfrecordd.plugin import RawBatch, Source, SourceContext
+from tfrecordd.shards import ShardNamer
 
 log = logging.getLogger("tfrecordd")
 
 PAUSE_LOG_AFTER = 5.0
 """A source held back longer than this by a full pipeline is logged as paused (and resumed)."""
 
-
-GROUP_BATCHES = 4
-"""The most batches encoded in one trip to the encode thread or to a worker process (those
-already waiting): fewer hand-offs when the pipeline is full, none held back when it is not."""
-
-WRITE_RUN_BATCHES = 16
-"""The most waiting batches the write stage takes at once: written in one trip to its thread
-where the shard's caps allow (each trip costs the event loop and the thread a hand-off)."""
-
-IDLE_COMMIT_AFTER = 1.0
-"""Seconds without a batch after which positions that came with no records (a file's end, blank
-lines, bad events) are committed on their own, when no shard is open to carry them."""
-
-POSITIONS_ONLY_BATCHES = 16384
-"""A commit without records is made at the latest when this many batches' positions wait (an
-intent of about a megabyte), however fast batches without records keep coming."""
-
 STATE_CHECK_INTERVAL = 1.0
 """Seconds between checks that the journal and checkpoint are still the files this daemon writes:
 one removed or replaced (``state_dir`` deleted, a backup put back) stops the daemon (exit 74)
 within about this long, even when no commit comes."""
-
-PACK_MIN_BYTES = 64 * 1024
-"""Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
-of their own: a trickle of small batches still compresses as one stream."""
-
-
-@dataclass(slots=True)
-class EncodedBatch:
-    """A batch after encoding: records for the shard (or already packed into a compression
-    unit), failures for the dead letters."""
-
-    source: str
-    records: list[bytes] | Packed
-    token: Token
-    events: int
-    failures: list[tuple[RawEvent, str, str]]
-
-    @property
-    def count(self) -> int:
-        """Records for the shard."""
-        r = self.records
-        return r.records if isinstance(r, Packed) else len(r)
-
-
-@dataclass(slots=True)
-class _Slot:
-    """One worker request's place in the encode stage's output order."""
-
-    done: anyio.Event = field(default_factory=anyio.Event)
-    results: list[EncodedBatch] = field(default_factory=list)
-
-
-_T = TypeVar("_T")
-
-
-def _take_waiting(recv: MemoryObjectReceiveStream[_T], first: _T, limit: int) -> list[_T]:
-    """``first`` and the items already waiting in ``recv`` behind it, up to ``limit`` in all."""
-    items = [first]
-    while len(items) < limit:
-        try:
-            items.append(recv.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream):
-            break
-    return items
-
-
-def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEvent]]:
-    good: list[RawEvent] = []
-    rejected: list[RawEvent] = []
-    for ev in events:
-        (good if ev.error is None else rejected).append(ev)
-    return good, rejected
-
-
-def _blank(batch: RawBatch) -> bool:
-    """Whether encoding ``batch`` gives nothing: no events, and lines (if any) that are all
-    empty or whitespace, none long enough to be refused. Such a batch (a storm of blank lines,
-    a file's end) skips the trip to an encoder."""
-    lines = batch.lines
-    if batch.events or lines is None:
-        return not batch.events
-    return len(lines.data) <= lines.max_line and (not lines.data or lines.data.isspace())
-
-
-_Failures = list[tuple[int, str, str]]
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What encoding a batch gave, as it travels back from an encode worker: records (packed
-    when worth it), failures of the events sent (by index), failures of the events split from
-    the batch's lines (with the event: the daemon's process never split them), and how many
-    events the lines held."""
-
-    records: list[bytes] | Packed
-    failures: _Failures
-    line_failures: list[tuple[RawEvent, str, str]]
-    line_events: int
-
-
-ENCODER_ERROR = "encoder-error"
-"""The dead-letter reason of an event on which the encoder raised instead of reporting it."""
-
-
-def _guarded(encode: Callable[[list[_T]], EncodeResult], items: list[_T]) -> EncodeResult:
-    """``encode(items)``; if it raises, each item alone, so that one event an encoder cannot
-    take (whatever it raises) fails alone, as :data:`ENCODER_ERROR`, and the others go on."""
-    try:
-        return encode(items)
-    except Exception:
-        log.exception("the encoder raised on a batch of %d events: encoding each alone", len(items))
-    result = EncodeResult()
-    for i, item in enumerate(items):
-        try:
-            one = encode([item])
-        except Exception as e:
-            result.failures.append((i, ENCODER_ERROR, f"the encoder raised {type(e).__name__}"))
-            continue
-        result.records.extend(one.records)
-        result.failures.extend((i, reason, detail) for _, reason, detail in one.failures)
-    return result
-
-
-def _encode_events(
-    encoder: Encoder,
-    events: list[RawEvent],
-    lines: Lines | None,
-    compression: Compression,
-    level: int | None,
-) -> _Outcome:
-    """Encode ``events`` and then the events of ``lines``; frame and compress the records into
-    a unit of their own when they are large enough to be worth one."""
-    result = _guarded(encoder.encode_batch, events) if events else EncodeResult()
-    records, failures = result.records, result.failures
-    line_failures: list[tuple[RawEvent, str, str]] = []
-    line_events = 0
-    if lines is not None:
-        payloads, refused = lines.split()
-        line_events = len(payloads) + len(refused)
-        line_failures = [(ev, "rejected", ev.error or "") for ev in refused]
-        result = _guarded(encoder.encode_lines, payloads)
-        records = records + result.records if records else result.records
-        if result.failures:
-            offsets = lines.offsets()
-            line_failures += [
-                (RawEvent(payloads[i], lines.at(offsets[i])), reason, detail)
-                for i, reason, detail in result.failures
-            ]
-    packed: list[bytes] | Packed = records
-    if framed_size(records) >= PACK_MIN_BYTES:
-        packed = pack(records, compression, level)
-    return _Outcome(packed, failures, line_failures, line_events)
-
-
-_Shipment = tuple[bytes, "array[int]", list[tuple[int, Any, str | None]]]
-
-
-def _ship(events: list[RawEvent]) -> _Shipment:
-    """Events as they travel to an encode worker: the payloads joined into one bytes object with
-    their lengths, and ``(index, value, format)`` for the few events that have either.
-
-    The main process is the pipeline's narrow part, and pickling one joined payload costs a
-    small part of pickling a thousand small ones (and the worker splits it, in parallel)."""
-    payloads = [ev.payload for ev in events]
-    extras = [
-        (i, ev.value, ev.format)
-        for i, ev in enumerate(events)
-        if ev.value is not None or ev.format is not None
-    ]
-    return b"".join(payloads), array("Q", map(len, payloads)), extras
-
-
-def _unship(shipment: _Shipment) -> list[RawEvent]:
-    blob, lengths, extras = shipment
-    events = []
-    at = 0
-    for n in lengths:
-        events.append(RawEvent(blob[at : at + n], ""))
-        at += n
-    for i, value, fmt in extras:
-        events[i].value, events[i].format = value, fmt
-    return events
-
-
-@dataclass(slots=True)
-class _Unit:
-    """What the next commit will cover: an open shard (if any records came) and tokens."""
-
-    shard: OpenShard | None = None
-    tokens: dict[str, list[Token]] = field(default_factory=dict)
-    compacted: dict[str, int] = field(default_factory=dict)
-    """How many tokens each source had after its tokens were last compacted."""
-    events: dict[str, int] = field(default_factory=dict)
-    first_at: float | None = None
-    intent: Intent | None = None
-    """Set once the commit's intent may be in the journal."""
-
-    def empty(self) -> bool:
-        return self.shard is None and not self.tokens
 
 
 class _SourceContext(SourceContext):
@@ -340,14 +126,15 @@ class Daemon:
         self.out_dir = self.output.staging_dir
         self.state_dir = str(config.daemon.state_dir)
         self.fsync = out.fsync
-        self.namer = ShardNamer(out.prefix, config.daemon.node_id, out.compression)
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
-        self._encoders: dict[str, Encoder] = {n: e.build() for n, e in config.encoders.items()}
-        self.encoder_of = {s.name: self._encoders[s.encoder] for s in config.sources}
-        self._encoder_name = {s.name: s.encoder for s in config.sources}
-        self._schemas = {
-            s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources
-        }
+        self.encode = EncodeStage(
+            config.encoders,
+            {s.name: s.encoder for s in config.sources},
+            workers=config.daemon.encode_workers,
+            compression=out.compression,
+            level=out.level,
+            metrics=self.metrics,
+        )
         self.journal = Journal(
             self.state_dir,
             fs,
@@ -358,17 +145,30 @@ class Daemon:
         self.dead_letters = DeadLetters(
             self.state_dir, fs, config.daemon.dead_letter_max_bytes, fsync=self.fsync
         )
+        schemas = {s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources}
+        self.committer = Committer(
+            output=self.output,
+            journal=self.journal,
+            sources=self.sources,
+            dead_letters=self.dead_letters,
+            metrics=self.metrics,
+            fsync=self.fsync,
+            manifests=Manifests(self.output, out.compression, schemas) if out.manifests else None,
+        )
+        self.write = WriteStage(
+            out,
+            self.out_dir,
+            ShardNamer(out.prefix, config.daemon.node_id, out.compression),
+            self.committer,
+            self.dead_letters,
+            fs=fs,
+            metrics=self.metrics,
+        )
         self.metrics_port: int | None = None
-        self._unit = _Unit()
-        self._committer: TaskGroup | None = None
-        self._committed: anyio.Event | None = None
         self._sources_scope: anyio.CancelScope | None = None
         self._pipeline_scope: anyio.CancelScope | None = None
-        self._flush_requested = False
         self._stopping = False
         self._running = False
-        self._beat = time.monotonic()
-        self._statvfs_at = 0.0
 
     # -- control ---------------------------------------------------------------------------
 
@@ -389,11 +189,11 @@ class Daemon:
 
     def request_flush(self) -> None:
         """Publish the open shard now (what SIGHUP does)."""
-        self._flush_requested = True
+        self.write.request_flush()
 
     def healthy(self) -> bool:
         """True while the pipeline runs and the writer loop is not stuck."""
-        return self._running and time.monotonic() - self._beat < 120
+        return self._running and time.monotonic() - self.write.beat < 120
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -441,7 +241,15 @@ class Daemon:
             self.config.daemon.queue_batches
         )
         try:
-            await self._recover()
+            await recover(
+                self.journal,
+                self.output,
+                self.sources,
+                fs=self.fs,
+                node_id=self.config.daemon.node_id,
+                manifests=self.committer.manifests,
+                metrics=self.metrics,
+            )
             async with anyio.create_task_group() as services:
                 if self.config.metrics.enabled:
                     host, port = split_host_port(self.config.metrics.listen)
@@ -468,8 +276,8 @@ class Daemon:
                 with pipeline_scope:
                     async with anyio.create_task_group() as pipeline:
                         pipeline.start_soon(self._run_sources, raw_send)
-                        pipeline.start_soon(self._encode_stage, raw_recv, enc_send)
-                        pipeline.start_soon(self._write_stage, enc_recv)
+                        pipeline.start_soon(self.encode.run, raw_recv, enc_send)
+                        pipeline.start_soon(self.write.run, enc_recv)
                 if pipeline_scope.cancelled_caught:
                     log.error("drain did not finish within drain_timeout; open work will replay")
                 services.cancel_scope.cancel()
@@ -482,10 +290,8 @@ class Daemon:
                 await self._cleanup()
 
     async def _cleanup(self) -> None:
-        if self._unit.shard is not None:
-            await anyio.to_thread.run_sync(self._unit.shard.discard)
+        if await self.write.discard():
             self.metrics.shards_discarded.inc()
-            self._unit = _Unit()
         for name, src in self.sources.items():
             try:
                 await src.aclose()
@@ -515,6 +321,13 @@ class Daemon:
                     log.info("%s received", signal.Signals(signum).name)
                     self.request_stop()
 
+    async def _watch_state(self) -> None:
+        # A state_dir removed or replaced while the daemon is idle would otherwise go unnoticed
+        # until the next commit, which may be hours away (or never, before a SIGKILL).
+        while True:
+            await anyio.sleep(STATE_CHECK_INTERVAL)
+            await anyio.to_thread.run_sync(self.journal.check_files)
+
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval()  # already half of WatchdogSec
         if not interval:
@@ -523,156 +336,6 @@ class Daemon:
             await anyio.sleep(interval)
             if self.healthy():
                 self.notifier.watchdog()
-
-    async def _watch_state(self) -> None:
-        # A state_dir removed or replaced while the daemon is idle would otherwise go unnoticed
-        # until the next commit, which may be hours away (or never, before a SIGKILL).
-        while True:
-            await anyio.sleep(STATE_CHECK_INTERVAL)
-            await anyio.to_thread.run_sync(self.journal.check_files)
-
-    def _sort_unfinished(self, unfinished: list[Intent]) -> tuple[list[Intent], int, int]:
-        """Split unfinished intents into redo and dropped (finishing the publishing of those
-        that can be finished), then discard our remaining in-progress files."""
-        redo: list[Intent] = []
-        dropped = 0
-        foreign: list[str] = []  # our files in another node's folder (an earlier node_id)
-        for intent in unfinished:
-            staged = staged_path(self.out_dir, self.output.legacy_dir, intent.shard or "")
-            if intent.shard is not None and os.path.dirname(staged) not in (
-                self.out_dir,
-                self.output.legacy_dir,
-            ):
-                foreign.append(staged)
-            if intent.shard is None:
-                redo.append(intent)
-            elif self._was_published(intent, staged):
-                self._ensure_manifest(intent)
-                redo.append(intent)
-            else:
-                self.journal.drop(intent.seq, sync=False)
-                dropped += 1
-        if dropped:
-            # Durable before any in-progress file goes (see _was_published).
-            self.journal.sync()
-        left = leftovers(self.out_dir, self.output.legacy_dir, self.config.daemon.node_id)
-        left += [p for p in foreign if os.path.lexists(p)]
-        for path in left:
-            self.fs.remove(path)
-        return redo, dropped, len(left)
-
-    def _was_published(self, intent: Intent, staged: str) -> bool:
-        """Whether an unfinished intent's shard was published (finishing an interrupted upload
-        from the staged copy where the output can).
-
-        Decided from the journal, not from the shard's presence: a shipper may have moved the
-        shard away since. Once its intent is journalled, a shard's in-progress file goes only
-        when the shard is published, or after a durable ``drop`` of the intent (recovery's
-        discard, a failed commit). So an intent whose in-progress file is gone was published,
-        whether its shard is still there or not."""
-        assert intent.shard is not None
-        if self.output.is_published(intent):
-            return True
-        try:
-            st = os.lstat(staged)
-        except FileNotFoundError:
-            if not intent.kept:
-                return self.output.sidecar_exists(manifest.manifest_name(intent.shard))
-            log.warning(
-                "%s: published before the restart and moved away since (its in-progress file "
-                "is gone too); its acknowledgements are redone, its events not written again",
-                intent.shard,
-            )
-            return True
-        if isinstance(self.output, LocalOutput) and st.st_nlink > 1:
-            # Linked to its final name, then moved away before the in-progress name was removed.
-            return True
-        return self.output.resume(intent, staged)
-
-    def _ensure_manifest(self, intent: Intent) -> None:
-        """Rebuild the manifest of a shard published just before a crash, if it is missing."""
-        assert intent.shard is not None
-        name = manifest.manifest_name(intent.shard)
-        if not self.config.output.manifests or self.output.sidecar_exists(name):
-            return
-        if isinstance(self.output, LocalOutput) and not self.output.is_published(intent):
-            log.info("%s: moved away; its manifest is not rebuilt", intent.shard)
-            return
-        # The offsets wait in a file as a shard's being written do: memory stays bounded
-        # whatever the shard's record count.
-        spill = os.path.join(self.out_dir, offsets_name(intent.shard))
-        offsets = RecordOffsets(self.fs, spill)
-        try:
-            if isinstance(self.output, LocalOutput):
-                m = manifest.scan(self.output.final_path(intent.shard), offsets)
-            else:
-                # Streamed back from the store; an attempt cut short starts the offsets again.
-                compression = compression_from_name(intent.shard)
-
-                def scan(f: BinaryIO) -> dict[str, Any]:
-                    nonlocal offsets
-                    offsets.remove()
-                    offsets = RecordOffsets(self.fs, spill)
-                    return manifest.scan(f, offsets, compression=compression)
-
-                m = self.output.read_published(intent.shard, scan)
-                log.info("%s: manifest rebuilt from the published object", intent.shard)
-            offsets.close()
-            self._publish_manifest(
-                intent.shard,
-                intent.positions,
-                records=m["records"],
-                size=m["size"],
-                sha256=m["sha256"],
-                crc=m["crc32c"],
-                offsets=offsets.chunks(),
-                first_time=None,
-                last_time=None,
-            )
-        finally:
-            offsets.remove()
-
-    def _publish_manifest(
-        self, shard: str, positions: dict[str, list[Token]], **facts: Any
-    ) -> None:
-        parts = manifest.parts(
-            shard=shard,
-            compression=self.config.output.compression,
-            schemas=self._schemas,
-            positions=positions,
-            **facts,
-        )
-        self.output.publish_sidecar(manifest.manifest_name(shard), parts)
-
-    async def _recover(self) -> None:
-        rec = await anyio.to_thread.run_sync(self.journal.recover)
-        redo, dropped, discarded = await anyio.to_thread.run_sync(
-            self._sort_unfinished, rec.unfinished
-        )
-        self.metrics.shards_discarded.inc(discarded)
-        if any(intent.shard is not None for intent in redo):
-            # A shard linked just before a crash may not be durable yet: its directory is
-            # fsynced before any of its acks is redone (a manifest rebuilt for it would do it
-            # too, but not every redone shard needs one).
-            await anyio.to_thread.run_sync(self.output.sync)
-        pending: dict[str, list[Token]] = {}
-        for intent in redo:
-            for source, tokens in intent.positions.items():
-                pending.setdefault(source, []).extend(tokens)
-        for name, src in self.sources.items():
-            await src.recover(rec.states.get(name), pending.get(name, []))
-        for intent in redo:
-            await anyio.to_thread.run_sync(self.journal.write_done, intent.seq)
-        self.metrics.recovered.labels("redone").inc(len(redo))
-        self.metrics.recovered.labels("dropped").inc(dropped)
-        self.metrics.journal_bytes.set(self.journal.size)
-        log.info(
-            "recovered: %d commit(s) redone, %d dropped, %d in-progress file(s) discarded%s",
-            len(redo),
-            dropped,
-            discarded,
-            f", journal tail torn at byte {rec.torn_at}" if rec.torn_at is not None else "",
-        )
 
     # -- stages ----------------------------------------------------------------------------
 
@@ -690,428 +353,3 @@ class Daemon:
         async with send:
             await src.run(_SourceContext(self, name, send))
         log.info("source %s: finished", name)
-
-    async def _encode_stage(
-        self,
-        recv: MemoryObjectReceiveStream[RawBatch],
-        send: MemoryObjectSendStream[EncodedBatch],
-    ) -> None:
-        depth = self.metrics.stream_depth.labels("encode")
-        workers = self.config.daemon.encode_workers
-        async with recv, send:
-            if workers == 1:
-                async for batch in recv:
-                    group = _take_waiting(recv, batch, GROUP_BATCHES)
-                    depth.set(recv.statistics().current_buffer_used)
-                    if all(map(_blank, group)):
-                        encoded_group = self._encode_all(group)
-                    else:
-                        encoded_group = await anyio.to_thread.run_sync(self._encode_all, group)
-                    for encoded in encoded_group:
-                        await send.send(encoded)
-                return
-            # Several requests encode at once, in this process's encode thread and in worker
-            # processes; a slot per request, queued in arrival order, keeps their batches in order
-            # on the way out (offsets commit in order). Batches already waiting go to an encoder
-            # together, up to GROUP_BATCHES.
-            pool = EncodeWorkers(
-                workers - 1, dict(self.config.encoders), local=self._encode_requests
-            )
-            order_send, order_recv = anyio.create_memory_object_stream[_Slot](workers * DEPTH)
-            out = self.config.output
-
-            async def encode(batches: list[RawBatch], slot: _Slot) -> None:
-                splits = [_split_rejected(b.events) for b in batches]
-                sent = [
-                    i
-                    for i, (b, (good, _)) in enumerate(zip(batches, splits, strict=True))
-                    if good or (b.lines is not None and not _blank(b))
-                ]
-                requests = [
-                    (
-                        self._encoder_name[batches[i].source],
-                        _ship(splits[i][0]),
-                        batches[i].lines,
-                        out.compression,
-                        out.level,
-                    )
-                    for i in sent
-                ]
-                outcomes: list[_Outcome | None] = [None] * len(batches)
-                answers = await pool.call_many(requests) if sent else []
-                for i, outcome in zip(sent, answers, strict=True):
-                    outcomes[i] = outcome
-                slot.results = [
-                    self._encoded(b, good, rejected, outcome)
-                    for b, (good, rejected), outcome in zip(batches, splits, outcomes, strict=True)
-                ]
-                slot.done.set()
-
-            async def forward() -> None:
-                async with order_recv:
-                    async for slot in order_recv:
-                        await slot.done.wait()
-                        for result in slot.results:
-                            await send.send(result)
-
-            async with anyio.create_task_group() as workers_tg:
-                await workers_tg.start(pool.run)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(forward)
-                    async with order_send:
-                        async for batch in recv:
-                            group = _take_waiting(recv, batch, GROUP_BATCHES)
-                            depth.set(recv.statistics().current_buffer_used)
-                            slot = _Slot()
-                            await order_send.send(slot)
-                            tg.start_soon(encode, group, slot)
-                workers_tg.cancel_scope.cancel()
-
-    def _encode_requests(self, requests: list[tuple[Any, ...]]) -> list[_Outcome]:
-        """The daemon's own encoder among the workers: requests as they go to a worker."""
-        return [
-            _encode_events(self._encoders[name], _unship(shipment), lines, compression, level)
-            for name, shipment, lines, compression, level in requests
-        ]
-
-    def _encode_all(self, batches: list[RawBatch]) -> list[EncodedBatch]:
-        return [self._encode(batch) for batch in batches]
-
-    def _encode(self, batch: RawBatch) -> EncodedBatch:
-        good, rejected = _split_rejected(batch.events)
-        outcome = None
-        if good or (batch.lines is not None and not _blank(batch)):
-            out = self.config.output
-            encoder = self.encoder_of[batch.source]
-            outcome = _encode_events(encoder, good, batch.lines, out.compression, out.level)
-        return self._encoded(batch, good, rejected, outcome)
-
-    def _encoded(
-        self,
-        batch: RawBatch,
-        good: list[RawEvent],
-        rejected: list[RawEvent],
-        outcome: _Outcome | None,
-    ) -> EncodedBatch:
-        """The batch for the writer: its records, and every failure with its event."""
-        failures = [(ev, "rejected", ev.error or "") for ev in rejected]
-        records: list[bytes] | Packed = []
-        events = len(batch.events)
-        if outcome is not None:
-            records = outcome.records
-            failures.extend((good[i], reason, detail) for i, reason, detail in outcome.failures)
-            failures.extend(outcome.line_failures)
-            if outcome.line_events:
-                # Events sent as lines are counted here, where they were first split.
-                self.metrics.events_received.labels(batch.source).inc(outcome.line_events)
-                events += outcome.line_events
-        return EncodedBatch(batch.source, records, batch.token, events, failures)
-
-    async def _write_stage(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
-        depth = self.metrics.stream_depth.labels("write")
-        max_age = self.config.output.max_shard_age
-        # Leaving the committer's group waits for the last commit.
-        async with recv, anyio.create_task_group() as self._committer:
-            ended = False
-            while not ended:
-                wait = IDLE_COMMIT_AFTER
-                if self._unit.first_at is not None:
-                    wait = min(wait, self._unit.first_at + max_age - time.monotonic())
-                batch: EncodedBatch | None = None
-                with anyio.move_on_after(max(wait, 0.0)):
-                    try:
-                        batch = await recv.receive()
-                    except anyio.EndOfStream:
-                        ended = True
-                self._beat = time.monotonic()
-                if batch is not None:
-                    batches = _take_waiting(recv, batch, WRITE_RUN_BATCHES)
-                    depth.set(recv.statistics().current_buffer_used)
-                    await self._write_batches(batches)
-                self._update_open_gauges()
-                if self._unit.empty():
-                    self._flush_requested = False
-                    continue
-                first = self._unit.first_at
-                # Positions without records ride with the next shard's commit; with no shard
-                # open, they are committed when the stream pauses.
-                idle = batch is None and self._unit.shard is None
-                if (
-                    idle
-                    or self._flush_requested
-                    or (first is not None and self._beat - first >= max_age)
-                ):
-                    self._flush_requested = False
-                    await self._commit()
-            if not self._unit.empty():
-                await self._commit()
-
-    def _update_open_gauges(self) -> None:
-        shard = self._unit.shard
-        m = self.metrics
-        now = time.monotonic()
-        if now - self._statvfs_at >= 5:
-            self._statvfs_at = now
-            with contextlib.suppress(OSError):
-                st = os.statvfs(self.out_dir)
-                m.output_free_bytes.set(st.f_bavail * st.f_frsize)
-        m.open_shard_bytes.set(shard.file_bytes if shard else 0)
-        m.open_shard_records.set(shard.records if shard else 0)
-        first = self._unit.first_at
-        m.open_shard_age.set(time.monotonic() - first if first is not None else 0)
-
-    async def _write_batches(self, batches: list[EncodedBatch]) -> None:
-        """Write batches in order, in as few trips to a worker thread as the shard's caps allow,
-        committing each shard that fills. Positions that came with no records wait in the unit
-        for its commit: a storm of blank lines must not cost a journal fsync per batch."""
-        failed = [b for b in batches if b.failures]
-        if failed:
-            await anyio.to_thread.run_sync(self._dead_letter, failed)
-        limit = self.config.output.max_shard_records
-        # The free-space check holds back one batch at a time.
-        step = 1 if self.config.output.min_free_bytes else len(batches)
-        at = 0
-        while at < len(batches):
-            run = batches[at : at + step]
-            if any(b.count for b in run):
-                await self._wait_for_space(run[0])
-                written = await anyio.to_thread.run_sync(self._write_run, run)
-                if not written:
-                    await self._commit()
-                    written = await anyio.to_thread.run_sync(self._write_run, run)
-            else:
-                written = len(run)
-            unit = self._unit
-            for batch in run[:written]:
-                tokens = unit.tokens.setdefault(batch.source, [])
-                tokens.append(batch.token)
-                if len(tokens) >= 2 * unit.compacted.get(batch.source, 1):
-                    # Merged each time they double: a constant cost per batch, amortized.
-                    tokens = self.sources[batch.source].compact(tokens)
-                    unit.tokens[batch.source] = tokens
-                    unit.compacted[batch.source] = max(1, len(tokens))
-                unit.events[batch.source] = unit.events.get(batch.source, 0) + batch.events
-            if unit.first_at is None:
-                unit.first_at = time.monotonic()
-            at += written
-            shard = unit.shard
-            if shard is None:
-                full = sum(map(len, unit.tokens.values())) >= POSITIONS_ONLY_BATCHES
-            else:
-                full = bool(limit) and shard.records >= limit
-            if full:
-                await self._commit()
-
-    async def _wait_for_space(self, batch: EncodedBatch) -> None:
-        """Hold the writer (and so, by backpressure, the sources) while the output's file
-        system lacks room for the batch above ``min_free_bytes``."""
-        reserve = self.config.output.min_free_bytes
-        if not reserve:
-            return
-        records = batch.records
-        if isinstance(records, Packed):
-            needed = reserve + len(records.unit.data)
-        else:
-            raw = framed_size(records)
-            needed = reserve + Compressor.bound(self.config.output.compression, raw)
-        paused_at: float | None = None
-        while (free := self._free_bytes()) is not None and free < needed:
-            if paused_at is None:
-                paused_at = time.monotonic()
-                self.metrics.paused.set(1)
-                self.metrics.disk_full_pauses.inc()
-                log.warning(
-                    "output nearly full (%d bytes free, %d needed): sources paused", free, needed
-                )
-            self._beat = time.monotonic()
-            await anyio.sleep(1.0)
-        if paused_at is not None:
-            self.metrics.paused.set(0)
-            log.info("output has room again: resumed after %.1fs", time.monotonic() - paused_at)
-
-    def _free_bytes(self) -> int | None:
-        try:
-            st = os.statvfs(self.out_dir)
-        except OSError:
-            return None
-        free = st.f_bavail * st.f_frsize
-        self.metrics.output_free_bytes.set(free)
-        return free
-
-    def _dead_letter(self, batches: list[EncodedBatch]) -> None:
-        discarded = 0
-        for batch in batches:
-            for ev, reason, detail in batch.failures:
-                where, payload = ev.where, ev.payload
-                discarded += self.dead_letters.write(batch.source, where, reason, detail, payload)
-                self.metrics.events_invalid.labels(batch.source, reason).inc()
-            self.metrics.events_dead_lettered.labels(batch.source).inc(len(batch.failures))
-        if discarded:
-            self.metrics.dead_letters_discarded.inc(discarded)
-            log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
-
-    def _write_run(self, run: list[EncodedBatch]) -> int:
-        """Write the first batches of ``run`` to the open shard (opening one if none is), up to
-        one that would take it past its size or record cap, or through one that fills it to the
-        record cap; the count written, ``0`` when the first does not fit."""
-        limit = self.config.output.max_shard_records
-        for n, batch in enumerate(run):
-            shard = self._unit.shard
-            if shard is not None and limit and shard.records + batch.count > limit:
-                return n
-            if batch.count and not self._write_records(batch.records, batch.count):
-                return n
-            shard = self._unit.shard
-            if limit and shard is not None and shard.records >= limit:
-                return n + 1
-        return len(run)
-
-    def _write_records(self, records: list[bytes] | Packed, count: int) -> bool:
-        """Write a batch to the open shard (opening one if none is); ``False``, with nothing
-        written, when the batch would take the open shard past its size cap."""
-        shard = self._unit.shard
-        try:
-            if shard is not None and not shard.fits(records):
-                return False
-            if shard is None:
-                out = self.config.output
-                shard = OpenShard(
-                    self.out_dir,
-                    self.namer.next(),
-                    out.compression,
-                    out.level,
-                    out.max_shard_bytes,
-                    self.fs,
-                    track_offsets=out.manifests,
-                )
-                self._unit.shard = shard
-                crashpoints.reached("after-create")
-            before_raw, before_file = shard.raw_bytes, shard.file_bytes
-            shard.write(records)
-            crashpoints.reached("mid-write")
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise DurabilityError(
-                    "writing shard: no space left on the output file system (another writer "
-                    "took the space under min_free_bytes); the shard is discarded and its events "
-                    "replay after a restart"
-                ) from e
-            raise DurabilityError(f"writing shard: {e.strerror or e}") from e
-        self.metrics.records_written.inc(count)
-        self.metrics.raw_bytes_written.inc(shard.raw_bytes - before_raw)
-        self.metrics.file_bytes_written.inc(shard.file_bytes - before_file)
-        return True
-
-    async def _commit(self) -> None:
-        """Close the current unit and commit it while the next one fills: its shard's fsync, the
-        journal's, the publish and the acks overlap the writing of the next shard's batches.
-
-        One commit at a time, in order: this waits for the previous one to end first. Called
-        from the write stage only, whose task group the commit runs in."""
-        assert self._committer is not None
-        if self._committed is not None:
-            # The unit stays the daemon's until then: if the previous commit fails, the clean-up
-            # discards its shard.
-            await self._committed.wait()
-        unit, self._unit = self._unit, _Unit()
-        done = self._committed = anyio.Event()
-        self._committer.start_soon(self._commit_unit, unit, done)
-
-    async def _commit_unit(self, unit: _Unit, done: anyio.Event) -> None:
-        try:
-            await self._commit_steps(unit)
-        finally:
-            done.set()
-
-    async def _commit_steps(self, unit: _Unit) -> None:
-        positions = unit.tokens
-        counted = unit.shard.file_bytes if unit.shard is not None else 0
-        with Stopwatch(self.metrics.publish_duration):
-            try:
-                intent, finished = await anyio.to_thread.run_sync(self._commit_sync, unit)
-            except UploadError:
-                # The intent is journalled and the staged copy is whole: the next start resumes
-                # the upload instead of replaying the events.
-                raise
-            except BaseException:
-                if unit.shard is not None:
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(self._abandon, unit)
-                    self.metrics.shards_discarded.inc()
-                raise
-        if finished is not None:
-            self.metrics.shards_published.inc()
-            self.metrics.file_bytes_written.inc(finished.size - counted)
-            self.metrics.last_publish.set(time.time())
-            log.info(
-                "published %s: %d records, %d bytes", finished.name, finished.records, finished.size
-            )
-        for source, tokens in positions.items():
-            with Stopwatch(self.metrics.ack_duration.labels(source)):
-                await self.sources[source].ack(tokens)
-            self.metrics.events_acked.labels(source).inc(unit.events.get(source, 0))
-            crashpoints.reached("after-ack")
-        await anyio.to_thread.run_sync(self.journal.write_done, intent.seq)
-        crashpoints.reached("after-done")
-        self.metrics.journal_bytes.set(self.journal.size)
-
-    def _abandon(self, unit: _Unit) -> None:
-        """Discard a failed commit's shard. Once its intent may be journalled, the in-progress
-        file goes only after a durable ``drop`` (recovery takes an intent without one for
-        published): if the journal cannot take it, the file stays for recovery to drop."""
-        assert unit.shard is not None
-        intent = unit.intent
-        try:
-            if intent is not None and not self.output.is_published(intent):
-                self.journal.drop(intent.seq)
-        except Exception as e:
-            log.error(
-                "%s: left in progress for the next start to decide on (%s)", unit.shard.name, e
-            )
-            unit.shard.offsets.remove()
-            return
-        unit.shard.discard()
-
-    def _commit_sync(self, unit: _Unit) -> tuple[Intent, FinishedShard | None]:
-        finished: FinishedShard | None = None
-        if unit.shard is not None:
-            with Stopwatch(self.metrics.fsync_duration):
-                finished = unit.shard.finish(fsync=self.fsync)
-            crashpoints.reached("after-fsync")
-        try:
-            self.dead_letters.sync()
-        except OSError as e:
-            raise DurabilityError(f"dead letters: fsync failed: {e.strerror or e}") from e
-        intent = self.journal.next_intent(
-            finished.name if finished else None,
-            unit.tokens,
-            records=finished.records if finished else 0,
-            size=finished.size if finished else 0,
-            sha256=finished.sha256 if finished else None,
-        )
-        unit.intent = intent
-        try:
-            with Stopwatch(self.metrics.fsync_duration):
-                self.journal.write_intent(intent)
-        except OSError as e:
-            raise DurabilityError(f"journal: {e.strerror or e}") from e
-        crashpoints.reached("after-intent")
-        if finished is not None:
-            try:
-                self.output.publish(finished)
-                if self.config.output.manifests:
-                    self._publish_manifest(
-                        finished.name,
-                        unit.tokens,
-                        records=finished.records,
-                        size=finished.size,
-                        sha256=finished.sha256,
-                        crc=finished.crc32c,
-                        offsets=finished.offsets.chunks(),
-                        first_time=finished.first_time,
-                        last_time=finished.last_time,
-                    )
-            finally:
-                # A manifest lost to a crash or an error here is rebuilt from the shard itself.
-                finished.offsets.remove()
-        return intent, finished

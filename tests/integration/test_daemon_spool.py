@@ -28,8 +28,12 @@ from tfrecordd import shards as shards_module
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
-from tfrecordd.runtime import GROUP_BATCHES, Daemon
-from tfrecordd.workers import EncodeWorkers
+from tfrecordd.pipeline import encoding
+from tfrecordd.pipeline.encode import GROUP_BATCHES, EncodeStage
+from tfrecordd.pipeline.encoding import EncodeRequest
+from tfrecordd.pipeline.workers import EncodeWorkers
+from tfrecordd.pipeline.write import WriteStage
+from tfrecordd.runtime import Daemon
 from tfrecordd.writer import Packed, pack
 from tfrecordd_plugins.sources.directory import DirectorySource
 
@@ -139,14 +143,14 @@ async def test_on_done_move_keeps_finished_files(tmp_path: Path) -> None:
 def write_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Each trip of the write stage to its thread: (batches offered, batches written)."""
     runs: list[tuple[int, int]] = []
-    write_run = Daemon._write_run
+    write_run = WriteStage.write_run
 
-    def recorded(daemon: Daemon, run: list[Any]) -> int:
-        written = write_run(daemon, run)
+    def recorded(stage: WriteStage, run: list[Any]) -> int:
+        written = write_run(stage, run)
         runs.append((len(run), written))
         return written
 
-    monkeypatch.setattr(Daemon, "_write_run", recorded)
+    monkeypatch.setattr(WriteStage, "write_run", recorded)
     return runs
 
 
@@ -284,7 +288,7 @@ async def test_packed_batches_keep_the_cap_too(
         packed.append(len(records))
         return pack(records, *args)
 
-    monkeypatch.setattr(runtime, "pack", counting_pack)
+    monkeypatch.setattr(encoding, "pack", counting_pack)
     cap = 512 << 10
     n = 20_000 if compression == "none" else 200_000
     cfg = write_config(tmp_path, output={"max_shard_bytes": cap, "compression": compression})
@@ -421,7 +425,7 @@ def _requests_counted(monkeypatch: pytest.MonkeyPatch, method: str) -> list[int]
     sizes: list[int] = []
     original = getattr(EncodeWorkers, method)
 
-    async def counted(pool: EncodeWorkers, requests: list[tuple[Any, ...]]) -> list[Any]:
+    async def counted(pool: EncodeWorkers, requests: list[EncodeRequest]) -> list[Any]:
         sizes.append(len(requests))
         result: list[Any] = await original(pool, requests)
         return result
@@ -460,13 +464,13 @@ async def test_the_encode_thread_takes_waiting_batches_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sizes: list[int] = []
-    encode_all = Daemon._encode_all
+    encode_all = EncodeStage.encode_all
 
-    def counted(daemon: Daemon, batches: list[Any]) -> list[Any]:
+    def counted(stage: EncodeStage, batches: list[Any]) -> list[Any]:
         sizes.append(len(batches))
-        return encode_all(daemon, batches)
+        return encode_all(stage, batches)
 
-    monkeypatch.setattr(Daemon, "_encode_all", counted)
+    monkeypatch.setattr(EncodeStage, "encode_all", counted)
     cfg = write_config(
         tmp_path,
         daemon={"max_batch_events": 25},
@@ -491,7 +495,7 @@ async def test_a_failed_start_releases_everything(tmp_path: Path) -> None:
     daemon = Daemon(config, handle_signals=False)
     with pytest.raises(OSError, match="not-a-dir"):
         await daemon.run()
-    assert daemon.journal._file is None
+    assert not daemon.journal.is_open
     assert metric(daemon.metrics, "tfrecordd_up") == 0
 
 

@@ -108,7 +108,7 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
 
         async def all_read() -> bool:
             # What the open shard's positions hold in memory, in the daemon and in the source.
-            held.append(sum(map(len, daemon._unit.tokens.values())))
+            held.append(sum(map(len, daemon.write.unit.tokens.values())))
             held.append(len(source._inflight))
             return bool((await r.xinfo_groups(STREAM))[0]["lag"] == 0)
 

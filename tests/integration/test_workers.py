@@ -17,9 +17,8 @@ import pytest
 
 from tfrecordd.compression import Compression
 from tfrecordd.errors import WorkerError
-from tfrecordd.plugin import Lines, RawEvent
-from tfrecordd.runtime import _encode_events, _Outcome, _ship
-from tfrecordd.workers import (
+from tfrecordd.pipeline.encoding import EncodeRequest, Outcome, encode, encode_events
+from tfrecordd.pipeline.workers import (
     DEPTH,
     SLOT_BYTES,
     EncodeWorkers,
@@ -30,6 +29,7 @@ from tfrecordd.workers import (
     _receive_exactly,
     _send_all,
 )
+from tfrecordd.plugin import Lines, RawEvent
 from tfrecordd.writer import Packed
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
@@ -43,7 +43,7 @@ def _lines(first: int, n: int) -> Lines:
     return Lines(data, "f.jsonl", 0, 1 << 20)
 
 
-def _ids(outcome: _Outcome) -> list[bytes]:
+def _ids(outcome: Outcome) -> list[bytes]:
     assert isinstance(outcome.records, list)
     return outcome.records
 
@@ -58,13 +58,19 @@ def _alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-async def _call(pool: EncodeWorkers, lines: Lines, name: str = "e") -> Any:
-    return await pool.call(name, _ship([]), lines, Compression.NONE, None)
+def _request(
+    lines: Lines | None, name: str = "e", events: list[RawEvent] | None = None
+) -> EncodeRequest:
+    return EncodeRequest(name, events or [], lines, Compression.NONE, None)
+
+
+async def _call(pool: EncodeWorkers, lines: Lines, name: str = "e") -> Outcome:
+    return await pool.call(_request(lines, name))
 
 
 async def test_answers_come_back_to_their_own_batches() -> None:
     pool = EncodeWorkers(2, {"e": CONFIG})
-    results: dict[int, _Outcome] = {}
+    results: dict[int, Outcome] = {}
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
 
@@ -77,7 +83,7 @@ async def test_answers_come_back_to_their_own_batches() -> None:
         tg.cancel_scope.cancel()
     encoder = CONFIG.build()
     for k, outcome in results.items():
-        expected = _encode_events(encoder, [], _lines(k * 100, 1 + k % 7), Compression.NONE, None)
+        expected = encode_events(encoder, [], _lines(k * 100, 1 + k % 7), Compression.NONE, None)
         assert _ids(outcome) == expected.records
         assert outcome.line_events == 1 + k % 7
     assert len(results) == 40
@@ -86,20 +92,17 @@ async def test_answers_come_back_to_their_own_batches() -> None:
 async def test_batches_sent_together_come_back_each_to_its_own() -> None:
     pool = EncodeWorkers(2, {"e": CONFIG})
     events = [RawEvent(b'{"id": %d}' % i, f"x:{i}") for i in range(5)]
-    requests: list[tuple[Any, ...]] = [
-        ("e", _ship([]), _lines(k * 100, 1 + k), Compression.NONE, None) for k in range(5)
-    ]
-    requests.insert(2, ("e", _ship(events), None, Compression.NONE, None))
+    requests = [_request(_lines(k * 100, 1 + k)) for k in range(5)]
+    requests.insert(2, _request(None, events=events))
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
         outcomes = await pool.call_many(requests)
         tg.cancel_scope.cancel()
     encoder = CONFIG.build()
     expected = [
-        _encode_events(encoder, [], _lines(k * 100, 1 + k), Compression.NONE, None)
-        for k in range(5)
+        encode_events(encoder, [], _lines(k * 100, 1 + k), Compression.NONE, None) for k in range(5)
     ]
-    expected.insert(2, _encode_events(encoder, events, None, Compression.NONE, None))
+    expected.insert(2, encode_events(encoder, events, None, Compression.NONE, None))
     assert [_ids(o) for o in outcomes] == [e.records for e in expected]
     assert [o.line_events for o in outcomes] == [1, 2, 0, 3, 4, 5]
 
@@ -187,7 +190,7 @@ async def test_events_sent_one_by_one_travel_too() -> None:
     events = [RawEvent(b'{"id": 1}', "a"), RawEvent(b"{", "b")]
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        outcome = await pool.call("e", _ship(events), None, Compression.NONE, None)
+        outcome = await pool.call(_request(None, events=events))
         tg.cancel_scope.cancel()
     assert len(_ids(outcome)) == 1
     assert [(i, reason) for i, reason, _ in outcome.failures] == [(1, "malformed")]
@@ -197,7 +200,7 @@ def test_lines_cross_to_a_worker_out_of_band_and_unchanged() -> None:
     lines = _lines(0, 50)
     for protocol in (4, 5):
         assert pickle.loads(pickle.dumps(lines, protocol)) == lines
-    body, buffers = _pickle([("e", _ship([]), lines, Compression.NONE, None), ("e", None, None)])
+    body, buffers = _pickle([_request(lines), _request(None)])
     # The lines' bytes are sent as the very object the batch holds, not copied into the pickle.
     assert buffers == [lines.data]
     assert buffers[0] is lines.data
@@ -205,13 +208,13 @@ def test_lines_cross_to_a_worker_out_of_band_and_unchanged() -> None:
     parts = _frame(body, buffers, -1)
     got = _read(io.BytesIO(b"".join(parts)))
     assert got is not None
-    assert pickle.loads(got[0], buffers=got[1])[0][2] == lines
+    assert pickle.loads(got[0], buffers=got[1])[0].lines == lines
     assert _read(io.BytesIO(b"".join(parts)[:-1])) is None
 
 
 def test_lines_in_a_shared_slot_are_read_from_it_not_from_the_pipe() -> None:
     first, second = _lines(0, 20), _lines(100, 30)
-    body, buffers = _pickle([("e", None, first, None, None), ("e", None, second, None, None)])
+    body, buffers = _pickle([_request(first), _request(second)])
     area = mmap.mmap(-1, DEPTH * SLOT_BYTES)
     at = SLOT_BYTES  # slot 1
     for buffer in buffers:
@@ -224,7 +227,7 @@ def test_lines_in_a_shared_slot_are_read_from_it_not_from_the_pipe() -> None:
     got = _read(stream, area)
     assert got is not None
     decoded = pickle.loads(got[0], buffers=got[1])
-    assert [d[2] for d in decoded] == [first, second]
+    assert [d.lines for d in decoded] == [first, second]
     assert stream.read() == b"next"
     with pytest.raises(WorkerError, match="shared memory"):
         _read(io.BytesIO(b"".join(parts)))
@@ -253,7 +256,7 @@ async def test_a_request_too_large_for_a_slot_crosses_the_pipe() -> None:
         tg.cancel_scope.cancel()
     assert [len(_ids(o)) for o in small] == [10, 10, 10]
     # Packed (it is large), and the very bytes this process encodes from the same lines.
-    local = _encode_events(CONFIG.build(), [], big, Compression.NONE, None)
+    local = encode_events(CONFIG.build(), [], big, Compression.NONE, None)
     assert isinstance(outcome.records, Packed)
     assert isinstance(local.records, Packed)
     assert outcome.records.records == 9000
@@ -326,16 +329,16 @@ class _LocalEncoder:
         self.took: list[int] = []
         self.release = threading.Event()
 
-    def __call__(self, requests: list[tuple[Any, ...]]) -> list[_Outcome]:
+    def __call__(self, requests: list[EncodeRequest]) -> list[Outcome]:
         self.release.wait(10)
-        self.took.extend(r[2].offset for r in requests)
-        return [_encode_events(self.encoder, [], r[2], r[3], r[4]) for r in requests]
+        self.took.extend(r.lines.offset for r in requests if r.lines is not None)
+        return [encode(r, self.encoder) for r in requests]
 
 
 async def test_the_local_encoder_takes_requests_while_free_and_workers_the_rest() -> None:
     local = _LocalEncoder()
     pool = EncodeWorkers(1, {"e": CONFIG}, local=local)
-    results: dict[int, _Outcome] = {}
+    results: dict[int, Outcome] = {}
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
 
@@ -356,7 +359,7 @@ async def test_the_local_encoder_takes_requests_while_free_and_workers_the_rest(
         tg.cancel_scope.cancel()
     encoder = CONFIG.build()
     for k, outcome in results.items():
-        expected = _encode_events(encoder, [], _lines(k * 10, 3), Compression.NONE, None)
+        expected = encode_events(encoder, [], _lines(k * 10, 3), Compression.NONE, None)
         assert _ids(outcome) == expected.records
     assert len(results) == 12
     assert 0 in local.took
@@ -364,7 +367,7 @@ async def test_the_local_encoder_takes_requests_while_free_and_workers_the_rest(
 
 
 async def test_local_encoder_alone_and_its_errors() -> None:
-    def failing(requests: list[tuple[Any, ...]]) -> list[_Outcome]:
+    def failing(requests: list[EncodeRequest]) -> list[Outcome]:
         raise ValueError("bad plan")
 
     local = _LocalEncoder()

@@ -34,8 +34,9 @@ from tests.support import dead_letters, read_examples, read_ids, spool_file, wri
 from tfrecordd import proto, speedups
 from tfrecordd.compression import Compression
 from tfrecordd.config import load_config, parse_config
+from tfrecordd.pipeline.encoding import ENCODER_ERROR, encode_events
 from tfrecordd.plugin import Encoder, EncodeResult, Lines, RawEvent, Registry
-from tfrecordd.runtime import ENCODER_ERROR, Daemon, _encode_events
+from tfrecordd.runtime import Daemon
 from tfrecordd_plugins.encoders.example import ExampleEncoder, ExampleEncoderConfig
 from tfrecordd_plugins.encoders.sequence import SequenceEncoderConfig
 from tfrecordd_plugins.sources.socket import TcpSource
@@ -649,7 +650,7 @@ class Fragile(Encoder):
 def test_an_event_the_encoder_raises_on_is_dead_lettered_alone() -> None:
     payloads = [b"a", b"boom", b"b", b"bad", b"boom-r", b"c", b"boom-m"]
     events = [RawEvent(p, f"t:{i}") for i, p in enumerate(payloads)]
-    outcome = _encode_events(Fragile(), events, None, Compression.NONE, None)
+    outcome = encode_events(Fragile(), events, None, Compression.NONE, None)
     assert outcome.records == [b"record:a", b"record:b", b"record:c"]
     assert [(i, reason) for i, reason, _ in outcome.failures] == [
         (1, ENCODER_ERROR),
@@ -660,7 +661,7 @@ def test_an_event_the_encoder_raises_on_is_dead_lettered_alone() -> None:
     assert outcome.failures[0][2] == "the encoder raised ValueError"
     # The same for events the daemon sends as lines (a JSON-lines file).
     lines = Lines(b"a\nboom\nb\n\nboom-m\n", "f.jsonl", 100, 1 << 10)
-    outcome = _encode_events(Fragile(), [], lines, Compression.NONE, None)
+    outcome = encode_events(Fragile(), [], lines, Compression.NONE, None)
     assert outcome.records == [b"record:a", b"record:b"]
     assert [(ev.where, reason) for ev, reason, _ in outcome.line_failures] == [
         ("f.jsonl:102", ENCODER_ERROR),

@@ -4,11 +4,12 @@ records packed."""
 from __future__ import annotations
 
 import io
+import pickle
 
 from tfrecordd.compression import Compression, open_decompressed
 from tfrecordd.framing import frame_many
+from tfrecordd.pipeline.encoding import PACK_MIN_BYTES, EncodeRequest, encode
 from tfrecordd.plugin import Lines, RawBatch, RawEvent
-from tfrecordd.runtime import PACK_MIN_BYTES, _encode_events, _ship, _unship
 from tfrecordd.writer import Packed
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
@@ -30,9 +31,19 @@ def _events(n: int) -> list[RawEvent]:
     return events
 
 
+def _shipped(
+    events: list[RawEvent], lines: Lines | None = None, compression: Compression = Compression.NONE
+) -> EncodeRequest:
+    """The request as an encode worker receives it."""
+    request = EncodeRequest("e", events, lines, compression, None)
+    got = pickle.loads(pickle.dumps(request, 5))
+    assert isinstance(got, EncodeRequest)
+    return got
+
+
 def test_shipping_keeps_payloads_values_and_formats_in_order() -> None:
     events = [*_events(40), RawEvent(b"", "empty"), RawEvent(b"\x00\xff", "binary")]
-    got = _unship(_ship(events))
+    got = _shipped(events).events
     assert [(e.payload, e.value, e.format) for e in got] == [
         (e.payload, e.value, e.format) for e in events
     ]
@@ -42,7 +53,7 @@ def test_shipped_events_give_what_the_events_give() -> None:
     for n in (10, 3000):  # below and above the size at which a batch is packed
         events = _events(n)
         expected = CONFIG.build().encode_batch(events)
-        outcome = _encode_events(ENCODER, _unship(_ship(events)), None, Compression.GZIP, None)
+        outcome = encode(_shipped(events, None, Compression.GZIP), ENCODER)
         records, failures = outcome.records, outcome.failures
         assert failures == expected.failures
         assert outcome.line_failures == []
@@ -68,7 +79,7 @@ def test_lines_are_split_encoded_and_their_failures_placed() -> None:
     events = _events(20)
     batch = RawBatch("s", events, None, lines)
     expected = CONFIG.build().encode_batch(batch.expand())
-    outcome = _encode_events(ENCODER, _unship(_ship(events)), lines, Compression.NONE, None)
+    outcome = encode(_shipped(events, lines), ENCODER)
     assert isinstance(outcome.records, Packed)
     assert list(outcome.records.lengths) == [len(r) for r in expected.records]
     assert outcome.line_events == 2003  # blank lines are no events; the long one is refused

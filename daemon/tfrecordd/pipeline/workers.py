@@ -17,17 +17,17 @@ answers come back in the order the requests went. A request may hold several bat
 (:meth:`EncodeWorkers.call_many`): each trip costs the daemon's process a pickle, a pipe write, an
 answer and a wake-up, whatever its size, and that process is the pipeline's narrow part.
 
-A worker is ``python -m tfrecordd.workers``, in a session of its own: a Ctrl-C in a terminal
-reaches the daemon, which drains, and needs its workers for that (they ignore SIGINT and SIGTERM
-sent to them directly too). It is told the encoders' configs once, at start-up, answers that it
-is ready (so an import error shows at start, not at the first batch), builds each encoder on
-first use, and exits when its input closes: when the daemon stops, or dies.
+A worker is ``python -m tfrecordd.pipeline.workers``, in a session of its own: a Ctrl-C in a
+terminal reaches the daemon, which drains, and needs its workers for that (they ignore SIGINT and
+SIGTERM sent to them directly too). It is told the encoders' configs once, at start-up, answers
+that it is ready (so an import error shows at start, not at the first batch), builds each encoder
+on first use, and exits when its input closes: when the daemon stops, or dies.
 
 The protocol, on the worker's stdin and stdout: a request is a header (the pickle's length, the
 number of out-of-band buffers, the shared slot they are in or -1, then each one's length,
-little-endian), a pickle (protocol 5) of a list of batches, then, unless they are in a slot, those
-buffers: the bytes of each batch's lines, kept out of the pickle. An answer is one status byte
-(``R`` a list of results, one per batch, ``E`` an exception), a length, a pickle.
+little-endian), a pickle (protocol 5) of a list of ``EncodeRequest``, then, unless they are in a
+slot, those buffers: the bytes of each request's lines, kept out of the pickle. An answer is one
+status byte (``R`` a list of ``Outcome``, one per request, ``E`` an exception), a length, a pickle.
 
 The lines are most of what crosses, and a pipe costs a copy into the kernel and one out of it,
 both on the CPU the workers need: measured, a few percent of the whole pipeline's CPU. So each
@@ -58,6 +58,7 @@ from anyio.abc import Process, TaskStatus
 
 from tfrecordd import heap
 from tfrecordd.errors import WorkerError
+from tfrecordd.pipeline.encoding import EncodeRequest, Outcome, encode
 
 if TYPE_CHECKING:
     from tfrecordd.plugin import Encoder, EncoderConfig
@@ -82,7 +83,7 @@ _IOV_MAX = 1024
 """The most buffers one ``writev`` takes (Linux's ``IOV_MAX``)."""
 
 SLOT_BYTES = 8 << 20
-"""Room for one request's lines in a worker's shared area: :data:`GROUP_BATCHES` batches of the
+"""Room for one request's lines in a worker's shared area: ``GROUP_BATCHES`` batches of the
 default ``max_batch_bytes`` (1 MiB), twice over. Memory is used only as far as requests reach."""
 
 _IN_PIPE = -1
@@ -118,7 +119,7 @@ class _Worker:
 
 class EncodeWorkers:
     """``count`` worker processes, and ``local`` (if given) run in a thread of this process;
-    :meth:`call` encodes a batch in one of them. ``local`` takes a list of requests as
+    :meth:`call` encodes a request in one of them. ``local`` takes a list of requests as
     :meth:`call_many` does and returns their results; it runs one list at a time. Run :meth:`run`
     in a task group (``await tg.start(pool.run)``); cancel it to stop the processes."""
 
@@ -127,7 +128,7 @@ class EncodeWorkers:
         count: int,
         encoders: dict[str, EncoderConfig],
         *,
-        local: Callable[[list[tuple[Any, ...]]], list[Any]] | None = None,
+        local: Callable[[list[EncodeRequest]], list[Outcome]] | None = None,
     ) -> None:
         if count < 1 and local is None:
             raise ValueError("encode workers: no worker process and no local encoder")
@@ -167,7 +168,7 @@ class EncodeWorkers:
         request_r, request_w = os.pipe()
         answer_r, answer_w = os.pipe()
         area_fd, area = _shared_area()  # (None, None) if it fails: requests use the pipe
-        command = [sys.executable, "-m", "tfrecordd.workers"]
+        command = [sys.executable, "-m", "tfrecordd.pipeline.workers"]
         try:
             process = await anyio.open_process(
                 command if area_fd is None else [*command, str(area_fd)],
@@ -245,17 +246,17 @@ class EncodeWorkers:
                 pending.done.set()
             raise
 
-    async def call(self, *args: Any) -> Any:
-        """Encode a batch, ``args = (encoder name, shipment, lines, compression, level)`` (see
-        ``tfrecordd.runtime._encode_events``): in the local thread if it is free, else in the
-        worker with the fewest requests, waiting while every worker holds :data:`DEPTH`."""
-        (result,) = await self.call_many([args])
+    async def call(self, request: EncodeRequest) -> Outcome:
+        """Encode a request (:func:`~tfrecordd.pipeline.encoding.encode`): in the local thread
+        if it is free, else in the worker with the fewest requests, waiting while every worker
+        holds :data:`DEPTH`."""
+        (result,) = await self.call_many([request])
         return result
 
-    async def call_many(self, requests: list[tuple[Any, ...]]) -> list[Any]:
-        """Encode several batches (each as :meth:`call` takes it) together: in the local thread if
-        it is free, else in one trip to one worker (one pipe write, one answer and one wake-up of
-        the daemon for all of them)."""
+    async def call_many(self, requests: list[EncodeRequest]) -> list[Outcome]:
+        """Encode several requests together: in the local thread if it is free, else in one
+        trip to one worker (one pipe write, one answer and one wake-up of the daemon for all of
+        them)."""
         async with self._room:
             while True:
                 if self._local is not None and not self._local_busy:
@@ -293,10 +294,10 @@ class EncodeWorkers:
         await pending.done.wait()
         if not pending.ok:
             raise pending.value
-        results: list[Any] = pending.value
+        results: list[Outcome] = pending.value
         return results
 
-    async def _call_local(self, requests: list[tuple[Any, ...]]) -> list[Any]:
+    async def _call_local(self, requests: list[EncodeRequest]) -> list[Outcome]:
         assert self._local is not None
         try:
             return await anyio.to_thread.run_sync(self._local, requests)
@@ -452,7 +453,7 @@ def _pickled_error(e: Exception) -> bytes:
 
 
 def serve() -> None:
-    """The worker's main loop (``python -m tfrecordd.workers``)."""
+    """The worker's main loop (``python -m tfrecordd.pipeline.workers``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     heap.tune()
@@ -471,8 +472,6 @@ def serve() -> None:
     if init is None:
         return
     sys.path[:], configs = pickle.loads(init[0], buffers=init[1])
-    from tfrecordd.runtime import _encode_events, _unship
-
     encoders: dict[str, Encoder] = {}
 
     out.write(_READY)
@@ -482,12 +481,12 @@ def serve() -> None:
         try:
             outcomes = []
             body, buffers = request
-            for name, shipment, lines, compression, level in pickle.loads(body, buffers=buffers):
-                encoder = encoders.get(name)
+            requests: list[EncodeRequest] = pickle.loads(body, buffers=buffers)
+            for one in requests:
+                encoder = encoders.get(one.encoder)
                 if encoder is None:
-                    encoder = encoders[name] = configs[name].build()
-                events = _unship(shipment)
-                outcomes.append(_encode_events(encoder, events, lines, compression, level))
+                    encoder = encoders[one.encoder] = configs[one.encoder].build()
+                outcomes.append(encode(one, encoder))
             status, answer = b"R", pickle.dumps(outcomes, pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # handed to the daemon, which raises it
             status, answer = b"E", _pickled_error(e)

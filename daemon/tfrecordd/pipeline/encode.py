@@ -1,0 +1,221 @@
+"""The encode stage: raw batches in, encoded batches out, in the order they came.
+
+Batches already waiting go to an encoder together, up to :data:`GROUP_BATCHES`. Each batch
+becomes an :class:`~tfrecordd.pipeline.encoding.EncodeRequest` (its events known to be bad are
+kept back for the dead letters) and each outcome an
+:class:`~tfrecordd.pipeline.encoding.EncodedBatch`, by one code path whoever encodes:
+
+- ``encode_workers = 1``: a whole group is encoded in a worker thread
+  (:meth:`EncodeStage.encode_all`);
+- ``encode_workers = N > 1``: the daemon's own encode thread and N - 1 worker processes
+  (:class:`~tfrecordd.pipeline.workers.EncodeWorkers`) take groups at once; a slot per group,
+  queued in arrival order, keeps their batches in order on the way out (offsets commit in order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from tfrecordd.compression import Compression
+from tfrecordd.metrics import Metrics
+from tfrecordd.pipeline.encoding import (
+    EncodedBatch,
+    EncodeRequest,
+    EventFailure,
+    Outcome,
+    encode,
+)
+from tfrecordd.pipeline.workers import DEPTH, EncodeWorkers
+from tfrecordd.plugin import Encoder, EncoderConfig, RawBatch, RawEvent
+from tfrecordd.writer import Packed
+
+GROUP_BATCHES = 4
+"""The most batches encoded in one trip to the encode thread or to a worker process (those
+already waiting): fewer hand-offs when the pipeline is full, none held back when it is not."""
+
+_T = TypeVar("_T")
+
+
+def take_waiting(recv: MemoryObjectReceiveStream[_T], first: _T, limit: int) -> list[_T]:
+    """``first`` and the items already waiting in ``recv`` behind it, up to ``limit`` in all."""
+    items = [first]
+    while len(items) < limit:
+        try:
+            items.append(recv.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            break
+    return items
+
+
+def _split_rejected(events: list[RawEvent]) -> tuple[list[RawEvent], list[RawEvent]]:
+    good: list[RawEvent] = []
+    rejected: list[RawEvent] = []
+    for ev in events:
+        (good if ev.error is None else rejected).append(ev)
+    return good, rejected
+
+
+def blank(batch: RawBatch) -> bool:
+    """Whether encoding ``batch`` gives nothing: no events, and lines (if any) that are all
+    empty or whitespace, none long enough to be refused. Such a batch (a storm of blank lines,
+    a file's end) skips the trip to an encoder."""
+    lines = batch.lines
+    if batch.events or lines is None:
+        return not batch.events
+    return len(lines.data) <= lines.max_line and (not lines.data or lines.data.isspace())
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Batches on their way through an encoder: each one's good and rejected events, and the
+    requests made of those that have something to encode (``sent``: their indexes)."""
+
+    batches: list[RawBatch]
+    splits: list[tuple[list[RawEvent], list[RawEvent]]]
+    sent: list[int]
+    requests: list[EncodeRequest]
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One group's place in the encode stage's output order."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    results: list[EncodedBatch] = field(default_factory=list)
+
+
+class EncodeStage:
+    """Encodes the batches of every source with the encoder configured for it."""
+
+    def __init__(
+        self,
+        encoders: Mapping[str, EncoderConfig],
+        encoder_of: Mapping[str, str],
+        *,
+        workers: int,
+        compression: Compression,
+        level: int | None,
+        metrics: Metrics,
+    ) -> None:
+        """``encoders`` by name; ``encoder_of`` maps each source to its encoder's name;
+        ``workers`` is ``encode_workers``."""
+        self.configs = dict(encoders)
+        self.encoders: dict[str, Encoder] = {n: e.build() for n, e in encoders.items()}
+        self.encoder_of = dict(encoder_of)
+        self.workers = workers
+        self.compression = compression
+        self.level = level
+        self.metrics = metrics
+
+    async def run(
+        self,
+        recv: MemoryObjectReceiveStream[RawBatch],
+        send: MemoryObjectSendStream[EncodedBatch],
+    ) -> None:
+        """Encode what ``recv`` brings into ``send``, until ``recv`` ends."""
+        depth = self.metrics.stream_depth.labels("encode")
+        async with recv, send:
+            if self.workers == 1:
+                async for batch in recv:
+                    group = take_waiting(recv, batch, GROUP_BATCHES)
+                    depth.set(recv.statistics().current_buffer_used)
+                    if all(map(blank, group)):
+                        encoded_group = self.encode_all(group)
+                    else:
+                        encoded_group = await anyio.to_thread.run_sync(self.encode_all, group)
+                    for encoded in encoded_group:
+                        await send.send(encoded)
+                return
+            pool = EncodeWorkers(self.workers - 1, self.configs, local=self.encode_requests)
+            order_send, order_recv = anyio.create_memory_object_stream[_Slot](self.workers * DEPTH)
+
+            async def encode_group(batches: list[RawBatch], slot: _Slot) -> None:
+                group = self._group(batches)
+                outcomes = await pool.call_many(group.requests) if group.requests else []
+                slot.results = self._encoded(group, outcomes)
+                slot.done.set()
+
+            async def forward() -> None:
+                async with order_recv:
+                    async for slot in order_recv:
+                        await slot.done.wait()
+                        for result in slot.results:
+                            await send.send(result)
+
+            async with anyio.create_task_group() as workers_tg:
+                await workers_tg.start(pool.run)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(forward)
+                    async with order_send:
+                        async for batch in recv:
+                            batches = take_waiting(recv, batch, GROUP_BATCHES)
+                            depth.set(recv.statistics().current_buffer_used)
+                            slot = _Slot()
+                            await order_send.send(slot)
+                            tg.start_soon(encode_group, batches, slot)
+                workers_tg.cancel_scope.cancel()
+
+    def encode_all(self, batches: list[RawBatch]) -> list[EncodedBatch]:
+        """Encode ``batches`` here and now (blocking: the encode thread's trip)."""
+        group = self._group(batches)
+        return self._encoded(group, self.encode_requests(group.requests))
+
+    def encode_requests(self, requests: list[EncodeRequest]) -> list[Outcome]:
+        """The daemon's own encoder: requests as a worker process takes them."""
+        return [encode(r, self.encoders[r.encoder]) for r in requests]
+
+    def _group(self, batches: list[RawBatch]) -> _Group:
+        splits = [_split_rejected(b.events) for b in batches]
+        sent = [
+            i
+            for i, (b, (good, _)) in enumerate(zip(batches, splits, strict=True))
+            if good or (b.lines is not None and not blank(b))
+        ]
+        requests = [
+            EncodeRequest(
+                self.encoder_of[batches[i].source],
+                splits[i][0],
+                batches[i].lines,
+                self.compression,
+                self.level,
+            )
+            for i in sent
+        ]
+        return _Group(batches, splits, sent, requests)
+
+    def _encoded(self, group: _Group, outcomes: list[Outcome]) -> list[EncodedBatch]:
+        by_batch: list[Outcome | None] = [None] * len(group.batches)
+        for i, outcome in zip(group.sent, outcomes, strict=True):
+            by_batch[i] = outcome
+        return [
+            self._batch(b, good, rejected, outcome)
+            for b, (good, rejected), outcome in zip(
+                group.batches, group.splits, by_batch, strict=True
+            )
+        ]
+
+    def _batch(
+        self,
+        batch: RawBatch,
+        good: list[RawEvent],
+        rejected: list[RawEvent],
+        outcome: Outcome | None,
+    ) -> EncodedBatch:
+        """The batch for the writer: its records, and every failure with its event."""
+        failures: list[EventFailure] = [(ev, "rejected", ev.error or "") for ev in rejected]
+        records: list[bytes] | Packed = []
+        events = len(batch.events)
+        if outcome is not None:
+            records = outcome.records
+            failures.extend((good[i], reason, detail) for i, reason, detail in outcome.failures)
+            failures.extend(outcome.line_failures)
+            if outcome.line_events:
+                # Events sent as lines are counted here, where they were first split.
+                self.metrics.events_received.labels(batch.source).inc(outcome.line_events)
+                events += outcome.line_events
+        return EncodedBatch(batch.source, records, batch.token, events, failures)

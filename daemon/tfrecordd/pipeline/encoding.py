@@ -1,0 +1,166 @@
+"""One encode request and what it gives: the values that travel between the encode stage and an
+encoder, whether that encoder runs in the daemon's thread or in a worker process.
+
+An :class:`EncodeRequest` names the encoder and carries a batch's events and lines; :func:`encode`
+turns it into an :class:`Outcome`: records (framed and compressed into a unit of their own when
+they are large enough, :data:`PACK_MIN_BYTES`), and the failures. The same function runs in both
+places; only the crossing differs: a request pickled for a worker ships its events as one joined
+payload (see :meth:`EncodeRequest.__reduce__`).
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tfrecordd.compression import Compression
+from tfrecordd.framing import framed_size
+from tfrecordd.plugin import Encoder, EncodeResult, Lines, RawEvent, Token
+from tfrecordd.writer import Packed, pack
+
+log = logging.getLogger("tfrecordd")
+
+PACK_MIN_BYTES = 64 * 1024
+"""Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
+of their own: a trickle of small batches still compresses as one stream."""
+
+ENCODER_ERROR = "encoder-error"
+"""The dead-letter reason of an event on which the encoder raised instead of reporting it."""
+
+EventFailure = tuple[RawEvent, str, str]
+"""An event that cannot be written, the reason (a metric label) and a detail for people."""
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeRequest:
+    """One batch to encode: its good events, then the events of its lines (if any)."""
+
+    encoder: str
+    """The name of the encoder (a key of the config's ``encoders``)."""
+    events: list[RawEvent]
+    lines: Lines | None
+    compression: Compression
+    level: int | None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The main process is the pipeline's narrow part, and pickling one joined payload costs
+        # a small part of pickling a thousand small events (the worker splits it, in parallel).
+        # Only what encoding reads travels: payload, value and format.
+        payloads = [ev.payload for ev in self.events]
+        extras = [
+            (i, ev.value, ev.format)
+            for i, ev in enumerate(self.events)
+            if ev.value is not None or ev.format is not None
+        ]
+        shipment = (b"".join(payloads), array("Q", map(len, payloads)), extras)
+        return (_received, (self.encoder, shipment, self.lines, self.compression, self.level))
+
+
+def _received(
+    encoder: str,
+    shipment: tuple[bytes, array[int], list[tuple[int, Any, str | None]]],
+    lines: Lines | None,
+    compression: Compression,
+    level: int | None,
+) -> EncodeRequest:
+    blob, lengths, extras = shipment
+    events = []
+    at = 0
+    for n in lengths:
+        events.append(RawEvent(blob[at : at + n], ""))
+        at += n
+    for i, value, fmt in extras:
+        events[i].value, events[i].format = value, fmt
+    return EncodeRequest(encoder, events, lines, compression, level)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What encoding a request gave: records (packed when worth it), failures of the events sent
+    (by index), failures of the events split from the request's lines (with the event: the
+    daemon's process never split them), and how many events the lines held."""
+
+    records: list[bytes] | Packed
+    failures: list[tuple[int, str, str]]
+    line_failures: list[EventFailure]
+    line_events: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """A batch after encoding: records for the shard (or already packed into a compression
+    unit), failures for the dead letters."""
+
+    source: str
+    records: list[bytes] | Packed
+    token: Token
+    events: int
+    failures: list[EventFailure]
+
+    @property
+    def count(self) -> int:
+        """Records for the shard."""
+        r = self.records
+        return r.records if isinstance(r, Packed) else len(r)
+
+
+def _guarded(encode: Callable[[list[_T]], EncodeResult], items: list[_T]) -> EncodeResult:
+    """``encode(items)``; if it raises, each item alone, so that one event an encoder cannot
+    take (whatever it raises) fails alone, as :data:`ENCODER_ERROR`, and the others go on."""
+    try:
+        return encode(items)
+    except Exception:
+        log.exception("the encoder raised on a batch of %d events: encoding each alone", len(items))
+    result = EncodeResult()
+    for i, item in enumerate(items):
+        try:
+            one = encode([item])
+        except Exception as e:
+            result.failures.append((i, ENCODER_ERROR, f"the encoder raised {type(e).__name__}"))
+            continue
+        result.records.extend(one.records)
+        result.failures.extend((i, reason, detail) for _, reason, detail in one.failures)
+    return result
+
+
+def encode(request: EncodeRequest, encoder: Encoder) -> Outcome:
+    """Encode the request's events and then the events of its lines with ``encoder``; frame
+    and compress the records into a unit of their own when they are large enough to be worth
+    one."""
+    events, lines = request.events, request.lines
+    result = _guarded(encoder.encode_batch, events) if events else EncodeResult()
+    records, failures = result.records, result.failures
+    line_failures: list[EventFailure] = []
+    line_events = 0
+    if lines is not None:
+        payloads, refused = lines.split()
+        line_events = len(payloads) + len(refused)
+        line_failures = [(ev, "rejected", ev.error or "") for ev in refused]
+        result = _guarded(encoder.encode_lines, payloads)
+        records = records + result.records if records else result.records
+        if result.failures:
+            offsets = lines.offsets()
+            line_failures += [
+                (RawEvent(payloads[i], lines.at(offsets[i])), reason, detail)
+                for i, reason, detail in result.failures
+            ]
+    packed: list[bytes] | Packed = records
+    if framed_size(records) >= PACK_MIN_BYTES:
+        packed = pack(records, request.compression, request.level)
+    return Outcome(packed, failures, line_failures, line_events)
+
+
+def encode_events(
+    encoder: Encoder,
+    events: Sequence[RawEvent],
+    lines: Lines | None,
+    compression: Compression,
+    level: int | None,
+) -> Outcome:
+    """:func:`encode` of a request of ``events`` and ``lines`` (for tests and benchmarks)."""
+    return encode(EncodeRequest("", list(events), lines, compression, level), encoder)
