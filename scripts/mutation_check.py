@@ -61,7 +61,7 @@ MUTATIONS = (
     Mutation(
         "no-dir-fsync-after-publish",
         "the output directory is not fsynced after a shard's publish",
-        "daemon/tfrecordd/output.py",
+        "daemon/tfrecordd/outputs/output.py",
         r'(crashpoints\.reached\("after-publish"\)\n)'
         r"\s*if self\.fsync:\n\s*self\.fs\.fsync_dir\(self\.location\)\n",
         r"\1",
@@ -70,7 +70,7 @@ MUTATIONS = (
     Mutation(
         "no-shard-fsync",
         "a finished shard is published without its fsync",
-        "daemon/tfrecordd/shards.py",
+        "daemon/tfrecordd/outputs/shards.py",
         r"^(\s*)if fsync:\n\s*self\.fs\.fsync\(f\)\n",
         r"\1if fsync:\n\1    pass\n",
         (POWER_CUTS,),
@@ -87,7 +87,7 @@ MUTATIONS = (
     Mutation(
         "visible-inprogress-name",
         "an in-progress shard is named so that every *.tfrecord* glob matches it",
-        "daemon/tfrecordd/writer.py",
+        "daemon/tfrecordd/format/writer.py",
         r'^(def inprogress_name\((\w+)[^)]*\)[^:]*:\n(?:\s+""".*"""\n)?)'
         r"(?:    .*\n)*?    return .*\n",
         r'\1    return f"{\2}.inprogress"\n',

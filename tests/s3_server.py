@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support import free_port
-from tfrecordd.reader import iter_examples
+from tfrecordd.format.reader import iter_examples
 
 ACCESS_KEY = "AKIATESTTFRECORDD000"
 SECRET_KEY = "tfrecordd-test-secret-do-not-log"

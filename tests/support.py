@@ -23,7 +23,7 @@ import crc32c
 import pytest
 import zstandard
 
-from tfrecordd.reader import iter_examples
+from tfrecordd.format.reader import iter_examples
 
 MOVIES_FEATURES = {
     "id": "int64",

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfrecordd.compression import Compression
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.writer import RecordWriter
 from tfrecordd.plugin import Encoder, RawEvent
-from tfrecordd.writer import RecordWriter
 
 BATCH = 1000
 """Events per batch: the daemon's default ``max_batch_events``."""

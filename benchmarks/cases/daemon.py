@@ -276,7 +276,7 @@ CEILING_BATCHES = 300
 def _encode_loop(seed: int, batches: int, start: Any, results: Any) -> None:
     """One encode worker's work (split the lines, encode, frame and gzip them into a unit) on the
     same batch over and over, with nothing else: its events per second go to ``results``."""
-    from tfrecordd.compression import Compression
+    from tfrecordd.format.compression import Compression
     from tfrecordd.pipeline.encoding import encode_events
     from tfrecordd.plugin import Lines
     from tfrecordd_plugins.encoders.example import ExampleEncoderConfig

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import zstandard
 
-from tfrecordd.compression import DEFAULT_LEVELS, Compression
+from tfrecordd.format.compression import DEFAULT_LEVELS, Compression
+from tfrecordd.format.writer import RecordWriter, pack
 from tfrecordd.plugin import RawEvent
-from tfrecordd.writer import RecordWriter, pack
 from tfrecordd_plugins.encoders.image import ImageEncoderConfig
 
 from ..data import images

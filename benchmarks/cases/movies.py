@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfrecordd.compression import Compression
+from tfrecordd.format.compression import Compression
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 from ..data import MOVIE_FEATURES, movie_lines

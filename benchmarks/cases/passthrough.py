@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tfrecordd.compression import Compression
+from tfrecordd.format.compression import Compression
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig
 

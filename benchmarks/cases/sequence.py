@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfrecordd.compression import Compression
+from tfrecordd.format.compression import Compression
 from tfrecordd_plugins.encoders.sequence import SequenceEncoderConfig
 
 from ..data import SEQUENCE_CONTEXT, SEQUENCE_LISTS, sequence_lines

@@ -23,9 +23,9 @@ from pydantic import (
     field_validator,
 )
 
-from tfrecordd.compression import Compression
 from tfrecordd.endpoints import METRICS_LISTEN
 from tfrecordd.errors import ConfigError
+from tfrecordd.format.compression import Compression
 from tfrecordd.pathcheck import check_paths
 from tfrecordd.plugin import EncoderConfig, Registry, SourceConfig
 from tfrecordd.units import Duration, Size

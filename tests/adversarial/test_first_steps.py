@@ -20,7 +20,7 @@ from tests.support import (
     write_config,
 )
 from tfrecordd.errors import EXIT_OK
-from tfrecordd.manifest import SUFFIX as MANIFEST_SUFFIX
+from tfrecordd.outputs.manifest import SUFFIX as MANIFEST_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,10 +23,10 @@ from tests.support import (
     wait_for,
     write_config,
 )
-from tfrecordd import statelock
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_IN_USE, StateInUseError
-from tfrecordd.runtime import Daemon
+from tfrecordd.pipeline.runtime import Daemon
+from tfrecordd.state import statelock
 from tfrecordd_plugins.sources.directory import CLAIM_DIR
 
 

@@ -24,10 +24,10 @@ from tests.support import (
     spool_file,
     write_config,
 )
+from tfrecordd.cli.service import _tfrecordd_error
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_CONFIG, ConfigError, TfrecorddError
-from tfrecordd.runtime import Daemon
-from tfrecordd.service import _tfrecordd_error
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd_plugins.sources.directory import CLAIM_DIR, REJECT_DIR, SpoolError
 
 

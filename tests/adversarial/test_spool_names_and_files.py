@@ -29,8 +29,8 @@ from tests.support import (
     write_config,
 )
 from tfrecordd.config import load_config
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import RawBatch
-from tfrecordd.runtime import Daemon
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources.directory import (
     CLAIM_DIR,

@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 
 from tests.support import DaemonProcess, run_clean_until, shard_files
-from tfrecordd import manifest
-from tfrecordd.framing import DEFAULT_MAX_RECORD_BYTES
-from tfrecordd.reader import iter_records
-from tfrecordd.wire import ExampleWriter, FeatureType
+from tfrecordd.format.framing import DEFAULT_MAX_RECORD_BYTES
+from tfrecordd.format.reader import iter_records
+from tfrecordd.format.wire import ExampleWriter, FeatureType
+from tfrecordd.outputs import manifest
 
 BIG = DEFAULT_MAX_RECORD_BYTES + 4096
 

@@ -26,7 +26,7 @@ from tests.support import (
     write_config,
 )
 from tfrecordd.crashpoints import POINTS
-from tfrecordd.shards import OFFSETS_IN_MEMORY
+from tfrecordd.outputs.shards import OFFSETS_IN_MEMORY
 
 
 def drained(root: Path) -> bool:

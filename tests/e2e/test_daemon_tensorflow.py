@@ -21,8 +21,8 @@ from tests.support import (
     wait_for,
     write_config,
 )
-from tfrecordd.compression import TF_COMPRESSION_TYPE, Compression
-from tfrecordd.framing import iter_framed
+from tfrecordd.format.compression import TF_COMPRESSION_TYPE, Compression
+from tfrecordd.format.framing import iter_framed
 
 
 @pytest.mark.tensorflow

@@ -26,9 +26,9 @@ from tests.support import (
     wait_for,
     write_config,
 )
-from tfrecordd import manifest
 from tfrecordd.crashpoints import POINTS
-from tfrecordd.reader import iter_records
+from tfrecordd.format.reader import iter_records
+from tfrecordd.outputs import manifest
 
 PART = 5 << 20
 BLOB = 3000

@@ -28,7 +28,7 @@ from tests.support import (
     shard_files,
     wait_for,
 )
-from tfrecordd.framing import iter_framed
+from tfrecordd.format.framing import iter_framed
 
 STREAM, GROUP = "events", "tfrecordd"
 CRASH_POINTS = [

@@ -13,10 +13,10 @@ from PIL import Image
 
 from tests.support import tf_features
 from tfrecordd.cli import main
-from tfrecordd.compression import Compression
 from tfrecordd.config import load_config
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.writer import open_writer
 from tfrecordd.plugin import RawEvent
-from tfrecordd.writer import open_writer
 
 pytestmark = pytest.mark.tensorflow
 

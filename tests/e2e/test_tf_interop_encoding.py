@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from tests.support import tf_features
-from tfrecordd.schema import (
+from tfrecordd.format.wire import ExampleWriter, FeatureType, SequenceExampleWriter
+from tfrecordd.schema.schema import (
     ExampleSchema,
     SequenceSchema,
     feature_description,
     render_feature_description,
 )
-from tfrecordd.wire import ExampleWriter, FeatureType, SequenceExampleWriter
 
 pytestmark = pytest.mark.tensorflow
 

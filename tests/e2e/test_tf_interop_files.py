@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from tfrecordd.cli import main
-from tfrecordd.compression import SUFFIXES, TF_COMPRESSION_TYPE, Compression
 from tfrecordd.errors import EXIT_DATA, EXIT_OK
-from tfrecordd.reader import iter_records
-from tfrecordd.writer import open_writer, pack
+from tfrecordd.format.compression import SUFFIXES, TF_COMPRESSION_TYPE, Compression
+from tfrecordd.format.reader import iter_records
+from tfrecordd.format.writer import open_writer, pack
 
 pytestmark = pytest.mark.tensorflow
 

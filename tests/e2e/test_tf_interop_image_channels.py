@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from tests.unit.test_image_encoder import event, exif, png, saved
-from tfrecordd import proto
+from tfrecordd.format import proto
 from tfrecordd_plugins.encoders.image import CHANNELS, HEIGHT, WIDTH, ImageEncoderConfig
 
 pytestmark = pytest.mark.tensorflow

@@ -1,6 +1,6 @@
 """``passthrough`` against TensorFlow's own parser, over generated wire-format variants.
 
-The oracle is independent of :mod:`tfrecordd.tfreading`: real
+The oracle is independent of :mod:`tfrecordd.format.tfreading`: real
 ``tf.io.parse_example`` (with a spec naming every key the record was built with, as ``bytes``,
 with each of the three kinds) and protobuf itself, parsing into messages declared here with
 ``bytes`` keys and a repeated entry list (the wire format of ``Features``, so a key that is not
@@ -25,7 +25,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfrecordd import proto
+from tfrecordd.format import proto
 from tfrecordd.plugin import RawEvent
 from tfrecordd_plugins.encoders import passthrough
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig

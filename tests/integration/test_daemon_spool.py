@@ -23,18 +23,18 @@ from tests.support import (
     spool_file,
     write_config,
 )
-from tfrecordd import manifest, runtime
-from tfrecordd import shards as shards_module
 from tfrecordd.config import load_config
+from tfrecordd.format.writer import Packed, pack
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
-from tfrecordd.pipeline import encoding
+from tfrecordd.outputs import manifest
+from tfrecordd.outputs import shards as shards_module
+from tfrecordd.pipeline import encoding, runtime
 from tfrecordd.pipeline.encode import GROUP_BATCHES, EncodeStage
 from tfrecordd.pipeline.encoding import EncodeRequest
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.pipeline.workers import EncodeWorkers
 from tfrecordd.pipeline.write import WriteStage
-from tfrecordd.runtime import Daemon
-from tfrecordd.writer import Packed, pack
 from tfrecordd_plugins.sources.directory import DirectorySource
 
 pytestmark = pytest.mark.anyio
@@ -242,7 +242,7 @@ async def test_rotation_by_records(tmp_path: Path) -> None:
 
 
 def read_ids_file(path: Path) -> list[int]:
-    from tfrecordd.reader import iter_examples
+    from tfrecordd.format.reader import iter_examples
 
     return [int(ex["id"][0]) for ex in iter_examples(path)]
 
@@ -415,7 +415,7 @@ async def test_manifests_describe_their_shards(
 
 
 def ex_id(record: bytes) -> int:
-    from tfrecordd.proto import parse_example
+    from tfrecordd.format.proto import parse_example
 
     return int(parse_example(record)["id"][0])
 

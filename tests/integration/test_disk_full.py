@@ -19,9 +19,9 @@ from tests.support import (
     spool_file,
     write_config,
 )
-from tfrecordd import manifest
 from tfrecordd.config import load_config
-from tfrecordd.runtime import Daemon
+from tfrecordd.outputs import manifest
+from tfrecordd.pipeline.runtime import Daemon
 
 pytestmark = pytest.mark.anyio
 

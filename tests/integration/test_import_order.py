@@ -9,12 +9,12 @@ import sys
 import pytest
 
 CHECK = """
-from tfrecordd.wire import ExampleWriter, FeatureType
+from tfrecordd.format.wire import ExampleWriter, FeatureType
 features = [("id", FeatureType.INT64), ("score", FeatureType.FLOAT), ("name", FeatureType.BYTES)]
 values = [[-(2**63), 2**63 - 1, 0], [0.5, -2.0], ["na\\u00efve \\U0001f600", b"\\x00"]]
 data = ExampleWriter(features).encode(values)
 
-ours = tfrecordd.proto.Example.FromString(data)
+ours = tfrecordd.format.proto.Example.FromString(data)
 assert ours.features.feature["id"].int64_list.value == values[0]
 
 theirs = tf.train.Example.FromString(data)
@@ -34,8 +34,8 @@ print("same message")
 """
 
 ORDERS = {
-    "tfrecordd first": "import tfrecordd.proto\nimport tensorflow as tf\n",
-    "tensorflow first": "import tensorflow as tf\nimport tfrecordd.proto\n",
+    "tfrecordd first": "import tfrecordd.format.proto\nimport tensorflow as tf\n",
+    "tensorflow first": "import tensorflow as tf\nimport tfrecordd.format.proto\n",
 }
 
 

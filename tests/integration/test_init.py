@@ -18,8 +18,8 @@ from tests.support import (
     wait_for,
 )
 from tfrecordd.cli import main
+from tfrecordd.cli.initcmd import SOURCES
 from tfrecordd.errors import EXIT_OK
-from tfrecordd.initcmd import SOURCES
 from tfrecordd.plugin import Registry
 
 

@@ -18,18 +18,18 @@ from prometheus_client import CollectorRegistry, Counter
 
 from tests.s3_server import SECRET_KEY, S3Server, running_s3
 from tests.support import claimed_files, free_port, movie_event, spool_file, write_config
-from tfrecordd.compression import Compression
 from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.errors import UploadError
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.reader import iter_records
+from tfrecordd.format.writer import inprogress_name
 from tfrecordd.fsys import LOCAL
-from tfrecordd.journal import Intent
-from tfrecordd.objectstore import FsspecOutput, is_transient
-from tfrecordd.output import make_output
-from tfrecordd.reader import iter_records
+from tfrecordd.outputs import make_output
+from tfrecordd.outputs.objectstore import FsspecOutput, is_transient
+from tfrecordd.outputs.shards import FinishedShard, OpenShard
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.redact import REDACTED, redact_options, redact_url
-from tfrecordd.runtime import Daemon
-from tfrecordd.shards import FinishedShard, OpenShard
-from tfrecordd.writer import inprogress_name
+from tfrecordd.state.journal import Intent
 
 PART = 5 << 20
 """S3's smallest multipart part: shards above it are uploaded in several parts."""

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tfrecordd.cli.health import DEFAULT_URL
 from tfrecordd.errors import EXIT_CONFIG
-from tfrecordd.health import DEFAULT_URL
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "tfrecordd.service"
@@ -398,7 +398,7 @@ for package in (tfrecordd, tfrecordd_plugins):
 
 import gzip, zlib
 import anyio, crc32c, orjson, pydantic, zstandard
-from tfrecordd.proto import Example
+from tfrecordd.format.proto import Example
 
 data = orjson.dumps({"x": list(range(1000))}) * 100
 assert zstandard.ZstdDecompressor().decompress(zstandard.ZstdCompressor().compress(data)) == data

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tfrecordd.cli import main
-from tfrecordd.compression import Compression
 from tfrecordd.errors import EXIT_DATA, EXIT_OK
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.writer import open_writer
 from tfrecordd.progress import Progress
-from tfrecordd.writer import open_writer
 
 ERASE = "\r\x1b[K"
 

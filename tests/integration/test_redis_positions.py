@@ -18,11 +18,11 @@ from tests.redis_server import RedisServer, write_redis_config
 from tests.support import movie_event, read_ids
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_UNAVAILABLE, SourceLostError
-from tfrecordd.framing import iter_framed
+from tfrecordd.format.framing import iter_framed
 from tfrecordd.fsys import LOCAL
-from tfrecordd.journal import Journal
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import RawBatch
-from tfrecordd.runtime import Daemon
+from tfrecordd.state.journal import Journal
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources.redis_stream import RedisStreamSource, RedisStreamSourceConfig
 

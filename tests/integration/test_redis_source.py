@@ -17,8 +17,8 @@ from tests.redis_server import RedisServer, write_redis_config
 from tests.support import dead_letters, movie_event, read_examples, read_ids, shard_files
 from tfrecordd.config import load_config
 from tfrecordd.metrics import Metrics
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import RawBatch
-from tfrecordd.runtime import Daemon
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources.redis_stream import RedisStreamSourceConfig
 

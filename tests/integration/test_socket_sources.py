@@ -24,8 +24,8 @@ from anyio.abc import ByteStream
 from tests.support import MOVIES_FEATURES, dead_letters, movie_event, read_ids, shard_files
 from tfrecordd.config import DaemonConfig, load_config, parse_config
 from tfrecordd.errors import ConfigError, OutputError
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent, Registry
-from tfrecordd.runtime import Daemon
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 from tfrecordd_plugins.sources.socket import (
     TcpSource,

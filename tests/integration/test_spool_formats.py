@@ -253,8 +253,8 @@ async def test_csv_spool_through_the_daemon(tmp_path: Path) -> None:
     """CSV text fields converted by the schema's types; a bad field dead-lettered by name."""
     from tests.support import dead_letters, write_config
     from tfrecordd.config import load_config
-    from tfrecordd.reader import iter_examples
-    from tfrecordd.runtime import Daemon
+    from tfrecordd.format.reader import iter_examples
+    from tfrecordd.pipeline.runtime import Daemon
 
     cfg = write_config(
         tmp_path,

@@ -25,7 +25,7 @@ from tests.support import (
     wait_for,
     write_config,
 )
-from tfrecordd.status import scrape
+from tfrecordd.cli.status import scrape
 
 CLEAR = "\x1b[H\x1b[2J"
 

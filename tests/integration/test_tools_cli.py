@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tfrecordd import proto
 from tfrecordd.cli import main
-from tfrecordd.compression import SUFFIXES, Compression
+from tfrecordd.cli.tools import output_name
 from tfrecordd.errors import EXIT_DATA, EXIT_OK
-from tfrecordd.framing import OVERHEAD
-from tfrecordd.reader import iter_records
-from tfrecordd.tools import output_name
-from tfrecordd.writer import open_writer
+from tfrecordd.format import proto
+from tfrecordd.format.compression import SUFFIXES, Compression
+from tfrecordd.format.framing import OVERHEAD
+from tfrecordd.format.reader import iter_records
+from tfrecordd.format.writer import open_writer
 
 
 def _example(text: bytes, n: int) -> bytes:

@@ -15,8 +15,9 @@ from typing import Any
 import anyio
 import pytest
 
-from tfrecordd.compression import Compression
 from tfrecordd.errors import WorkerError
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.writer import Packed
 from tfrecordd.pipeline.encoding import EncodeRequest, Outcome, encode, encode_events
 from tfrecordd.pipeline.workers import (
     DEPTH,
@@ -30,7 +31,6 @@ from tfrecordd.pipeline.workers import (
     _send_all,
 )
 from tfrecordd.plugin import Lines, RawEvent
-from tfrecordd.writer import Packed
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 pytestmark = pytest.mark.anyio

@@ -506,7 +506,7 @@ def _slow_daemon_main(config: str, delay: float) -> int:
 
     from tfrecordd import logs
     from tfrecordd.config import load_config
-    from tfrecordd.runtime import Daemon
+    from tfrecordd.pipeline.runtime import Daemon
 
     cfg = load_config(config)
     logs.setup("text")

@@ -25,12 +25,13 @@ import pytest
 from tests.reliability.harness import count_ids, read_shard
 from tests.support import movie_event, shard_files, spool_file, write_config
 from tests.unit.test_journal import commit, journal, recovered, tok
-from tfrecordd import cli, manifest
+from tfrecordd import cli
 from tfrecordd.config import load_config
 from tfrecordd.errors import StateError, TfrecorddError
-from tfrecordd.journal import JOURNAL
-from tfrecordd.reader import iter_records
-from tfrecordd.runtime import Daemon
+from tfrecordd.format.reader import iter_records
+from tfrecordd.outputs import manifest
+from tfrecordd.pipeline.runtime import Daemon
+from tfrecordd.state.journal import JOURNAL
 
 COMPRESSIONS = ["none", "gzip", "zlib", "zstd"]
 

@@ -37,7 +37,7 @@ from tests.support import (
     write_config,
 )
 from tests.support import shard_files as shards_of
-from tfrecordd.reader import iter_records
+from tfrecordd.format.reader import iter_records
 
 
 @pytest.fixture

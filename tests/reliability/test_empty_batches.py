@@ -30,7 +30,7 @@ from tests.support import (
 )
 from tfrecordd.config import load_config
 from tfrecordd.metrics import Metrics
-from tfrecordd.runtime import Daemon
+from tfrecordd.pipeline.runtime import Daemon
 
 STORM_BYTES = 8 << 20
 """Newlines in the storm file: 8,388 batches of 1,000 blank lines."""

@@ -20,11 +20,11 @@ import pytest
 
 from tests.reliability.harness import count_ids
 from tests.support import claimed_files, movie_event, spool_file, write_config
-from tfrecordd import service
+from tfrecordd.cli import service
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_IO, DurabilityError
 from tfrecordd.fsys import FileSystem
-from tfrecordd.runtime import Daemon
+from tfrecordd.pipeline.runtime import Daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -31,12 +31,13 @@ from hypothesis import strategies as st
 
 from tests.integration.test_daemon_spool import run_until_drained
 from tests.support import dead_letters, read_examples, read_ids, spool_file, write_config
-from tfrecordd import proto, speedups
-from tfrecordd.compression import Compression
+from tfrecordd import speedups
 from tfrecordd.config import load_config, parse_config
+from tfrecordd.format import proto
+from tfrecordd.format.compression import Compression
 from tfrecordd.pipeline.encoding import ENCODER_ERROR, encode_events
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import Encoder, EncodeResult, Lines, RawEvent, Registry
-from tfrecordd.runtime import Daemon
 from tfrecordd_plugins.encoders.example import ExampleEncoder, ExampleEncoderConfig
 from tfrecordd_plugins.encoders.sequence import SequenceEncoderConfig
 from tfrecordd_plugins.sources.socket import TcpSource

@@ -34,8 +34,8 @@ from tests.support import (
     write_config,
 )
 from tfrecordd.config import load_config
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import Encoder, RawEvent
-from tfrecordd.runtime import Daemon
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 from tfrecordd_plugins.encoders.image import ImageEncoderConfig

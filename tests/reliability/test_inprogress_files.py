@@ -31,8 +31,8 @@ from tests.support import (
 )
 from tfrecordd.config import load_config
 from tfrecordd.metrics import Metrics
-from tfrecordd.runtime import Daemon
-from tfrecordd.shards import leftovers, staging_dir
+from tfrecordd.outputs.shards import leftovers, staging_dir
+from tfrecordd.pipeline.runtime import Daemon
 
 SHARD_GLOBS = [
     "*.tfrecord*",

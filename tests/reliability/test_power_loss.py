@@ -52,8 +52,8 @@ from tests.reliability.harness import count_ids
 from tests.support import claimed_files, movie_event, write_config
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
-from tfrecordd.runtime import Daemon
-from tfrecordd.shards import STAGING_DIR
+from tfrecordd.outputs.shards import STAGING_DIR
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd_plugins.sources.directory import CLAIM_DIR
 from tfrecordd_plugins.sources.spool_names import original
 
@@ -519,7 +519,7 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
     output before it redoes any ack, with manifests (whose rebuild fsyncs it anyway) and
     without."""
     from tests.support import DaemonProcess, spool_file
-    from tfrecordd.journal import scan_journal
+    from tfrecordd.state.journal import scan_journal
 
     shards, state, spool = tmp_path / "shards", tmp_path / "state", tmp_path / "spool"
     cfg_path = write_config(
@@ -578,8 +578,8 @@ def _linked_not_durable(root: Path, linked: str) -> DurabilityModel:
     """The durability model after a kill that came after a shard's link and the unlink of its
     in-progress name, before the output directory was fsynced: durably, the shard is still
     under its in-progress name in the node's staging folder."""
-    from tfrecordd.shards import staging_dir
-    from tfrecordd.writer import inprogress_name
+    from tfrecordd.format.writer import inprogress_name
+    from tfrecordd.outputs.shards import staging_dir
 
     shards, spool = root / "shards", root / "spool"
     staging = Path(staging_dir(str(shards), "test"))

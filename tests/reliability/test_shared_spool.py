@@ -31,7 +31,7 @@ from tests.support import (
     write_config,
 )
 from tfrecordd.fsys import LOCAL
-from tfrecordd.journal import Journal
+from tfrecordd.state.journal import Journal
 from tfrecordd_plugins.sources.directory import CLAIM_DIR, DirectorySource
 
 NODES = 3

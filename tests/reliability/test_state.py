@@ -127,7 +127,7 @@ def test_a_truncated_checkpoint_is_a_clear_error_and_state_repair_fixes_it(
     ckpt = tmp_path / "state" / "checkpoint.json"
     if not ckpt.exists():  # compaction runs every 512 commits: make one now
         from tfrecordd.fsys import LOCAL
-        from tfrecordd.journal import Journal
+        from tfrecordd.state.journal import Journal
         from tfrecordd_plugins.sources.directory import DirectorySource
 
         j = Journal(str(tmp_path / "state"), LOCAL, {"spool": DirectorySource.fold})
@@ -158,7 +158,7 @@ def test_a_truncated_checkpoint_is_a_clear_error_and_state_repair_fixes_it(
 def test_a_damaged_journal_refuses_to_start_and_repair_keeps_every_sound_commit(
     tmp_path: Path,
 ) -> None:
-    from tfrecordd.journal import scan_journal
+    from tfrecordd.state.journal import scan_journal
 
     cfg, expected = _half_read(tmp_path)
     journal = tmp_path / "state" / "journal"
@@ -242,9 +242,9 @@ def test_an_in_progress_shard_of_the_layout_before_staging_folders_is_not_taken_
     node's staging folder. Its absence from the staging folder must not read as "published and
     shipped away" (its events would be acked and never written): it is found under its old
     name, the commit dropped, and its events written once."""
-    from tfrecordd.journal import scan_journal
-    from tfrecordd.shards import offsets_name, staging_dir
-    from tfrecordd.writer import inprogress_name
+    from tfrecordd.format.writer import inprogress_name
+    from tfrecordd.outputs.shards import offsets_name, staging_dir
+    from tfrecordd.state.journal import scan_journal
 
     cfg = write_config(tmp_path, output={"max_shard_records": 40, "max_shard_age": "200ms"})
     expected = fill_spool(tmp_path, 4, 50)
@@ -291,10 +291,10 @@ def test_an_intent_of_the_version_before_is_published_only_if_its_shard_or_manif
     replay, never acked unwritten."""
     import orjson
 
-    from tfrecordd.framing import frame
-    from tfrecordd.journal import scan_journal
-    from tfrecordd.shards import offsets_name, staging_dir
-    from tfrecordd.writer import inprogress_name
+    from tfrecordd.format.framing import frame
+    from tfrecordd.format.writer import inprogress_name
+    from tfrecordd.outputs.shards import offsets_name, staging_dir
+    from tfrecordd.state.journal import scan_journal
 
     cfg = write_config(tmp_path, output={"max_shard_records": 40, "max_shard_age": "200ms"})
     expected = fill_spool(tmp_path, 4, 50)

@@ -11,17 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tfrecordd.compression import Compression
-from tfrecordd.deadletter import DeadLetters
+from tfrecordd.format.compression import Compression
 from tfrecordd.fsys import FileSystem
-from tfrecordd.journal import JOURNAL, Journal
 from tfrecordd.metrics import Metrics
-from tfrecordd.output import LocalOutput
+from tfrecordd.outputs.output import LocalOutput
+from tfrecordd.outputs.shards import OpenShard, ShardNamer
 from tfrecordd.pipeline.commit import Committer, CommitUnit, Manifests
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import RecoveryReport, recover
 from tfrecordd.plugin import Source, SourceContext, Token
-from tfrecordd.shards import OpenShard, ShardNamer
+from tfrecordd.state.deadletter import DeadLetters
+from tfrecordd.state.journal import JOURNAL, Journal
 
 NODE = "n1"
 SOURCE = "s"

@@ -22,10 +22,11 @@ from benchmarks.data import MOVIE_FEATURES, movie_lines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfrecordd import proto, speedups
+from tfrecordd import speedups
 from tfrecordd.errors import EncodeError
+from tfrecordd.format import proto
 from tfrecordd.plugin import EncodeResult, RawEvent
-from tfrecordd.schema import ExampleSchema
+from tfrecordd.schema.schema import ExampleSchema
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 cexample = speedups.load("_cexample")

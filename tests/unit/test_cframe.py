@@ -16,7 +16,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfrecordd import framing, proto, speedups, tfreading
+from tfrecordd import speedups
+from tfrecordd.format import framing, proto, tfreading
 from tfrecordd.plugin import EncodeResult, RawEvent
 from tfrecordd_plugins.encoders import passthrough
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig

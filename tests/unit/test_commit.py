@@ -9,8 +9,8 @@ import pytest
 
 from tests.unit.pipeline_parts import SOURCE, Parts, RecordingSource, StepFs
 from tfrecordd.errors import DurabilityError
-from tfrecordd.journal import scan_journal
-from tfrecordd.manifest import manifest_name
+from tfrecordd.outputs.manifest import manifest_name
+from tfrecordd.state.journal import scan_journal
 
 pytestmark = pytest.mark.anyio
 

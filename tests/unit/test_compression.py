@@ -15,7 +15,13 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfrecordd.compression import (
+from tfrecordd.errors import (
+    CompressionError,
+    CorruptStreamError,
+    DecompressionLimitError,
+    TruncatedStreamError,
+)
+from tfrecordd.format.compression import (
     DEFAULT_LEVELS,
     PROBE_MIN_BYTES,
     SUFFIXES,
@@ -26,13 +32,7 @@ from tfrecordd.compression import (
     detect,
     open_decompressed,
 )
-from tfrecordd.errors import (
-    CompressionError,
-    CorruptStreamError,
-    DecompressionLimitError,
-    TruncatedStreamError,
-)
-from tfrecordd.framing import frame, masked_crc32c
+from tfrecordd.format.framing import frame, masked_crc32c
 
 COMPRESSED = [Compression.GZIP, Compression.ZLIB, Compression.ZSTD]
 

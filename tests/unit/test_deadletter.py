@@ -11,9 +11,9 @@ from typing import BinaryIO
 
 import pytest
 
-from tfrecordd.deadletter import NAME, DeadLetters
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import LOCAL, FileSystem
+from tfrecordd.state.deadletter import NAME, DeadLetters
 
 
 def lines(path: Path) -> list[dict[str, object]]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import io
 import pickle
 
-from tfrecordd.compression import Compression, open_decompressed
-from tfrecordd.framing import frame_many
+from tfrecordd.format.compression import Compression, open_decompressed
+from tfrecordd.format.framing import frame_many
+from tfrecordd.format.writer import Packed
 from tfrecordd.pipeline.encoding import PACK_MIN_BYTES, EncodeRequest, encode
 from tfrecordd.plugin import Lines, RawBatch, RawEvent
-from tfrecordd.writer import Packed
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 CONFIG = ExampleEncoderConfig.model_validate({"features": {"id": "int64", "name": "bytes"}})

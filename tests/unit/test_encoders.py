@@ -17,13 +17,13 @@ import orjson
 import pytest
 from PIL import Image
 
-from tfrecordd import proto
 from tfrecordd.cli import main
-from tfrecordd.compression import Compression
 from tfrecordd.config import parse_config
 from tfrecordd.errors import TfrecorddError
+from tfrecordd.format import proto
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.writer import RecordWriter
 from tfrecordd.plugin import EncoderConfig, EncodeResult, RawEvent, Registry
-from tfrecordd.writer import RecordWriter
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 from tfrecordd_plugins.encoders.image import ImageEncoderConfig
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tfrecordd.errors import CorruptRecordError, RecordLimitError, TruncatedRecordError
-from tfrecordd.framing import (
+from tfrecordd.format.framing import (
     FOOTER_SIZE,
     HEADER_SIZE,
     OVERHEAD,

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tfrecordd.health import check, main_healthcheck
+from tfrecordd.cli.health import check, main_healthcheck
 
 
 class _Handler(BaseHTTPRequestHandler):

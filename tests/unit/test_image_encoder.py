@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from PIL import Image, ImageFile
 
-from tfrecordd import proto
 from tfrecordd.errors import EncodeError
+from tfrecordd.format import proto
+from tfrecordd.format.wire import ExampleWriter
 from tfrecordd.plugin import RawEvent
-from tfrecordd.wire import ExampleWriter
 from tfrecordd_plugins.encoders import image
 from tfrecordd_plugins.encoders.image import (
     FEATURES,

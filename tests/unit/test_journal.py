@@ -14,7 +14,7 @@ import pytest
 
 from tfrecordd.errors import StateError
 from tfrecordd.fsys import LOCAL
-from tfrecordd.journal import CHECKPOINT, JOURNAL, Journal, Recovered
+from tfrecordd.state.journal import CHECKPOINT, JOURNAL, Journal, Recovered
 from tfrecordd_plugins.sources.directory import DirectorySource
 
 FOLDS = {"spool": DirectorySource.fold}
@@ -139,7 +139,7 @@ def test_random_corruption_is_a_torn_tail_only_where_no_intent_follows(tmp_path:
 def _framed(*records: dict[str, Any]) -> bytes:
     import orjson
 
-    from tfrecordd.framing import frame
+    from tfrecordd.format.framing import frame
 
     return b"".join(frame(orjson.dumps(r)) for r in records)
 
@@ -151,7 +151,7 @@ def test_a_drop_after_damage_is_never_lost_to_a_resync(tmp_path: Path, then_inte
     or the commit reads as unfinished with no in-progress file, i.e. published and moved away,
     and its events are acked without being in any shard. With no intent after the damage, the
     drop alone proves it is damage rather than a torn tail."""
-    from tfrecordd.journal import scan_journal
+    from tfrecordd.state.journal import scan_journal
 
     j = journal(tmp_path)
     j.recover()
@@ -236,7 +236,7 @@ def test_a_committed_record_over_any_size_limit_is_read_back_whole(
 ) -> None:
     """A commit covering millions of positions makes one big record: no record-size limit may
     make it look torn. The framing reader's limit is lowered to 1 MiB so the record stays small."""
-    from tfrecordd import framing
+    from tfrecordd.format import framing
 
     monkeypatch.setattr(framing.iter_framed, "__kwdefaults__", {"max_record_bytes": 1 << 20})
     j = journal(tmp_path)

@@ -10,10 +10,11 @@ import pytest
 from tests.support import write_config
 from tfrecordd.config import load_config
 from tfrecordd.errors import ConfigError
-from tfrecordd.framing import frame_many
+from tfrecordd.format.framing import frame_many
+from tfrecordd.format.reader import iter_records
 from tfrecordd.fsys import LOCAL, is_url, local_path
-from tfrecordd.output import LocalOutput, make_output
-from tfrecordd.reader import iter_records
+from tfrecordd.outputs import make_output
+from tfrecordd.outputs.output import LocalOutput
 
 LOCAL_PREFIXES = ["", "file://", "local://"]
 

@@ -10,10 +10,10 @@ from typing import Any, BinaryIO, cast
 import orjson
 import pytest
 
-from tfrecordd import manifest, shards
-from tfrecordd.compression import SUFFIXES, Compression
+from tfrecordd.format.compression import SUFFIXES, Compression
+from tfrecordd.format.writer import RecordWriter
 from tfrecordd.fsys import LOCAL
-from tfrecordd.writer import RecordWriter
+from tfrecordd.outputs import manifest, shards
 
 
 def _fields(offsets: Iterable[Sequence[int]]) -> dict[str, Any]:

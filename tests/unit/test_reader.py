@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from tfrecordd import proto
-from tfrecordd.compression import SUFFIXES, Compression
 from tfrecordd.errors import (
     CorruptRecordError,
     CorruptStreamError,
@@ -25,14 +23,16 @@ from tfrecordd.errors import (
     TruncatedRecordError,
     TruncatedStreamError,
 )
-from tfrecordd.framing import OVERHEAD
-from tfrecordd.reader import (
+from tfrecordd.format import proto
+from tfrecordd.format.compression import SUFFIXES, Compression
+from tfrecordd.format.framing import OVERHEAD
+from tfrecordd.format.reader import (
     iter_examples,
     iter_records,
     iter_records_with_offsets,
     iter_sequence_examples,
 )
-from tfrecordd.writer import RecordWriter, open_writer, pack
+from tfrecordd.format.writer import RecordWriter, open_writer, pack
 
 # fsspec ships no type information.
 fsspec: Any = importlib.import_module("fsspec")

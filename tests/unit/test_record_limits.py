@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tfrecordd import manifest
 from tfrecordd.cli import main
-from tfrecordd.compression import Compression
 from tfrecordd.config import parse_config
 from tfrecordd.errors import ConfigError, CorruptRecordError, RecordLimitError
-from tfrecordd.framing import DEFAULT_MAX_RECORD_BYTES, frame
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.framing import DEFAULT_MAX_RECORD_BYTES, frame
+from tfrecordd.format.reader import iter_records
+from tfrecordd.format.writer import RecordWriter
+from tfrecordd.outputs import manifest
 from tfrecordd.plugin import Registry
-from tfrecordd.reader import iter_records
-from tfrecordd.writer import RecordWriter
 
 BIG = DEFAULT_MAX_RECORD_BYTES + 1024
 """Just over the reader's default limit (256 MiB)."""

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.unit.pipeline_parts import NODE, SOURCE, Parts, RecordingSource
-from tfrecordd.journal import Intent, Journal, scan_journal
-from tfrecordd.manifest import manifest_name
-from tfrecordd.writer import inprogress_name
+from tfrecordd.format.writer import inprogress_name
+from tfrecordd.outputs.manifest import manifest_name
+from tfrecordd.state.journal import Intent, Journal, scan_journal
 
 pytestmark = pytest.mark.anyio
 

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfrecordd import proto
 from tfrecordd.errors import ConfigError, EncodeError
-from tfrecordd.schema import (
+from tfrecordd.format import proto
+from tfrecordd.format.wire import FeatureType
+from tfrecordd.schema.schema import (
     ExampleSchema,
     FeatureSpec,
     SequenceSchema,
@@ -24,7 +25,6 @@ from tfrecordd.schema import (
     parse_path,
     render_feature_description,
 )
-from tfrecordd.wire import FeatureType
 
 
 def encode(features: dict[str, Any], event: Any) -> dict[str, list[Any]]:

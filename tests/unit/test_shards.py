@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tfrecordd import manifest, shards
-from tfrecordd.compression import SUFFIXES, Compression
+from tfrecordd.format.compression import SUFFIXES, Compression
+from tfrecordd.format.reader import iter_records
+from tfrecordd.format.writer import pack
 from tfrecordd.fsys import LOCAL
-from tfrecordd.reader import iter_records
-from tfrecordd.shards import FinishedShard, OpenShard
-from tfrecordd.writer import pack
+from tfrecordd.outputs import manifest, shards
+from tfrecordd.outputs.shards import FinishedShard, OpenShard
 
 
 @pytest.fixture

@@ -10,9 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfrecordd import proto
 from tfrecordd.errors import EncodeError
-from tfrecordd.wire import ExampleWriter, FeatureType, SequenceExampleWriter, clipped, describe
+from tfrecordd.format import proto
+from tfrecordd.format.wire import (
+    ExampleWriter,
+    FeatureType,
+    SequenceExampleWriter,
+    clipped,
+    describe,
+)
 
 FLT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -304,7 +310,7 @@ def test_long_lists_and_multibyte_lengths(n: int) -> None:
 
 
 def test_clipped_keeps_reasons_short_whatever_the_value() -> None:
-    from tfrecordd.wire import clipped
+    from tfrecordd.format.wire import clipped
 
     assert clipped("abc") == "'abc'"
     long = clipped("x" * 10_000)
@@ -353,7 +359,7 @@ def test_int64_out_of_range_far_beyond_the_digit_limit_is_refused() -> None:
 
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 1000, 16383, 16384, 100_000, 3_000_000])
 def test_a_bytes_entry_head_is_what_the_writer_puts_before_the_value(n: int) -> None:
-    from tfrecordd.wire import (
+    from tfrecordd.format.wire import (
         BytesEntryHead,
         ExampleWriter,
         FeatureType,

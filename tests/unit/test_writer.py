@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfrecordd.compression import Compression, Compressor
-from tfrecordd.framing import OVERHEAD, frame_many
-from tfrecordd.reader import iter_records
-from tfrecordd.writer import RecordWriter, inprogress_name, open_writer
+from tfrecordd.format.compression import Compression, Compressor
+from tfrecordd.format.framing import OVERHEAD, frame_many
+from tfrecordd.format.reader import iter_records
+from tfrecordd.format.writer import RecordWriter, inprogress_name, open_writer
 
 batches_st = st.lists(st.lists(st.binary(max_size=500), max_size=8), max_size=6)
 

@@ -12,6 +12,6 @@
   publish, manifest, acks, done).
 - :mod:`~tfrecordd.pipeline.recovery`: what start-up makes of the journal's unfinished intents.
 
-:class:`tfrecordd.runtime.Daemon` wires them together. Nothing is imported here, so that an
+:class:`tfrecordd.pipeline.runtime.Daemon` wires them together. Nothing is imported here, so that an
 encode worker process (``python -m tfrecordd.pipeline.workers``) loads only what it uses.
 """

@@ -6,7 +6,7 @@ visible and acknowledged, in an order that a crash at any step leaves recoverabl
 3. the intent (shard, positions, size, digest) is appended to the journal and fsynced
    (``after-intent``);
 4. the shard is published, and the output directory fsynced (``after-publish``,
-   ``after-dir-fsync``, in :meth:`~tfrecordd.output.Output.publish`);
+   ``after-dir-fsync``, in :meth:`~tfrecordd.outputs.output.Output.publish`);
 5. its manifest is published (when ``manifests`` is on);
 6. each source acks its tokens (``after-ack``);
 7. ``done`` is appended to the journal (``after-done``).
@@ -26,16 +26,17 @@ from typing import Any
 
 import anyio
 
-from tfrecordd import crashpoints, manifest
-from tfrecordd.compression import Compression
-from tfrecordd.deadletter import DeadLetters
+from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError, UploadError
-from tfrecordd.journal import Intent, Journal
+from tfrecordd.format.compression import Compression
 from tfrecordd.metrics import Metrics, Stopwatch
-from tfrecordd.output import Output
+from tfrecordd.outputs import manifest
+from tfrecordd.outputs.output import Output
+from tfrecordd.outputs.shards import FinishedShard, OpenShard
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.plugin import Source, Token
-from tfrecordd.shards import FinishedShard, OpenShard
+from tfrecordd.state.deadletter import DeadLetters
+from tfrecordd.state.journal import Intent, Journal
 
 log = logging.getLogger("tfrecordd")
 

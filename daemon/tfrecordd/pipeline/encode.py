@@ -21,7 +21,8 @@ from typing import TypeVar
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from tfrecordd.compression import Compression
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.writer import Packed
 from tfrecordd.metrics import Metrics
 from tfrecordd.pipeline.encoding import (
     EncodedBatch,
@@ -32,7 +33,6 @@ from tfrecordd.pipeline.encoding import (
 )
 from tfrecordd.pipeline.workers import DEPTH, EncodeWorkers
 from tfrecordd.plugin import Encoder, EncoderConfig, RawBatch, RawEvent
-from tfrecordd.writer import Packed
 
 GROUP_BATCHES = 4
 """The most batches encoded in one trip to the encode thread or to a worker process (those

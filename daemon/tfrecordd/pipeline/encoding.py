@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tfrecordd.compression import Compression
-from tfrecordd.framing import framed_size
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.framing import framed_size
+from tfrecordd.format.writer import Packed, pack
 from tfrecordd.plugin import Encoder, EncodeResult, Lines, RawEvent, Token
-from tfrecordd.writer import Packed, pack
 
 log = logging.getLogger("tfrecordd")
 

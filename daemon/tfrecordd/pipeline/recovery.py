@@ -23,15 +23,15 @@ from typing import Any, BinaryIO
 
 import anyio
 
-from tfrecordd import manifest
-from tfrecordd.compression import compression_from_name
+from tfrecordd.format.compression import compression_from_name
 from tfrecordd.fsys import FileSystem
-from tfrecordd.journal import Intent, Journal
 from tfrecordd.metrics import Metrics
-from tfrecordd.output import LocalOutput, Output
+from tfrecordd.outputs import manifest
+from tfrecordd.outputs.output import LocalOutput, Output
+from tfrecordd.outputs.shards import RecordOffsets, leftovers, offsets_name, staged_path
 from tfrecordd.pipeline.commit import Manifests
 from tfrecordd.plugin import Source, Token
-from tfrecordd.shards import RecordOffsets, leftovers, offsets_name, staged_path
+from tfrecordd.state.journal import Intent, Journal
 
 log = logging.getLogger("tfrecordd")
 

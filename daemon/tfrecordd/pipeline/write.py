@@ -4,9 +4,9 @@ Batches are written in order, in as few trips to a worker thread as the shard's 
 (:data:`WRITE_RUN_BATCHES` at most), to the open shard of the current
 :class:`~tfrecordd.pipeline.commit.CommitUnit`. A batch that would take the shard past
 ``max_shard_bytes`` or ``max_shard_records`` goes to the next one (:meth:`OpenShard.fits
-<tfrecordd.shards.OpenShard.fits>`). Failures go to the dead letters first. While the output's
-file system lacks room above ``min_free_bytes``, the stage waits (and so, by backpressure, do
-the sources).
+<tfrecordd.outputs.shards.OpenShard.fits>`). Failures go to the dead letters first. While the
+output's file system lacks room above ``min_free_bytes``, the stage waits (and so, by
+backpressure, do the sources).
 
 A unit is committed when its shard is full, when it is older than ``max_shard_age``, when a
 flush is asked for, when the stream pauses with positions but no shard open, and at the end.
@@ -27,18 +27,18 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from tfrecordd import crashpoints
-from tfrecordd.compression import Compressor
 from tfrecordd.config import OutputSection
-from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError
-from tfrecordd.framing import framed_size
+from tfrecordd.format.compression import Compressor
+from tfrecordd.format.framing import framed_size
+from tfrecordd.format.writer import Packed
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
+from tfrecordd.outputs.shards import OpenShard, ShardNamer
 from tfrecordd.pipeline.commit import Committer, CommitUnit
 from tfrecordd.pipeline.encode import take_waiting
 from tfrecordd.pipeline.encoding import EncodedBatch
-from tfrecordd.shards import OpenShard, ShardNamer
-from tfrecordd.writer import Packed
+from tfrecordd.state.deadletter import DeadLetters
 
 log = logging.getLogger("tfrecordd")
 

@@ -11,7 +11,7 @@ import pydantic
 from tfrecordd import speedups
 from tfrecordd.errors import EncodeError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
-from tfrecordd.schema import ExampleSchema, FeatureSpec, feature_description
+from tfrecordd.schema.schema import ExampleSchema, FeatureSpec, feature_description
 
 if TYPE_CHECKING:
     from tfrecordd._cexample import ExamplePlan

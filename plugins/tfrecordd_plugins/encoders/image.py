@@ -25,8 +25,8 @@ CMYK and progressive JPEGs, with and without EXIF (orientation included: the siz
 one, never rotated, as Pillow's header gives it), and on damaged files.
 
 The record is written with one copy of the file's bytes (:meth:`ImageEncoder.encode` joins the
-small features' entries around them), byte for byte what :class:`~tfrecordd.wire.ExampleWriter`
-writes for the same features.
+small features' entries around them), byte for byte what
+:class:`~tfrecordd.format.wire.ExampleWriter` writes for the same features.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ import pydantic
 from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from tfrecordd.errors import EncodeError, TfrecorddError
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
-from tfrecordd.wire import (
+from tfrecordd.format.wire import (
     INT64_MAX,
     INT64_MIN,
     BytesEntryHead,
@@ -52,6 +51,7 @@ from tfrecordd.wire import (
     example_head,
     map_entries,
 )
+from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
 
 __all__ = [
     "ImageEncoder",

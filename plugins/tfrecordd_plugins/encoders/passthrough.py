@@ -1,7 +1,7 @@
 """``type = "passthrough"``: events that already are serialized Examples or SequenceExamples.
 
 Each payload is checked, then written as it came, byte for byte. An Example must be one that
-``tf.io.parse_example`` reads, and reads as protobuf does (:mod:`tfrecordd.tfreading`):
+``tf.io.parse_example`` reads, and reads as protobuf does (:mod:`tfrecordd.format.tfreading`):
 TensorFlow's own parser refuses some records protobuf accepts (a map entry without its key or
 value, a group, a field beside the entries of ``Features``), and reads others differently or as
 garbage (a packed float list whose length is not a multiple of 4, a ``Feature`` with two kinds,
@@ -28,8 +28,9 @@ from typing import Any, Literal
 
 from google.protobuf.message import DecodeError
 
-from tfrecordd import proto, speedups, tfreading
+from tfrecordd import speedups
 from tfrecordd.errors import TfrecorddError
+from tfrecordd.format import proto, tfreading
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
 
 _cframe = speedups.load("_cframe")
@@ -99,8 +100,8 @@ class PassthroughEncoder(Encoder):
 
     def _refusal(self, msg: Any, data: bytes) -> str | None:
         """Why ``data`` is refused, or ``None`` if it is not: for an Example, by
-        :func:`tfrecordd.tfreading.refusal`; then by protobuf (parsed into ``msg``), except an
-        Example in ``keep`` mode (protobuf's ``string`` would refuse a key TensorFlow reads)."""
+        :func:`tfrecordd.format.tfreading.refusal`; then by protobuf (parsed into ``msg``), except
+        an Example in ``keep`` mode (protobuf's ``string`` would refuse a key TensorFlow reads)."""
         if not self._sequence:
             refusal = tfreading.refusal(data, self._strict)
             if refusal is not None or not self._strict:

@@ -10,7 +10,7 @@ import pydantic
 
 from tfrecordd.errors import ConfigError, EncodeError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
-from tfrecordd.schema import FeatureSpec, SequenceSchema, feature_description
+from tfrecordd.schema.schema import FeatureSpec, SequenceSchema, feature_description
 
 
 class SequenceEncoderConfig(EncoderConfig):

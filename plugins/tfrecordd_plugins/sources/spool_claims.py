@@ -32,9 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from tfrecordd import crashpoints, statelock
+from tfrecordd import crashpoints
 from tfrecordd.errors import StateInUseError, TfrecorddError
 from tfrecordd.plugin import SourceContext
+from tfrecordd.state import statelock
 from tfrecordd_plugins.sources.spool_folders import (
     DIR_FLAGS,
     SpoolError,

@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 
 from tfrecordd.errors import ConfigError, DurabilityError, StateError
-from tfrecordd.framing import HEADER_SIZE, OVERHEAD, frame, header_is_valid, masked_crc32c
+from tfrecordd.format.framing import HEADER_SIZE, OVERHEAD, frame, header_is_valid, masked_crc32c
 from tfrecordd.fsys import FileSystem, read_nofollow, write_atomically
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """How TensorFlow's ``tf.io.parse_example`` reads a serialized ``tf.train.Example``, next to how
 protobuf reads it: the judge of the payloads the ``passthrough`` encoder cannot certify at once,
-and the reader of Examples whose keys protobuf refuses (:func:`tfrecordd.proto.parse_example`).
+and the reader of Examples whose keys protobuf refuses
+(:func:`tfrecordd.format.proto.parse_example`).
 
 TensorFlow does not parse records with protobuf: ``parse_example``, ``parse_single_example`` and
 ``tf.data``'s parsing share a hand-written reader (``example_proto_fast_parsing.cc``) that is both

@@ -2,8 +2,8 @@
 
 A writer is compiled once from the feature names and types: every key and tag is turned into
 bytes ahead of time, so encoding an event is a few ``struct.pack`` calls, varints from a table and
-one ``b"".join``. No protobuf message is built on this path; :mod:`tfrecordd.proto` is the oracle
-that the tests hold these bytes against.
+one ``b"".join``. No protobuf message is built on this path; :mod:`tfrecordd.format.proto` is the
+oracle that the tests hold these bytes against.
 
 Map entries are written in the order of their keys' UTF-8 bytes (as protobuf's C++ deterministic
 serialization orders them), whatever the declaration order; each entry equals protobuf's own

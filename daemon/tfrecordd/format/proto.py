@@ -22,8 +22,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from google.protobuf.message import Message
 
-from tfrecordd import tfreading
 from tfrecordd.errors import DecodeError
+from tfrecordd.format import tfreading
 
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -136,7 +136,8 @@ def parse_example(data: bytes) -> dict[str, FeatureValues]:
 
 
 def _plain(kind: int | None, values: tuple[object, ...]) -> FeatureValues:
-    """Values as :func:`tfrecordd.tfreading.protobuf_reading` gives them, as protobuf would."""
+    """Values as :func:`~tfrecordd.format.tfreading.protobuf_reading` gives them, as protobuf
+    would."""
     if kind == 2:  # float bit patterns
         return list(struct.unpack(f"<{len(values)}f", struct.pack(f"<{len(values)}I", *values)))
     if kind == 3:  # unsigned 64-bit

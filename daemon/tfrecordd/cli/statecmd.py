@@ -24,7 +24,6 @@ from typing import Any
 
 import orjson
 
-from tfrecordd import statelock
 from tfrecordd.config import load_config
 from tfrecordd.errors import (
     EXIT_CONFIG,
@@ -33,9 +32,11 @@ from tfrecordd.errors import (
     ConfigError,
     StateError,
 )
-from tfrecordd.framing import frame
+from tfrecordd.format.framing import frame
 from tfrecordd.fsys import LOCAL, is_url, local_path, write_atomically
-from tfrecordd.journal import (
+from tfrecordd.outputs.shards import staged_path, staging_dir
+from tfrecordd.state import statelock
+from tfrecordd.state.journal import (
     CHECKPOINT,
     JOURNAL,
     Checkpoint,
@@ -44,7 +45,6 @@ from tfrecordd.journal import (
     read_checkpoint,
     scan_journal,
 )
-from tfrecordd.shards import staged_path, staging_dir
 
 
 @contextlib.contextmanager

@@ -36,20 +36,32 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypeVar, cast
+from typing import Any, BinaryIO, Literal, Protocol, TypeVar, cast
+
+from prometheus_client import Counter
 
 from tfrecordd import crashpoints
+from tfrecordd.config import DaemonConfig
 from tfrecordd.errors import ConfigError, UploadError
 from tfrecordd.fsys import FileSystem
-from tfrecordd.journal import Intent
-from tfrecordd.output import Output, stage
+from tfrecordd.outputs.output import Output, stage
+from tfrecordd.outputs.shards import FinishedShard
 from tfrecordd.redact import redact_options, redact_url
-from tfrecordd.shards import FinishedShard
+from tfrecordd.state.journal import Intent
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Verify = Literal["sha256", "size"]
+
+
+class UploadCounters(Protocol):
+    """The counters an object-store output keeps (:class:`tfrecordd.metrics.Metrics` has them)."""
+
+    upload_errors: Counter
+    """By ``kind`` of error."""
+    upload_retries: Counter
+
 
 DEFAULT_RETRY_FOR = 300.0
 """Seconds of transient failures one upload rides out before :class:`UploadError`."""
@@ -117,16 +129,15 @@ def _describe(error: BaseException) -> str:
 class FsspecOutput(Output):
     """Shards staged locally, then uploaded to an fsspec URL. Blocking: call from a thread.
 
-    ``verify`` and ``retry_for`` default to ``[output] verify`` and ``[output] retry_for``
-    when the configuration has them, else to :data:`DEFAULT_VERIFY` and
-    :data:`DEFAULT_RETRY_FOR`. ``metrics``, if given, counts retries and errors.
+    ``verify`` and ``retry_for`` default to ``[output] verify`` and ``[output] retry_for``.
+    ``metrics``, if given, counts retries and errors.
     """
 
     def __init__(
         self,
-        config: Any,
+        config: DaemonConfig,
         fs: FileSystem,
-        metrics: Any = None,
+        metrics: UploadCounters | None = None,
         *,
         verify: Verify | None = None,
         retry_for: float | None = None,
@@ -139,10 +150,8 @@ class FsspecOutput(Output):
         self.staging_dir = os.path.join(self.legacy_dir, config.daemon.node_id)
         self.fs = fs
         self.metrics = metrics
-        self.verify: Verify = verify or getattr(out, "verify", None) or DEFAULT_VERIFY
-        self.retry_for = float(
-            retry_for if retry_for is not None else getattr(out, "retry_for", DEFAULT_RETRY_FOR)
-        )
+        self.verify: Verify = verify or out.verify
+        self.retry_for = float(retry_for if retry_for is not None else out.retry_for)
         self._stop_at: float | None = None
         self._wake = threading.Event()
         """Set when :meth:`stop_retrying_at` moves the deadline or an attempt ends."""
@@ -476,11 +485,9 @@ class FsspecOutput(Output):
         )
 
     def _count_error(self, kind: str) -> None:
-        counter = getattr(self.metrics, "upload_errors", None)
-        if counter is not None:
-            counter.labels(kind).inc()
+        if self.metrics is not None:
+            self.metrics.upload_errors.labels(kind).inc()
 
     def _count_retry(self) -> None:
-        counter = getattr(self.metrics, "upload_retries", None)
-        if counter is not None:
-            counter.inc()
+        if self.metrics is not None:
+            self.metrics.upload_retries.inc()

@@ -1,9 +1,9 @@
 """Declared schemas: decoded JSON events in, serialized Example / SequenceExample bytes out.
 
 A schema names each feature, its type and where its value sits in the event. It is compiled once
-into a plan of getters and converters feeding a :mod:`tfrecordd.wire` writer; an event that does
-not fit raises :class:`~tfrecordd.errors.EncodeError` whose ``feature`` names the feature at fault
-and whose ``reason`` names the problem.
+into a plan of getters and converters feeding a :mod:`tfrecordd.format.wire` writer; an event that
+does not fit raises :class:`~tfrecordd.errors.EncodeError` whose ``feature`` names the feature at
+fault and whose ``reason`` names the problem.
 
 Value rules, the same for every feature:
 
@@ -51,7 +51,7 @@ import orjson
 import pydantic
 
 from tfrecordd.errors import ConfigError, EncodeError
-from tfrecordd.wire import (
+from tfrecordd.format.wire import (
     INT64_MAX,
     INT64_MIN,
     ExampleWriter,

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 import crc32c
 import orjson
 
-from tfrecordd.compression import SUFFIXES, Compression
-from tfrecordd.framing import OVERHEAD, extend_record_starts
-from tfrecordd.reader import iter_records
+from tfrecordd.format.compression import SUFFIXES, Compression
+from tfrecordd.format.framing import OVERHEAD, extend_record_starts
+from tfrecordd.format.reader import iter_records
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
-    from tfrecordd.shards import RecordOffsets
+    from tfrecordd.outputs.shards import RecordOffsets
 
 _LENGTHS_AT_ONCE = 1 << 16
 

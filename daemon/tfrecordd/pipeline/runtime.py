@@ -30,22 +30,22 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from tfrecordd import statelock
 from tfrecordd.config import DaemonConfig, split_host_port
-from tfrecordd.deadletter import DeadLetters
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import LOCAL, FileSystem
-from tfrecordd.journal import Journal
 from tfrecordd.metrics import Metrics, serve
 from tfrecordd.notify import SystemdNotifier
-from tfrecordd.output import make_output
+from tfrecordd.outputs import make_output
+from tfrecordd.outputs.shards import ShardNamer
 from tfrecordd.pipeline.commit import Committer, Manifests
 from tfrecordd.pipeline.encode import EncodeStage
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import recover
 from tfrecordd.pipeline.write import WriteStage
 from tfrecordd.plugin import RawBatch, Source, SourceContext
-from tfrecordd.shards import ShardNamer
+from tfrecordd.state import statelock
+from tfrecordd.state.deadletter import DeadLetters
+from tfrecordd.state.journal import Journal
 
 log = logging.getLogger("tfrecordd")
 

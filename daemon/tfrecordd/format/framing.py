@@ -185,7 +185,7 @@ def iter_framed(
                 f"record length {length} is over the limit of {max_record_bytes} bytes (its "
                 "length CRC matches: the record may well be sound); raise the limit with "
                 "--max-record-bytes (tfrecordd verify, cat, transcode) or max_record_bytes= "
-                "(tfrecordd.reader)",
+                "(tfrecordd.format.reader)",
             )
         body = _read_exact(stream, length + FOOTER_SIZE)
         if len(body) < length + FOOTER_SIZE:

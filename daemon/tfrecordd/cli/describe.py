@@ -16,7 +16,7 @@ and for a sequence encoder two dicts, ``context_features`` and ``sequence_featur
 ``tf.io.parse_sequence_example``. ``--format json`` prints the same as data: for an Example
 encoder ``{name: {"kind", "dtype"[, "shape"][, "default_value"]}}``, for a sequence encoder
 ``{"context_features": {...}, "sequence_features": {...}}`` (see
-:func:`tfrecordd.schema.feature_description`). The output is strict JSON: a NaN or infinite
+:func:`tfrecordd.schema.schema.feature_description`). The output is strict JSON: a NaN or infinite
 ``default_value`` is the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, which ``float()``
 reads back.
 
@@ -35,7 +35,7 @@ from typing import Any
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, TfrecorddError
 from tfrecordd.plugin import EncoderConfig
-from tfrecordd.schema import render_feature_description
+from tfrecordd.schema.schema import render_feature_description
 
 __all__ = ["add_commands", "describe_encoder", "render_python"]
 

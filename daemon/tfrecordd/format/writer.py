@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tfrecordd.compression import Compression, Compressor, Unit
-from tfrecordd.framing import frame_many, frame_parts, framed_size
+from tfrecordd.format.compression import Compression, Compressor, Unit
+from tfrecordd.format.framing import frame_many, frame_parts, framed_size
 from tfrecordd.fsys import LOCAL, FileSystem
 
 _LARGE_RECORD = 64 << 10

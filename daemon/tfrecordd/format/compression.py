@@ -34,7 +34,7 @@ from tfrecordd.errors import (
     DecompressionLimitError,
     TruncatedStreamError,
 )
-from tfrecordd.framing import header_is_valid
+from tfrecordd.format.framing import header_is_valid
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer

@@ -1,9 +1,9 @@
 """Shard files: naming, the hidden in-progress file, size-capped rotation, and publishing.
 
-A shard is written under :func:`~tfrecordd.writer.inprogress_name` in its node's staging folder,
-``<output>/.unpublished/<node id>/`` (:func:`staging_dir`): on the file system of its final name,
-so that publishing is one ``link`` (or ``rename``), and where no glob for finished shards reaches.
-Every globber counts: TensorFlow's ``tf.io.gfile.glob``, ``tf.data.Dataset.list_files`` and
+A shard is written under :func:`~tfrecordd.format.writer.inprogress_name` in its node's staging
+folder, ``<output>/.unpublished/<node id>/`` (:func:`staging_dir`): on the file system of its final
+name, so that publishing is one ``link`` (or ``rename``), and where no glob for finished shards
+reaches. Every globber counts: TensorFlow's ``tf.io.gfile.glob``, ``tf.data.Dataset.list_files`` and
 fsspec's ``glob`` do not skip hidden names, so an in-progress file beside the shards called
 ``.<name>.inprogress`` was matched by ``*.tfrecord*``. A staging name carries no shard suffix
 either, so recursive globs (``**/*.tfrecord*``) miss it too. The shard is written through the
@@ -18,7 +18,7 @@ Size cap: before a batch is written, the shard's bytes on disk plus
 :meth:`Compressor.bound` of everything not yet flushed out of the compressor (the pending bytes
 and the batch) must fit in ``max_shard_bytes``; when the pessimistic estimate does not fit, the
 compressor is synced so the estimate becomes exact, and only then does the shard rotate. A batch
-that arrives already compressed (a :class:`~tfrecordd.writer.Packed` unit) has an exact size.
+that arrives already compressed (a :class:`~tfrecordd.format.writer.Packed` unit) has an exact size.
 So a shard exceeds ``max_shard_bytes`` only when one batch alone is larger than the cap.
 
 Each record's offset (for the shard's manifest) is kept in memory only for the last
@@ -45,12 +45,12 @@ from typing import BinaryIO
 
 import crc32c
 
-from tfrecordd.compression import SUFFIXES, Compression, Compressor
 from tfrecordd.errors import DurabilityError
-from tfrecordd.framing import extend_record_starts, framed_size
+from tfrecordd.format.compression import SUFFIXES, Compression, Compressor
+from tfrecordd.format.framing import extend_record_starts, framed_size
+from tfrecordd.format.writer import INPROGRESS_SUFFIX, Packed, RecordWriter, inprogress_name
 from tfrecordd.fsys import FileSystem
-from tfrecordd.manifest import SUFFIX as MANIFEST_SUFFIX
-from tfrecordd.writer import INPROGRESS_SUFFIX, Packed, RecordWriter, inprogress_name
+from tfrecordd.outputs.manifest import SUFFIX as MANIFEST_SUFFIX
 
 OFFSETS_IN_MEMORY = 1 << 16
 """Record offsets a shard keeps in memory (512 KiB) before it appends them to its offsets file."""
@@ -298,7 +298,8 @@ class OpenShard:
         return self.file_bytes + bound(c, raw) <= self.max_bytes
 
     def write(self, batch: list[bytes] | Packed) -> None:
-        """Append a batch: records, or records :func:`~tfrecordd.writer.pack` made into a unit."""
+        """Append a batch: records, or records :func:`~tfrecordd.format.writer.pack` made into a
+        unit."""
         if self.track_offsets:
             lengths = batch.lengths if isinstance(batch, Packed) else array("Q", map(len, batch))
             self.offsets.extend(lengths, self._writer.raw_bytes)

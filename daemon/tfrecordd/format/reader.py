@@ -30,15 +30,15 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
-from tfrecordd import proto
-from tfrecordd.compression import (
+from tfrecordd.errors import DecodeError, InputError
+from tfrecordd.format import proto
+from tfrecordd.format.compression import (
     DEFAULT_MAX_DECOMPRESSED_BYTES,
     Compression,
     detect,
     open_decompressed,
 )
-from tfrecordd.errors import DecodeError, InputError
-from tfrecordd.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, iter_framed
+from tfrecordd.format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, iter_framed
 from tfrecordd.fsys import is_url, local_path
 
 if TYPE_CHECKING:
@@ -135,7 +135,8 @@ def iter_records_with_offsets(
     """Yield ``(offset, record)`` for every record of ``source``, CRCs verified.
 
     ``offset`` is the record's position in the decompressed stream. ``compression`` is detected
-    from the first bytes and the name when ``None`` (see :func:`tfrecordd.compression.detect`).
+    from the first bytes and the name when ``None`` (see
+    :func:`tfrecordd.format.compression.detect`).
     ``max_record_bytes`` caps one record's length; ``max_decompressed_bytes`` caps the whole
     decompressed stream (``None``: no cap). ``storage_options`` go to fsspec for URLs. A stream
     passed in is read from its current position and not closed.

@@ -33,13 +33,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from tfrecordd import manifest, proto
-from tfrecordd.compression import (
-    DEFAULT_MAX_DECOMPRESSED_BYTES,
-    SUFFIXES,
-    Compression,
-    compression_from_name,
-)
 from tfrecordd.errors import (
     EXIT_DATA,
     EXIT_OK,
@@ -50,10 +43,18 @@ from tfrecordd.errors import (
     RecordError,
     TfrecorddError,
 )
-from tfrecordd.framing import DEFAULT_MAX_RECORD_BYTES
+from tfrecordd.format import proto
+from tfrecordd.format.compression import (
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
+    SUFFIXES,
+    Compression,
+    compression_from_name,
+)
+from tfrecordd.format.framing import DEFAULT_MAX_RECORD_BYTES
+from tfrecordd.format.reader import iter_records_with_offsets
+from tfrecordd.format.writer import open_writer
+from tfrecordd.outputs import manifest
 from tfrecordd.progress import Progress
-from tfrecordd.reader import iter_records_with_offsets
-from tfrecordd.writer import open_writer
 
 _BATCH_RECORDS = 1024
 _BATCH_BYTES = 4 * 1024 * 1024

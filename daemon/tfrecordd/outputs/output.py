@@ -18,10 +18,10 @@ from typing import Any, BinaryIO, TypeVar
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
-from tfrecordd.fsys import FileSystem, is_url, local_path
-from tfrecordd.journal import Intent
-from tfrecordd.shards import FinishedShard, staging_dir
-from tfrecordd.writer import inprogress_name
+from tfrecordd.format.writer import inprogress_name
+from tfrecordd.fsys import FileSystem
+from tfrecordd.outputs.shards import FinishedShard, staging_dir
+from tfrecordd.state.journal import Intent
 
 _T = TypeVar("_T")
 
@@ -157,19 +157,3 @@ def stage(fs: FileSystem, directory: str, name: str, parts: Iterable[bytes], *, 
         fs.remove(tmp)
         raise
     return tmp
-
-
-def make_output(config: Any, fs: FileSystem, metrics: Any = None) -> Output:
-    """The output of a :class:`~tfrecordd.config.DaemonConfig`: a local directory for paths
-    and ``file://`` URLs, an fsspec file system for other URLs."""
-    location: str = config.output.dir
-    if not is_url(location):
-        return LocalOutput(
-            local_path(location),
-            fs,
-            node_id=config.daemon.node_id,
-            fsync=config.output.fsync,
-        )
-    from tfrecordd.objectstore import FsspecOutput
-
-    return FsspecOutput(config, fs, metrics)

@@ -9,13 +9,14 @@ from typing import Any
 
 import anyio
 
-from tfrecordd import health, heap, logs, speedups
+from tfrecordd import heap, logs, speedups
+from tfrecordd.cli import health
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError
 from tfrecordd.fsys import LOCAL
-from tfrecordd.output import make_output
+from tfrecordd.outputs import make_output
+from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import Registry
-from tfrecordd.runtime import Daemon
 
 log = logging.getLogger("tfrecordd")
 

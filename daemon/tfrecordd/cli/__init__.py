@@ -13,7 +13,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from tfrecordd import describe, initcmd, service, statecmd, status, tools
+    from tfrecordd.cli import describe, initcmd, service, statecmd, status, tools
 
     p = argparse.ArgumentParser(
         prog="tfrecordd",

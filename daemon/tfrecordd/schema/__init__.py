@@ -1,0 +1,2 @@
+"""Declared features: their specs, JSON and CSV values converted to them, and the compiled encode
+plans."""
