@@ -375,16 +375,22 @@ def _merge(spans: list[Span]) -> list[Span]:
     """Ranges in order, merged where that acks nothing more: where they overlap or touch, and
     where one continues the one before (its ``joined`` is that one's last)."""
     out: list[Span] = []
-    for first, last, joined in sorted(spans, key=lambda s: (s[0], s[1])):
-        if out:
-            low, high, before = out[-1]
-            if first <= high or first == _after(high) or joined == high:
-                if first == low and joined is not None and (before is None or joined < before):
-                    before = joined
-                out[-1] = (low, max(high, last), before)
-                continue
-        out.append((first, last, joined))
+    for span in sorted(spans, key=lambda s: (s[0], s[1])):
+        out.append(span)
+        # A range that took over a ``joined`` may now continue the one before it too.
+        while len(out) > 1 and _continues(out[-2], out[-1]):
+            (low, high, before), (first, last, joined) = out[-2], out.pop()
+            if first == low and joined is not None and (before is None or joined < before):
+                before = joined
+            out[-1] = (low, max(high, last), before)
     return out
+
+
+def _continues(prev: Span, span: Span) -> bool:
+    """Whether ``span`` (starting at or after ``prev``) overlaps, touches or continues ``prev``."""
+    first, _, joined = span
+    high = prev[1]
+    return first <= high or first == _after(high) or joined == high
 
 
 class _InFlight:
