@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
 from tfrecordd.errors import (
     EXIT_CONFIG,
@@ -265,7 +266,7 @@ def cmd_forget_source(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Register ``state check|repair|rename-source|forget-source`` on the CLI's subparsers."""
-    help_text = "check or repair the daemon's state (journal, checkpoint) while it is stopped"
+    help_text = help_of("state")
     state = sub.add_parser("state", help=help_text, description=help_text)
     commands = state.add_subparsers(dest="state_command", metavar="COMMAND", required=True)
 
