@@ -3,7 +3,8 @@
 :func:`check_source` runs a source the way the daemon does, against a recording context, and
 checks the contract every source keeps: the events that the outside world delivered arrive
 (payloads intact, each exactly once, in order per producer), batches respect the context's
-limits, tokens are JSON-serializable, ``fold`` is idempotent, ``compact`` keeps what the tokens
+limits, tokens are JSON-serializable, ``fold`` is idempotent and associative (commits folded
+one after the other give what folding them at once does), ``compact`` keeps what the tokens
 cover (acking what it gives, as the daemon does, leaves nothing to read again) and is
 idempotent, ``ack`` may be repeated, and the source stops promptly when cancelled.
 
@@ -187,11 +188,17 @@ def _check_batches(ctx: RecordingContext, source: Source) -> None:
         for ev in events:
             if not isinstance(ev.payload, bytes) or not isinstance(ev.where, str):
                 raise ContractError(f"event with payload {type(ev.payload)} / where {ev.where!r}")
-    once = type(source).fold(None, tokens)
-    twice = type(source).fold(once, tokens)
+    fold = type(source).fold
+    once = fold(None, tokens)
+    twice = fold(once, tokens)
     if json.dumps(once, sort_keys=True) != json.dumps(twice, sort_keys=True):
         raise ContractError("fold is not idempotent")
-    json.dumps(once)
+    # Commits are folded one after the other (and again after a crash): folding them in two
+    # steps must give what folding them at once does, wherever the commits split.
+    for cut in range(1, len(tokens)):
+        stepwise = fold(fold(None, tokens[:cut]), tokens[cut:])
+        if json.dumps(stepwise, sort_keys=True) != json.dumps(once, sort_keys=True):
+            raise ContractError(f"fold is not associative: splitting the tokens at {cut} differs")
 
 
 def _outcomes(result: EncodeResult, n: int, what: str) -> list[bytes | FailureReason]:
@@ -254,4 +261,6 @@ def check_encoder(
         lines = _outcomes(encoder.encode_lines([ev.payload for ev in events]), len(events), "lines")
         if lines != batch:
             raise ContractError("encode_lines and encode_batch disagree on the same payloads")
-    return [o for o, refuse in zip(batch, is_bad, strict=True) if not refuse and isinstance(o, bytes)]
+    return [
+        o for o, refuse in zip(batch, is_bad, strict=True) if not refuse and isinstance(o, bytes)
+    ]
