@@ -123,6 +123,11 @@ class StateError(TfrecorddError):
         super().__init__(f"{message}; {todo}" if todo else message)
 
 
+class StateFormatError(StateError):
+    """A file of ``state_dir`` was written by a newer tfrecordd, in a format this version does
+    not read: not damage, and never to be repaired or discarded by this version."""
+
+
 class SourceLostError(TfrecorddError):
     """A source can no longer read on from its committed positions without writing events
     again or skipping some (a Redis consumer group deleted or reset under the daemon). The

@@ -19,10 +19,11 @@ import logging
 import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib.metadata import entry_points
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, ClassVar, Literal, SupportsIndex
+from typing import Any, ClassVar, Literal, NamedTuple, SupportsIndex
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +31,43 @@ log = logging.getLogger(__name__)
 
 Token = Any
 """A source's JSON-serializable acknowledgement token (positions covered by one batch)."""
+
+
+EventFormat = Literal["csv", "file"] | None
+"""How an event is to be read (:attr:`RawEvent.format`)."""
+
+
+class FailureReason(StrEnum):
+    """Why an event went to the dead letters: the ``reason`` of its dead letter and the label of
+    ``tfrecordd_events_dead_lettered_total``, so a closed set."""
+
+    REJECTED = "rejected"
+    """The source refused it before encoding (:attr:`RawEvent.error`: over a size limit, not a
+    valid CSV record, no payload field...)."""
+    MALFORMED = "malformed"
+    """Not readable as what it claims to be: invalid JSON, a corrupt image, a record TensorFlow
+    would not parse."""
+    SCHEMA = "schema"
+    """Readable, but its values do not fit the declared features."""
+    FORMAT = "format"
+    """An event of a kind the encoder does not take (a CSV row for an image encoder...)."""
+    LABEL = "label"
+    """A file whose folder names no configured label (the ``image`` encoder's
+    ``unknown_label = "dead-letter"``)."""
+    TOO_LARGE = "too-large"
+    """Over a limit of the encoder's (an image's pixel count)."""
+    ENCODER_ERROR = "encoder-error"
+    """The encoder raised on this event instead of reporting it (a bug in the encoder)."""
+
+
+class Failure(NamedTuple):
+    """One event an encoder could not encode."""
+
+    at: int
+    """The event's index in the batch."""
+    reason: FailureReason
+    detail: str
+    """Human-readable: what is wrong, naming the feature where there is one."""
 
 
 @dataclass(slots=True)
@@ -43,7 +81,7 @@ class RawEvent:
     value: Any = None
     """An already-structured value (a CSV row as a dict, a file's attributes), if the source has
     one; encoders use it instead of parsing ``payload``."""
-    format: str | None = None
+    format: EventFormat = None
     """How to read the event: ``None`` means ``payload`` is one JSON value; ``"csv"`` means
     ``value`` is a row of text fields (header name → string) to convert through the schema;
     ``"file"`` means ``payload`` is a whole file's bytes and ``value`` its attributes
@@ -273,8 +311,8 @@ class EncodeResult:
     """What an encoder made of a batch: records, and the events that failed with a reason."""
 
     records: list[bytes] = field(default_factory=list)
-    failures: list[tuple[int, str, str]] = field(default_factory=list)
-    """``(index of the event in the batch, reason category, human-readable detail)``."""
+    failures: list[Failure] = field(default_factory=list)
+    """The events that failed, by their index in the batch."""
 
 
 class Encoder(abc.ABC):

@@ -1,23 +1,40 @@
-"""Conformance checks for source plugins, usable by third-party plugin packages too.
+"""Conformance checks for source and encoder plugins, usable by third-party plugin packages too.
 
 :func:`check_source` runs a source the way the daemon does, against a recording context, and
 checks the contract every source keeps: the events that the outside world delivered arrive
 (payloads intact, each exactly once, in order per producer), batches respect the context's
-limits, tokens are JSON-serializable, ``fold`` is idempotent, ``compact`` keeps what the tokens
+limits, tokens are JSON-serializable, ``fold`` is idempotent and associative (commits folded
+one after the other give what folding them at once does), ``compact`` keeps what the tokens
 cover (acking what it gives, as the daemon does, leaves nothing to read again) and is
 idempotent, ``ack`` may be repeated, and the source stops promptly when cancelled.
+
+:func:`check_encoder` checks what the daemon relies on from an encoder: its config survives
+pickling (workers build encoders from it), each event of a batch gives one record or one failure
+with a known :class:`~tfrecordd.plugin.FailureReason`, a record depends only on its event (not
+on the batch around it), and ``encode_lines`` agrees with ``encode_batch``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import pickle
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 import anyio
 
-from tfrecordd.plugin import RawBatch, Source, SourceConfig, SourceContext
+from tfrecordd.plugin import (
+    EncoderConfig,
+    EncodeResult,
+    FailureReason,
+    RawBatch,
+    RawEvent,
+    Source,
+    SourceConfig,
+    SourceContext,
+)
 
 Produce = Callable[[list[bytes]], Awaitable[None]]
 """Makes the outside world deliver these payloads, one event each, to a running source."""
@@ -171,8 +188,79 @@ def _check_batches(ctx: RecordingContext, source: Source) -> None:
         for ev in events:
             if not isinstance(ev.payload, bytes) or not isinstance(ev.where, str):
                 raise ContractError(f"event with payload {type(ev.payload)} / where {ev.where!r}")
-    once = type(source).fold(None, tokens)
-    twice = type(source).fold(once, tokens)
+    fold = type(source).fold
+    once = fold(None, tokens)
+    twice = fold(once, tokens)
     if json.dumps(once, sort_keys=True) != json.dumps(twice, sort_keys=True):
         raise ContractError("fold is not idempotent")
-    json.dumps(once)
+    # Commits are folded one after the other (and again after a crash): folding them in two
+    # steps must give what folding them at once does, wherever the commits split.
+    for cut in range(1, len(tokens)):
+        stepwise = fold(fold(None, tokens[:cut]), tokens[cut:])
+        if json.dumps(stepwise, sort_keys=True) != json.dumps(once, sort_keys=True):
+            raise ContractError(f"fold is not associative: splitting the tokens at {cut} differs")
+
+
+def _outcomes(result: EncodeResult, n: int, what: str) -> list[bytes | FailureReason]:
+    """Per event, its record or its failure's reason; raises if the result does not line up."""
+    failed: dict[int, FailureReason] = {}
+    for failure in result.failures:
+        at, reason, detail = failure
+        if not isinstance(at, int) or not 0 <= at < n or at in failed:
+            raise ContractError(f"{what}: failure index {at!r} out of range or repeated")
+        if reason not in set(FailureReason):
+            raise ContractError(f"{what}: unknown failure reason {reason!r} (not a FailureReason)")
+        if not isinstance(detail, str):
+            raise ContractError(f"{what}: failure detail {detail!r} is not text")
+        failed[at] = FailureReason(reason)
+    if len(result.records) + len(failed) != n:
+        raise ContractError(
+            f"{what}: {n} events gave {len(result.records)} records and {len(failed)} failures"
+        )
+    records = iter(result.records)
+    out: list[bytes | FailureReason] = []
+    for i in range(n):
+        if i in failed:
+            out.append(failed[i])
+        else:
+            record = next(records)
+            if not isinstance(record, bytes):
+                raise ContractError(f"{what}: record {i} is {type(record)!r}, not bytes")
+            out.append(record)
+    return out
+
+
+def check_encoder(
+    config: EncoderConfig, good: Sequence[RawEvent], bad: Sequence[RawEvent] = ()
+) -> list[bytes]:
+    """Check ``config``'s encoder on events it must encode (``good``) and events it must refuse
+    (``bad``), mixed in one batch. Returns the records of ``good``; raises
+    :class:`ContractError`."""
+    try:
+        copy = pickle.loads(pickle.dumps(config))
+    except Exception as e:
+        raise ContractError(f"{type(config).__name__} does not survive pickling: {e}") from e
+    if copy != config:
+        raise ContractError(f"{type(config).__name__} changes when pickled")
+    events = [ev for pair in zip_longest(good, bad) for ev in pair if ev is not None]
+    is_bad = [any(ev is b for b in bad) for ev in events]
+    batch = _outcomes(copy.build().encode_batch(events), len(events), "encode_batch")
+    for ev, outcome, refuse in zip(events, batch, is_bad, strict=True):
+        if refuse and isinstance(outcome, bytes):
+            raise ContractError(f"the bad event {ev.payload[:60]!r} was encoded")
+        if not refuse and not isinstance(outcome, bytes):
+            raise ContractError(f"the good event {ev.payload[:60]!r} failed: {outcome}")
+    encoder = config.build()
+    for ev, outcome in zip(events, batch, strict=True):
+        (alone,) = _outcomes(encoder.encode_batch([ev]), 1, "encode_batch of one event")
+        if alone != outcome:
+            raise ContractError(
+                f"the event {ev.payload[:60]!r} gives another outcome alone than in a batch"
+            )
+    if all(ev.format is None and ev.value is None and ev.error is None for ev in events):
+        lines = _outcomes(encoder.encode_lines([ev.payload for ev in events]), len(events), "lines")
+        if lines != batch:
+            raise ContractError("encode_lines and encode_batch disagree on the same payloads")
+    return [
+        o for o, refuse in zip(batch, is_bad, strict=True) if not refuse and isinstance(o, bytes)
+    ]

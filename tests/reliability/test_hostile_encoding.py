@@ -37,7 +37,15 @@ from tfrecordd.format import proto
 from tfrecordd.format.compression import Compression
 from tfrecordd.pipeline.encoding import ENCODER_ERROR, encode_events
 from tfrecordd.pipeline.runtime import Daemon
-from tfrecordd.plugin import Encoder, EncodeResult, Lines, RawEvent, Registry
+from tfrecordd.plugin import (
+    Encoder,
+    EncodeResult,
+    Failure,
+    FailureReason,
+    Lines,
+    RawEvent,
+    Registry,
+)
 from tfrecordd_plugins.encoders.example import ExampleEncoder, ExampleEncoderConfig
 from tfrecordd_plugins.encoders.sequence import SequenceEncoderConfig
 from tfrecordd_plugins.sources.socket import TcpSource
@@ -642,7 +650,7 @@ class Fragile(Encoder):
                     ev.payload, ValueError
                 )("the encoder's bug")
             if ev.payload == b"bad":
-                result.failures.append((i, "schema", "reported as it should be"))
+                result.failures.append(Failure(i, FailureReason.SCHEMA, "reported as it should be"))
             else:
                 result.records.append(b"record:" + ev.payload)
         return result

@@ -463,3 +463,50 @@ def test_a_full_state_dir_during_compaction_keeps_the_old_checkpoint(tmp_path: P
     assert (tmp_path / CHECKPOINT).read_bytes() == before
     assert not list(tmp_path.glob(".*.tmp"))
     assert recovered(tmp_path).states == {"spool": {"a": 6}}
+
+
+def test_every_record_and_the_checkpoint_carry_the_state_format(tmp_path: Path) -> None:
+    import orjson
+
+    from tfrecordd.state.journal import STATE_FORMAT, scan_journal
+
+    j = journal(tmp_path, compact_after=2)
+    j.recover()
+    for i in range(3):
+        commit(j, f"s{i}", [tok("a", i + 1)])
+    j.close()
+    records = scan_journal(str(tmp_path / JOURNAL)).records
+    assert records
+    assert {r.get("v") for r in records} == {STATE_FORMAT}
+    assert orjson.loads((tmp_path / CHECKPOINT).read_bytes())["version"] == STATE_FORMAT
+
+
+@pytest.mark.parametrize("where", ["last record", "middle record", "checkpoint"])
+def test_state_of_a_newer_format_is_refused_never_misread_or_cut(
+    tmp_path: Path, where: str
+) -> None:
+    """A newer tfrecordd's record at the journal's end must not be taken for a torn tail and cut
+    (its commit would be lost), nor one in the middle for damage; the file stays as it was."""
+    import orjson
+
+    from tfrecordd.errors import StateFormatError
+    from tfrecordd.state.journal import STATE_FORMAT
+
+    j = journal(tmp_path, compact_after=100)
+    j.recover()
+    commit(j, "s1", [tok("a", 10)])
+    j.close()
+    newer = STATE_FORMAT + 1
+    record = {"t": "intent", "seq": 9, "shard": "s9", "positions": {}, "v": newer, "new": 1}
+    if where == "checkpoint":
+        (tmp_path / CHECKPOINT).write_bytes(orjson.dumps({"version": newer, "sources": {}}))
+    elif where == "last record":
+        with (tmp_path / JOURNAL).open("ab") as f:
+            f.write(_framed(record))
+    else:
+        data = (tmp_path / JOURNAL).read_bytes()
+        (tmp_path / JOURNAL).write_bytes(_framed(record) + data)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(StateFormatError, match=f"newer tfrecordd \\(state format {newer}"):
+        recovered(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -11,7 +11,7 @@ import pytest
 from tests.unit.pipeline_parts import NODE, SOURCE, Parts, RecordingSource
 from tfrecordd.format.writer import inprogress_name
 from tfrecordd.outputs.manifest import manifest_name
-from tfrecordd.state.journal import Intent, Journal, scan_journal
+from tfrecordd.state.journal import STATE_FORMAT, Intent, Journal, scan_journal
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +68,7 @@ async def test_an_unfinished_intent_whose_shard_is_published_is_redone(tmp_path:
     assert report.dropped == ()
     assert source.recovered == (None, [1])
     records = scan_journal(parts.journal.path).records
-    assert records[-1] == {"t": "done", "seq": intent.seq}
+    assert records[-1] == {"t": "done", "seq": intent.seq, "v": STATE_FORMAT}
     assert parts.published() == [SHARD]
 
 
@@ -91,6 +91,7 @@ async def test_an_unfinished_intent_whose_shard_is_still_in_progress_is_dropped(
         "t": "done",
         "seq": intent.seq,
         "dropped": True,
+        "v": STATE_FORMAT,
     }
     _, state, pending = await _recover(parts)
     assert (state, pending) == ([], [])

@@ -1,8 +1,14 @@
-"""The ``tfrecordd`` command line: the daemon, its config check, and the shard tools."""
+"""The ``tfrecordd`` command line: the daemon, its config check, and the shard tools.
+
+Each command's module is imported only when that command runs: ``tfrecordd --version`` and
+``tfrecordd healthcheck`` (Docker runs it every few seconds) import neither pydantic nor the
+plugins nor the compressors. :data:`COMMANDS` lists every command for ``--help`` without
+importing them."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -12,27 +18,70 @@ from tfrecordd.errors import EXIT_USAGE, TfrecorddError
 Command = Callable[[argparse.Namespace], int]
 
 
-def _parser() -> argparse.ArgumentParser:
-    from tfrecordd.cli import describe, initcmd, service, statecmd, status, tools
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("service", "run the daemon"),
+    "check-config": ("service", "validate a config file without starting anything"),
+    "plugins": ("service", "list the installed source and encoder plugins"),
+    "healthcheck": ("health", "exit 0 if a running daemon reports itself healthy"),
+    "verify": (
+        "tools",
+        "check every record's CRCs, each compressed stream, and the manifest beside a shard",
+    ),
+    "cat": ("tools", "print records as JSON lines (feature name → values)"),
+    "transcode": ("tools", "re-compress shards, each published atomically"),
+    "schema": ("describe", "print the tf.io feature description that reads an encoder's records"),
+    "status": (
+        "status",
+        "a live view of a running daemon: rates, pending events, shards, dead letters",
+    ),
+    "init": ("initcmd", "write a commented starter config that runs as written"),
+    "state": (
+        "statecmd",
+        "check or repair the daemon's state (journal, checkpoint) while it is stopped",
+    ),
+}
+"""Every command: the module of :mod:`tfrecordd.cli` that adds it (``add_commands``), and its
+one-line help."""
 
+
+def help_of(command: str) -> str:
+    """The one-line help of ``command``, as :data:`COMMANDS` has it."""
+    return COMMANDS[command][1]
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with ``command``'s module loaded (every command's, if ``"*"``) and the other
+    commands listed by name and help only."""
     p = argparse.ArgumentParser(
         prog="tfrecordd",
         description="Turn event streams into rotating, compressed TFRecord shards, exactly once.",
     )
     p.add_argument("--version", action="version", version=f"tfrecordd {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (service, tools, describe, status, initcmd, statecmd):
-        module.add_commands(sub)
+    wanted = COMMANDS[command][0] if command in COMMANDS else None
+    for name, (module, help) in COMMANDS.items():
+        if name in sub.choices:
+            continue  # added with the other commands of its module
+        if command == "*" or module == wanted:
+            importlib.import_module(f"tfrecordd.cli.{module}").add_commands(sub)
+        else:
+            sub.add_parser(name, help=help, add_help=False)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    cli = parser(_command_of(argv))
+    args = cli.parse_args(argv)
     func: Command | None = getattr(args, "func", None)
     if func is None:  # pragma: no cover - argparse enforces a command
-        parser.print_usage(sys.stderr)
+        cli.print_usage(sys.stderr)
         return EXIT_USAGE
     try:
         return func(args)

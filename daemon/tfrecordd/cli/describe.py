@@ -32,6 +32,7 @@ import math
 import sys
 from typing import Any
 
+from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, TfrecorddError
 from tfrecordd.plugin import EncoderConfig
@@ -113,7 +114,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Register ``schema`` on the CLI's subparsers."""
-    help = "print the tf.io feature description that reads an encoder's records"
+    help = help_of("schema")
     p: argparse.ArgumentParser = sub.add_parser("schema", help=help, description=help)
     p.add_argument("--config", "-c", required=True, help="the TOML config file")
     p.add_argument(

@@ -12,7 +12,9 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
+from tfrecordd.cli import help_of
 from tfrecordd.endpoints import HEALTH_URL
 
 __all__ = ["DEFAULT_URL", "check", "main_healthcheck"]
@@ -62,3 +64,11 @@ def main_healthcheck(url: str = DEFAULT_URL, timeout: float = 3.0) -> int:
 
 def _text(data: bytes) -> str:
     return " ".join(data.decode("utf-8", "replace").split())
+
+
+def add_commands(sub: Any) -> None:
+    """Register ``healthcheck`` on the CLI's subparsers."""
+    p = sub.add_parser("healthcheck", help=help_of("healthcheck"))
+    p.add_argument("--url", default=DEFAULT_URL, help=f"default: {DEFAULT_URL}")
+    p.add_argument("--timeout", type=float, default=3.0)
+    p.set_defaults(func=lambda a: main_healthcheck(a.url, a.timeout))

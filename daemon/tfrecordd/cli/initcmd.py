@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tfrecordd.cli import help_of
 from tfrecordd.config import split_host_port
 from tfrecordd.endpoints import METRICS_LISTEN
 from tfrecordd.errors import EXIT_OK, OutputError
@@ -166,7 +167,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Register ``init`` on the CLI's subparsers."""
-    help_text = "write a commented starter config that runs as written"
+    help_text = help_of("init")
     p = sub.add_parser("init", help=help_text, description=help_text)
     p.add_argument("--source", required=True, choices=SOURCES, help="the kind of source to read")
     p.add_argument(

@@ -1,4 +1,4 @@
-"""The service commands: ``run``, ``check-config``, ``plugins`` and ``healthcheck``."""
+"""The service commands: ``run``, ``check-config`` and ``plugins``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from tfrecordd import heap, logs, speedups
-from tfrecordd.cli import health
+from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError
 from tfrecordd.fsys import LOCAL
@@ -23,24 +23,19 @@ log = logging.getLogger("tfrecordd")
 
 def add_commands(sub: Any) -> None:
     """Register the service subcommands on the CLI's subparsers."""
-    p = sub.add_parser("run", help="run the daemon")
+    p = sub.add_parser("run", help=help_of("run"))
     p.add_argument("--config", "-c", required=True, help="the TOML config file")
     p.add_argument(
         "--log-format", choices=["auto", "text", "json"], help="override [daemon].log_format"
     )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("check-config", help="validate a config file without starting anything")
+    p = sub.add_parser("check-config", help=help_of("check-config"))
     p.add_argument("config", help="the TOML config file")
     p.set_defaults(func=cmd_check_config)
 
-    p = sub.add_parser("plugins", help="list the installed source and encoder plugins")
+    p = sub.add_parser("plugins", help=help_of("plugins"))
     p.set_defaults(func=cmd_plugins)
-
-    p = sub.add_parser("healthcheck", help="exit 0 if a running daemon reports itself healthy")
-    p.add_argument("--url", default=health.DEFAULT_URL, help=f"default: {health.DEFAULT_URL}")
-    p.add_argument("--timeout", type=float, default=3.0)
-    p.set_defaults(func=lambda a: health.main_healthcheck(a.url, a.timeout))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
 from tfrecordd.errors import (
     EXIT_CONFIG,
@@ -31,6 +32,7 @@ from tfrecordd.errors import (
     EXIT_OK,
     ConfigError,
     StateError,
+    StateFormatError,
 )
 from tfrecordd.format.framing import frame
 from tfrecordd.fsys import LOCAL, is_url, local_path, write_atomically
@@ -42,6 +44,7 @@ from tfrecordd.state.journal import (
     Checkpoint,
     Intent,
     check_sources,
+    newer_format_error,
     read_checkpoint,
     scan_journal,
 )
@@ -115,6 +118,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         ckpt = read_checkpoint(ckpt_path)
         print(f"{ckpt_path}: " + ("absent" if ckpt is None else "OK"))
+    except StateFormatError as e:
+        print(f"{ckpt_path}: {e.detail}")
+        return EXIT_DATA
     except StateError as e:
         print(f"{ckpt_path}: DAMAGED: {e.detail}")
         print("  repair: `tfrecordd state repair --discard-checkpoint` (its positions are lost)")
@@ -123,6 +129,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         scan = scan_journal(journal_path)
     except StateError as e:
         print(f"{journal_path}: {e.detail}")
+        return EXIT_DATA
+    if scan.newer is not None:
+        print(f"{journal_path}: {newer_format_error(journal_path, scan.newer).detail}")
         return EXIT_DATA
     finished, unfinished = _intents(scan.records)
     print(
@@ -180,6 +189,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
     with _exclusive(state_dir):
         try:
             read_checkpoint(ckpt_path)
+        except StateFormatError:
+            raise  # a newer version's state: never set aside by this one
         except StateError as e:
             if not args.discard_checkpoint:
                 print(
@@ -190,6 +201,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
                 return EXIT_DATA
             print(f"{ckpt_path}: damaged; set aside as {_set_aside(ckpt_path)}")
         scan = scan_journal(journal_path)
+        if scan.newer is not None:
+            raise newer_format_error(journal_path, scan.newer)
         if scan.damage is not None:
             kept = scan.records + scan.salvage
             aside = f"{journal_path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -219,6 +232,8 @@ def _rewrite_source(state_dir: str, old: str, new: str | None) -> None:
     ckpt_path = os.path.join(state_dir, CHECKPOINT)
     ckpt = read_checkpoint(ckpt_path)
     scan = scan_journal(os.path.join(state_dir, JOURNAL))
+    if scan.newer is not None:
+        raise newer_format_error(os.path.join(state_dir, JOURNAL), scan.newer)
     if scan.damage is not None:
         raise StateError(os.path.join(state_dir, JOURNAL), "is damaged", "run `state repair`")
     if new is not None:
@@ -265,7 +280,7 @@ def cmd_forget_source(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Register ``state check|repair|rename-source|forget-source`` on the CLI's subparsers."""
-    help_text = "check or repair the daemon's state (journal, checkpoint) while it is stopped"
+    help_text = help_of("state")
     state = sub.add_parser("state", help=help_text, description=help_text)
     commands = state.add_subparsers(dest="state_command", metavar="COMMAND", required=True)
 

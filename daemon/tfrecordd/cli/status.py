@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tfrecordd.cli import help_of
 from tfrecordd.endpoints import METRICS_URL
 from tfrecordd.errors import EXIT_FAILURE, EXIT_OK
 from tfrecordd.units import parse_duration
@@ -352,7 +353,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Register ``status`` on the CLI's subparsers."""
-    help_text = "a live view of a running daemon: rates, pending events, shards, dead letters"
+    help_text = help_of("status")
     p = sub.add_parser("status", help=help_text, description=help_text)
     p.add_argument("--url", default=DEFAULT_URL, help="the daemon's metrics (default: %(default)s)")
     p.add_argument(

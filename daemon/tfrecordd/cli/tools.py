@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
+from tfrecordd.cli import help_of
 from tfrecordd.errors import (
     EXIT_DATA,
     EXIT_OK,
@@ -372,7 +373,7 @@ def add_commands(sub: Any) -> None:
         sub,
         "verify",
         _verify,
-        "check every record's CRCs, each compressed stream, and the manifest beside a shard",
+        help_of("verify"),
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="TFRecord files or fsspec URLs")
     p.add_argument(
@@ -383,7 +384,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document")
     _add_limits(p)
 
-    p = _command(sub, "cat", _cat, "print records as JSON lines (feature name → values)")
+    p = _command(sub, "cat", _cat, help_of("cat"))
     p.add_argument("paths", nargs="+", metavar="PATH", help="TFRecord files or fsspec URLs")
     p.add_argument(
         "--json", action="store_true", help='wrap each line as {"path", "offset", "example"}'
@@ -392,7 +393,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--sequence", action="store_true", help="records are SequenceExamples")
     _add_limits(p)
 
-    p = _command(sub, "transcode", _transcode, "re-compress shards, each published atomically")
+    p = _command(sub, "transcode", _transcode, help_of("transcode"))
     p.add_argument("sources", nargs="+", metavar="SRC", help="TFRecord files or fsspec URLs")
     p.add_argument(
         "--to", required=True, choices=[c.value for c in Compression], help="new compression"

@@ -32,7 +32,7 @@ from tfrecordd.pipeline.encoding import (
     encode,
 )
 from tfrecordd.pipeline.workers import DEPTH, EncodeWorkers
-from tfrecordd.plugin import Encoder, EncoderConfig, RawBatch, RawEvent
+from tfrecordd.plugin import Encoder, EncoderConfig, FailureReason, RawBatch, RawEvent
 
 GROUP_BATCHES = 4
 """The most batches encoded in one trip to the encode thread or to a worker process (those
@@ -207,7 +207,9 @@ class EncodeStage:
         outcome: Outcome | None,
     ) -> EncodedBatch:
         """The batch for the writer: its records, and every failure with its event."""
-        failures: list[EventFailure] = [(ev, "rejected", ev.error or "") for ev in rejected]
+        failures: list[EventFailure] = [
+            (ev, FailureReason.REJECTED, ev.error or "") for ev in rejected
+        ]
         records: list[bytes] | Packed = []
         events = len(batch.events)
         if outcome is not None:

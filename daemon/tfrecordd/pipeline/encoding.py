@@ -19,7 +19,16 @@ from typing import Any, TypeVar
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.framing import framed_size
 from tfrecordd.format.writer import Packed, pack
-from tfrecordd.plugin import Encoder, EncodeResult, Lines, RawEvent, Token
+from tfrecordd.plugin import (
+    Encoder,
+    EncodeResult,
+    EventFormat,
+    Failure,
+    FailureReason,
+    Lines,
+    RawEvent,
+    Token,
+)
 
 log = logging.getLogger("tfrecordd")
 
@@ -27,10 +36,10 @@ PACK_MIN_BYTES = 64 * 1024
 """Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
 of their own: a trickle of small batches still compresses as one stream."""
 
-ENCODER_ERROR = "encoder-error"
+ENCODER_ERROR = FailureReason.ENCODER_ERROR
 """The dead-letter reason of an event on which the encoder raised instead of reporting it."""
 
-EventFailure = tuple[RawEvent, str, str]
+EventFailure = tuple[RawEvent, FailureReason, str]
 """An event that cannot be written, the reason (a metric label) and a detail for people."""
 
 _T = TypeVar("_T")
@@ -63,7 +72,7 @@ class EncodeRequest:
 
 def _received(
     encoder: str,
-    shipment: tuple[bytes, array[int], list[tuple[int, Any, str | None]]],
+    shipment: tuple[bytes, array[int], list[tuple[int, Any, EventFormat]]],
     lines: Lines | None,
     compression: Compression,
     level: int | None,
@@ -86,7 +95,7 @@ class Outcome:
     daemon's process never split them), and how many events the lines held."""
 
     records: list[bytes] | Packed
-    failures: list[tuple[int, str, str]]
+    failures: list[Failure]
     line_failures: list[EventFailure]
     line_events: int
 
@@ -121,10 +130,12 @@ def _guarded(encode: Callable[[list[_T]], EncodeResult], items: list[_T]) -> Enc
         try:
             one = encode([item])
         except Exception as e:
-            result.failures.append((i, ENCODER_ERROR, f"the encoder raised {type(e).__name__}"))
+            result.failures.append(
+                Failure(i, ENCODER_ERROR, f"the encoder raised {type(e).__name__}")
+            )
             continue
         result.records.extend(one.records)
-        result.failures.extend((i, reason, detail) for _, reason, detail in one.failures)
+        result.failures.extend(Failure(i, reason, detail) for _, reason, detail in one.failures)
     return result
 
 
@@ -140,7 +151,7 @@ def encode(request: EncodeRequest, encoder: Encoder) -> Outcome:
     if lines is not None:
         payloads, refused = lines.split()
         line_events = len(payloads) + len(refused)
-        line_failures = [(ev, "rejected", ev.error or "") for ev in refused]
+        line_failures = [(ev, FailureReason.REJECTED, ev.error or "") for ev in refused]
         result = _guarded(encoder.encode_lines, payloads)
         records = records + result.records if records else result.records
         if result.failures:

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from tfrecordd.errors import ConfigError, DurabilityError, StateError
+from tfrecordd.errors import ConfigError, DurabilityError, StateError, StateFormatError
 from tfrecordd.format.framing import HEADER_SIZE, OVERHEAD, frame, header_is_valid, masked_crc32c
 from tfrecordd.fsys import FileSystem, read_nofollow, write_atomically
 
@@ -140,10 +140,15 @@ class Scan:
     """Set when the unsound part is not a torn tail."""
     salvage: list[dict[str, Any]] = field(default_factory=list)
     """Sound records found after the damage (what ``state repair`` keeps)."""
+    newer: int | None = None
+    """The format of a record written by a newer tfrecordd, if one was found: nothing after it
+    is read, and nothing may be cut or rewritten."""
 
     @property
     def torn(self) -> bool:
         """Whether a torn tail follows the sound records (cut off at the next start)."""
+        if self.newer is not None:
+            return False
         return self.damage is None and self.good_end < self.size
 
 
@@ -158,12 +163,32 @@ class Checkpoint:
     """Tokens of finished commits of sources not configured when they were folded."""
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"version": 1, "next_seq": self.next_seq, "sources": self.sources}
+        out: dict[str, Any] = {
+            "version": STATE_FORMAT,
+            "next_seq": self.next_seq,
+            "sources": self.sources,
+        }
         if self.types:
             out["types"] = self.types
         if self.unfolded:
             out["unfolded"] = self.unfolded
         return out
+
+
+STATE_FORMAT = 1
+"""The format of the journal and checkpoint this version writes, and the newest it reads. Every
+journal record and the checkpoint carry it; state in a newer format is refused, never misread
+(or cut as a torn tail)."""
+
+
+def newer_format_error(path: str, version: int) -> StateFormatError:
+    """The error for state written in a newer format than this version reads."""
+    return StateFormatError(
+        path,
+        f"was written by a newer tfrecordd (state format {version}; this version reads formats "
+        f"up to {STATE_FORMAT})",
+        "run the tfrecordd version that wrote it, or a newer one; nothing was changed",
+    )
 
 
 def _what_to_do(path: str) -> str:
@@ -195,6 +220,8 @@ def read_checkpoint(path: str) -> Checkpoint | None:
         raw = orjson.loads(data)
         if not isinstance(raw, dict) or not isinstance(raw.get("sources", {}), dict):
             raise ValueError("not a checkpoint object")
+        if (newer := _newer(raw.get("version"))) is not None:
+            raise newer_format_error(path, newer)
         ckpt = Checkpoint(
             next_seq=int(raw.get("next_seq", 1)),
             sources=dict(raw.get("sources", {})),
@@ -233,8 +260,21 @@ def _frames(data: bytes, start: int = 0) -> Iterator[tuple[int, bytes | None, st
         at = body_end + 4
 
 
+class _NewerFormat(Exception):
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
+
+
+def _newer(version: Any) -> int | None:
+    """``version`` if it is a format newer than :data:`STATE_FORMAT`, else ``None``."""
+    return version if isinstance(version, int) and version > STATE_FORMAT else None
+
+
 def _parse(payload: bytes) -> dict[str, Any]:
     rec = orjson.loads(payload)
+    if isinstance(rec, dict) and (newer := _newer(rec.get("v"))) is not None:
+        raise _NewerFormat(newer)
     if not isinstance(rec, dict) or rec.get("t") not in ("intent", "done", "sources"):
         raise ValueError("not a journal record")
     if rec["t"] == "intent":
@@ -262,7 +302,7 @@ def _sound_records_after(data: bytes, start: int) -> list[tuple[int, dict[str, A
                 break
             try:
                 found.append((offset, _parse(payload)))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, _NewerFormat):
                 break
             good = offset + OVERHEAD + len(payload)
         at = max(good, candidate + 1)
@@ -286,6 +326,8 @@ def scan_journal(path: str) -> Scan:
             break
         try:
             records.append(_parse(payload))
+        except _NewerFormat as e:
+            return Scan(records, offset + OVERHEAD + len(payload), len(data), newer=e.version)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             problem = f"unreadable record ({e})"
             break
@@ -361,6 +403,8 @@ class Journal:
         self._next_seq = ckpt.next_seq
         self._types = dict(ckpt.types)
         scan = scan_journal(self.path)
+        if scan.newer is not None:
+            raise newer_format_error(self.path, scan.newer)
         if scan.damage is not None:
             d = scan.damage
             raise StateError(
@@ -459,7 +503,7 @@ class Journal:
     def _append(self, record: dict[str, Any], *, sync: bool) -> None:
         if self._failed:
             raise DurabilityError(f"{self.path}: failed earlier; not written again")
-        data = frame(orjson.dumps(record))
+        data = frame(orjson.dumps({**record, "v": STATE_FORMAT}))
         try:
             self.fs.write(self._file, data)
         except OSError as e:

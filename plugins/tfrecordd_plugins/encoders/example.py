@@ -10,7 +10,7 @@ import pydantic
 
 from tfrecordd import speedups
 from tfrecordd.errors import EncodeError
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
+from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
 from tfrecordd.schema.schema import ExampleSchema, FeatureSpec, feature_description
 
 if TYPE_CHECKING:
@@ -105,9 +105,13 @@ class ExampleEncoder(Encoder):
                 elif fmt == "csv":
                     records.append(encode_csv(ev.value))
                 else:
-                    failures.append((i, "format", f"cannot encode {fmt!r} events as an Example"))
+                    failures.append(
+                        Failure(
+                            i, FailureReason.FORMAT, f"cannot encode {fmt!r} events as an Example"
+                        )
+                    )
             except orjson.JSONDecodeError as e:
-                failures.append((i, "malformed", f"not valid JSON: {e}"))
+                failures.append(Failure(i, FailureReason.MALFORMED, f"not valid JSON: {e}"))
             except EncodeError as e:
-                failures.append((i, "schema", str(e)))
+                failures.append(Failure(i, FailureReason.SCHEMA, str(e)))
         return result

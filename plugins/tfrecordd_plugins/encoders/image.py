@@ -51,7 +51,7 @@ from tfrecordd.format.wire import (
     example_head,
     map_entries,
 )
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
+from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
 
 __all__ = [
     "ImageEncoder",
@@ -472,7 +472,7 @@ class ImageEncoder(Encoder):
             try:
                 append(encode(ev))
             except _Refused as e:
-                result.failures.append((i, e.category, str(e.error)))
+                result.failures.append(Failure(i, e.category, str(e.error)))
         return result
 
     def values(self, ev: RawEvent) -> list[list[Any] | None]:
@@ -509,7 +509,9 @@ class ImageEncoder(Encoder):
     def _read(self, ev: RawEvent) -> tuple[bytes, str, int, int, int, str, str, int | None]:
         """The file's bytes, format, width, height and channels, name, folder and label."""
         if ev.format != "file" or not isinstance(ev.value, dict):
-            raise _Refused("format", EncodeError(f"expected a whole-file event, got {ev.format!r}"))
+            raise _Refused(
+                FailureReason.FORMAT, EncodeError(f"expected a whole-file event, got {ev.format!r}")
+            )
         data = ev.payload if ev.payload.__class__ is bytes else bytes(ev.payload)
         fmt, width, height, channels = self._header(data)
         folder = ev.value.get("label") or ""
@@ -519,7 +521,7 @@ class ImageEncoder(Encoder):
             if label is None and self.config.unknown_label == "dead-letter":
                 known = ", ".join(sorted(self._labels))
                 raise _Refused(
-                    "label",
+                    FailureReason.LABEL,
                     EncodeError(f"folder {folder!r} is not in labels (known: {known})", LABEL),
                 )
         filename = str(ev.value.get("filename") or "")
@@ -550,13 +552,13 @@ class ImageEncoder(Encoder):
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             # The warning is an exception only where warnings are errors; elsewhere the size
             # check below refuses the image.
-            raise _Refused("too-large", EncodeError(str(e), ENCODED)) from None
+            raise _Refused(FailureReason.TOO_LARGE, EncodeError(str(e), ENCODED)) from None
         except UnidentifiedImageError:
             reason = f"not an image in an allowed format ({allowed})"
-            raise _Refused("malformed", EncodeError(reason, ENCODED)) from None
+            raise _Refused(FailureReason.MALFORMED, EncodeError(reason, ENCODED)) from None
         except Exception as e:
             reason = f"not a readable image ({allowed}): {type(e).__name__}: {e}"
-            raise _Refused("malformed", EncodeError(reason, ENCODED)) from None
+            raise _Refused(FailureReason.MALFORMED, EncodeError(reason, ENCODED)) from None
         return self._checked(fmt, width, height, channels, data)
 
     def _checked(
@@ -565,7 +567,7 @@ class ImageEncoder(Encoder):
         """The header's findings, once the size cap and the completeness check pass."""
         if width * height > self._max_pixels:
             raise _Refused(
-                "too-large",
+                FailureReason.TOO_LARGE,
                 EncodeError(
                     f"{width}x{height} is {width * height} pixels, over max_pixels "
                     f"({self.config.max_pixels})",
@@ -573,14 +575,14 @@ class ImageEncoder(Encoder):
                 ),
             )
         if self._check_complete and (why := _truncated(fmt, data)) is not None:
-            raise _Refused("malformed", EncodeError(why, ENCODED))
+            raise _Refused(FailureReason.MALFORMED, EncodeError(why, ENCODED))
         return fmt, width, height, channels
 
 
 class _Refused(TfrecorddError):
     """An image event refused, with its dead-letter category."""
 
-    def __init__(self, category: str, error: EncodeError) -> None:
+    def __init__(self, category: FailureReason, error: EncodeError) -> None:
         super().__init__(str(error))
         self.category = category
         self.error = error

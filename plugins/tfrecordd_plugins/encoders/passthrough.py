@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 from tfrecordd import speedups
 from tfrecordd.errors import TfrecorddError
 from tfrecordd.format import proto, tfreading
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
+from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
 
 _cframe = speedups.load("_cframe")
 
@@ -94,7 +94,7 @@ class PassthroughEncoder(Encoder):
             if refusal is None:
                 records.append(data if data.__class__ is bytes else bytes(data))
             else:
-                failures.append((i, "malformed", refusal))
+                failures.append(Failure(i, FailureReason.MALFORMED, refusal))
         records += payloads[start:]
         return result
 

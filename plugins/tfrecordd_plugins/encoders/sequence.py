@@ -9,7 +9,7 @@ import orjson
 import pydantic
 
 from tfrecordd.errors import ConfigError, EncodeError
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent
+from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
 from tfrecordd.schema.schema import FeatureSpec, SequenceSchema, feature_description
 
 
@@ -65,13 +65,17 @@ class SequenceEncoder(Encoder):
         for i, ev in enumerate(events):
             if ev.format is not None:
                 failures.append(
-                    (i, "format", f"cannot encode {ev.format!r} events as a SequenceExample")
+                    Failure(
+                        i,
+                        FailureReason.FORMAT,
+                        f"cannot encode {ev.format!r} events as a SequenceExample",
+                    )
                 )
                 continue
             try:
                 records.append(encode_json(ev.payload, ev.value))
             except orjson.JSONDecodeError as e:
-                failures.append((i, "malformed", f"not valid JSON: {e}"))
+                failures.append(Failure(i, FailureReason.MALFORMED, f"not valid JSON: {e}"))
             except EncodeError as e:
-                failures.append((i, "schema", str(e)))
+                failures.append(Failure(i, FailureReason.SCHEMA, str(e)))
         return result
