@@ -225,7 +225,16 @@ def overload(root: Path, redis_url: str, seconds: float) -> None:
                 spool_left = any((root / "spool").rglob("*.jsonl"))
                 return g["pending"] == 0 and g["lag"] == 0 and not spool_left
 
-            wait_for(drained, 300, interval=0.5)
+            try:
+                wait_for(drained, 150, interval=0.5)
+            except AssertionError:
+                # What is left, and what the daemon said, for the one who reads the failure.
+                left = [str(p.relative_to(root)) for p in (root / "spool").rglob("*.jsonl")]
+                group = r2.xinfo_groups("events")[0]
+                raise AssertionError(
+                    f"not drained: group {group}, spool files left {left[:10]} "
+                    f"({len(left)}), daemon exit {d.proc.poll()}:\n{d.output()[-4000:]}"
+                ) from None
         assert d.stop(120) == 0, d.output()
     finally:
         d.kill()
