@@ -16,7 +16,8 @@ says how), so systemd is told not to restart on it (sysexits' EX_UNAVAILABLE).""
 EXIT_IO = 74
 """An I/O error that is not about the data itself (sysexits' EX_IOERR)."""
 EXIT_IN_USE = 75
-"""Another tfrecordd holds the ``state_dir`` (sysexits' EX_TEMPFAIL: trying later may work)."""
+"""Another tfrecordd holds the ``state_dir``, or another process a listen address (sysexits'
+EX_TEMPFAIL: trying later may work)."""
 EXIT_CONFIG = 78
 """The configuration is invalid (sysexits' EX_CONFIG); systemd is told not to restart on it."""
 
@@ -126,6 +127,18 @@ class StateError(TfrecorddError):
 class StateFormatError(StateError):
     """A file of ``state_dir`` was written by a newer tfrecordd, in a format this version does
     not read: not damage, and never to be repaired or discarded by this version."""
+
+
+class ListenError(TfrecorddError):
+    """A source cannot listen where it is configured to: the address is in use or does not
+    resolve, or another file or process holds the Unix socket's path."""
+
+    exit_code = EXIT_IN_USE
+
+    def __init__(self, address: str, detail: str) -> None:
+        self.address = address
+        self.detail = detail
+        super().__init__(f"{address}: {detail}")
 
 
 class SourceLostError(TfrecorddError):

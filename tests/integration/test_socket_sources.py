@@ -23,7 +23,7 @@ from anyio.abc import ByteStream
 
 from tests.support import MOVIES_FEATURES, dead_letters, movie_event, read_ids, shard_files
 from tfrecordd.config import DaemonConfig, load_config, parse_config
-from tfrecordd.errors import ConfigError, OutputError
+from tfrecordd.errors import EXIT_IN_USE, ConfigError, ListenError
 from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, RawEvent, Registry
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
@@ -482,13 +482,13 @@ async def test_unix_live_socket_or_other_file_is_refused(tmp_path: Path) -> None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:
         live.bind(str(path))
         live.listen()
-        with pytest.raises(OutputError, match="another process is listening"):
+        with pytest.raises(ListenError, match="another process is listening"):
             await source.recover(None, [])
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             probe.connect(str(path))  # the other listener's socket is untouched
     os.unlink(path)
     path.write_text("not a socket")
-    with pytest.raises(OutputError, match="not a socket"):
+    with pytest.raises(ListenError, match="not a socket"):
         await source.recover(None, [])
     await source.aclose()
     assert path.read_text() == "not a socket"
@@ -501,9 +501,12 @@ async def test_a_port_in_use_is_a_clear_start_up_error(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         config = TcpSourceConfig(name="in", listen=f"127.0.0.1:{port}", encoder="movies")
         source = config.build()
-        with pytest.raises(OutputError, match=f"127.0.0.1:{port}: cannot listen"):
+        with pytest.raises(ListenError, match=f"127.0.0.1:{port}: cannot listen") as caught:
             await source.recover(None, [])
         await source.aclose()
+    # Not "cannot create an output" (73): another process holds the port, and a later start
+    # may find it free.
+    assert caught.value.exit_code == EXIT_IN_USE
 
 
 # -- ipv6 ------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator
 
 from tfrecordd.config import split_host_port
-from tfrecordd.errors import OutputError
+from tfrecordd.errors import ListenError
 
 __all__ = ["ListenAddress", "inet_peer", "inet_socket"]
 
@@ -26,14 +26,14 @@ ListenAddress = Annotated[str, AfterValidator(_check_listen)]
 
 def inet_socket(listen: str, kind: socket.SocketKind, backlog: int | None = None) -> socket.socket:
     """A non-blocking socket of ``kind`` bound to ``listen``, listening with ``backlog`` if
-    given (stream sockets); :class:`OutputError` if the address cannot be resolved or bound."""
+    given (stream sockets); :class:`ListenError` if the address cannot be resolved or bound."""
     host, port = split_host_port(listen)
     try:
         family, _, proto, _, addr = socket.getaddrinfo(
             host, port, type=kind, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror as e:
-        raise OutputError(listen, f"cannot resolve: {e.strerror}") from e
+        raise ListenError(listen, f"cannot resolve: {e.strerror}") from e
     sock = socket.socket(family, kind, proto)
     try:
         if family == socket.AF_INET6:
@@ -46,7 +46,7 @@ def inet_socket(listen: str, kind: socket.SocketKind, backlog: int | None = None
         sock.setblocking(False)
     except OSError as e:
         sock.close()
-        raise OutputError(listen, f"cannot listen: {e.strerror or e}") from e
+        raise ListenError(listen, f"cannot listen: {e.strerror or e}") from e
     return sock
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from tfrecordd.errors import OutputError
+from tfrecordd.errors import ListenError
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
 from tfrecordd_plugins.sources.socket.server import ACCEPT_BACKLOG, StreamSource
 
@@ -70,7 +70,7 @@ class UnixSource(StreamSource):
             sock.setblocking(False)
         except OSError as e:
             sock.close()
-            raise OutputError(path, f"cannot listen: {e.strerror or e}") from e
+            raise ListenError(path, f"cannot listen: {e.strerror or e}") from e
         log.info("%s: listening on %s (unix, mode %o)", self.config.name, path, self.config.mode)
         return sock
 
@@ -103,7 +103,7 @@ def _clear_stale(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise OutputError(path, "exists and is not a socket; refusing to replace it")
+        raise ListenError(path, "exists and is not a socket; refusing to replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.setblocking(False)
     try:
@@ -117,7 +117,7 @@ def _clear_stale(path: str) -> None:
     except BlockingIOError:
         pass  # the listener's backlog is full: it is alive
     except OSError as e:
-        raise OutputError(path, f"cannot check the existing socket: {e.strerror or e}") from e
+        raise ListenError(path, f"cannot check the existing socket: {e.strerror or e}") from e
     finally:
         probe.close()
-    raise OutputError(path, "another process is listening on this socket; refusing to start")
+    raise ListenError(path, "another process is listening on this socket; refusing to start")
