@@ -22,7 +22,12 @@ set -m
 "$TFRECORDD" run --config config/demo.toml &
 daemon=$!
 set +m
+producer=
 stop() {
+  if [ -n "$producer" ]; then
+    kill -TERM "$producer" 2>/dev/null || true
+    wait "$producer" 2>/dev/null || true
+  fi
   kill -TERM "$daemon" 2>/dev/null || true
   status=0
   wait "$daemon" || status=$?
@@ -55,11 +60,23 @@ os.rename(f"demo/spool/.tmp-{n}", path)
 PY
 }
 
-end=$(( $(date +%s) + ${DEMO_SECONDS:-1000000000} ))
-n=0
-while [ "$(date +%s)" -lt "$end" ]; do
-  produce "$n"
-  n=$((n + 1))
-  sleep 2
-  echo "$(date +%T)  files produced: $n  shards published: $(find demo/shards -name '*.tfrecord.gz' 2>/dev/null | wc -l)"
-done
+produce_for_a_while() {
+  end=$(( $(date +%s) + ${DEMO_SECONDS:-1000000000} ))
+  n=0
+  while [ "$(date +%s)" -lt "$end" ]; do
+    produce "$n"
+    n=$((n + 1))
+    sleep 2
+    echo "$(date +%T)  files produced: $n  shards published: $(find demo/shards -name '*.tfrecord.gz' 2>/dev/null | wc -l)"
+  done
+}
+
+# The producer runs in the background (where Ctrl-C does not reach it) and the script waits for
+# it: a signal with a trap ends the wait at once. Waiting on a foreground child instead, bash
+# acts on Ctrl-C only if that child dies of it, and a child that handles it (a producer's
+# python) left the script running. The EXIT trap stops the producer and drains the daemon.
+produce_for_a_while &
+producer=$!
+trap 'exit 130' INT
+trap 'exit 143' TERM
+wait "$producer"
