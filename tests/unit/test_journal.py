@@ -510,3 +510,40 @@ def test_state_of_a_newer_format_is_refused_never_misread_or_cut(
     with pytest.raises(StateFormatError, match=f"newer tfrecordd \\(state format {newer}"):
         recovered(tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_the_state_check_from_another_thread_never_sees_a_compaction_half_done(
+    tmp_path: Path,
+) -> None:
+    """The daemon checks its state files every second from a thread while commits compact the
+    journal in another: a compaction replaces both files and then notes their new identities,
+    and a check between the two must not take the daemon's own rewrite for an operator's."""
+    import threading
+
+    from tfrecordd.errors import DurabilityError
+
+    j = journal(tmp_path, compact_after=1)
+    j.recover()
+    errors: list[DurabilityError] = []
+    done = threading.Event()
+
+    def check() -> None:
+        while not done.is_set():
+            try:
+                j.check_files()
+            except DurabilityError as e:
+                errors.append(e)
+                return
+
+    checker = threading.Thread(target=check)
+    checker.start()
+    try:
+        for i in range(300):  # compact_after=1: every commit compacts
+            commit(j, f"s{i}", [tok("a", i + 1)])
+            if errors:
+                break
+    finally:
+        done.set()
+        checker.join(10)
+        j.close()
+    assert errors == []

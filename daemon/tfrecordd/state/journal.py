@@ -34,6 +34,7 @@ import errno
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -375,6 +376,9 @@ class Journal:
     _identity: _Identity | None = None
     _failed: bool = False
     _ckpt_identity: _Identity | None = None
+    _files_lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held while the files are replaced and their identities updated (compaction), so that
+    :meth:`check_files`, called from another thread, never sees one without the other."""
     size: int = 0
 
     @property
@@ -487,11 +491,16 @@ class Journal:
     def check_files(self) -> None:
         """Raise :class:`DurabilityError` if the journal or the checkpoint was removed or
         replaced since this daemon last wrote it (``state_dir`` deleted, a copy put back)."""
-        for path, held in (
-            (self.path, self._identity),
-            (self.checkpoint_path, self._ckpt_identity),
-        ):
-            now = self._stat_identity(path)
+        with self._files_lock:
+            identities = (
+                (self.path, self._identity, self._stat_identity(self.path)),
+                (
+                    self.checkpoint_path,
+                    self._ckpt_identity,
+                    self._stat_identity(self.checkpoint_path),
+                ),
+            )
+        for path, held, now in identities:
             if now != held:
                 what = "removed" if now is None else "replaced"
                 raise DurabilityError(
@@ -566,6 +575,10 @@ class Journal:
 
     def compact(self) -> None:
         """Fold finished intents into the checkpoint and restart the journal."""
+        with self._files_lock:
+            self._compact()
+
+    def _compact(self) -> None:
         self.check_files()
         types = {n: t for n, t in self._types.items() if n in self._states or n in self._unfolded}
         types.update(self.types)
