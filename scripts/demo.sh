@@ -24,11 +24,13 @@ daemon=$!
 set +m
 producer=
 stop() {
-  if [ -n "$producer" ]; then
-    kill -TERM "$producer" 2>/dev/null || true
-    wait "$producer" 2>/dev/null || true
-  fi
+  # The daemon first: its drain is what Ctrl-C promises. The producer is killed outright (a
+  # shell may put off a TERM until its child returns); a file it was writing is published by
+  # rename or not at all.
   kill -TERM "$daemon" 2>/dev/null || true
+  if [ -n "$producer" ]; then
+    kill -KILL "$producer" 2>/dev/null || true
+  fi
   status=0
   wait "$daemon" || status=$?
   echo
