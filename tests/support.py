@@ -160,6 +160,13 @@ def claimed_files(spool: Path) -> list[Path]:
     return sorted(found)
 
 
+def spool_drained(spool: Path) -> bool:
+    """Nothing left for a daemon to read: no published file in ``spool`` and no claim in any
+    node's claim folder (a claimed file is acknowledged, and removed, only once committed)."""
+    left = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
+    return not left and not claimed_files(spool)
+
+
 def shard_files(out: Path) -> list[Path]:
     """Published shards (what a ``*.tfrecord*`` glob sees), sorted by name."""
     return sorted(p for p in out.glob("*.tfrecord*") if not p.name.startswith("."))

@@ -15,6 +15,7 @@ from tests.support import (
     free_port,
     movie_event,
     run_clean_until,
+    spool_drained,
     spool_file,
     wait_for,
     write_config,
@@ -70,8 +71,9 @@ def test_the_demo_drains_on_ctrl_c(tmp_path: Path) -> None:
 def test_the_shard_tools_take_a_glob_of_the_output_directory(tmp_path: Path) -> None:
     config = write_config(tmp_path, output={"max_shard_records": 40, "max_shard_age": "1s"})
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(100)])
-    spool = tmp_path / "spool"
-    run_clean_until(config, lambda: not [p for p in spool.iterdir() if p.is_file()])
+    # Drained means acknowledged: a daemon stopped once the file is only claimed leaves it
+    # claimed, unread, for its next start.
+    run_clean_until(config, lambda: spool_drained(tmp_path / "spool"))
     out = tmp_path / "shards"
     # What `shards/*` expands to in a shell: no dotfiles (the staging folder is one).
     everything = sorted(str(p) for p in out.iterdir() if not p.name.startswith("."))

@@ -14,13 +14,13 @@ import pytest
 from tests.support import (
     DaemonProcess,
     assert_exactly_once,
-    claimed_files,
     dead_letters,
     free_port,
     inprogress_files,
     movie_event,
     run_clean_until,
     shard_files,
+    spool_drained,
     spool_file,
     wait_for,
     write_config,
@@ -30,9 +30,7 @@ from tfrecordd.outputs.shards import OFFSETS_IN_MEMORY
 
 
 def drained(root: Path) -> bool:
-    spool = root / "spool"
-    files = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    return not files and not claimed_files(spool)
+    return spool_drained(root / "spool")
 
 
 def fill_spool(

@@ -20,8 +20,8 @@ from tests.s3_server import SECRET_KEY, S3Server, running_s3
 from tests.support import (
     DaemonProcess,
     assert_exactly_once,
-    claimed_files,
     run_clean_until,
+    spool_drained,
     spool_file,
     wait_for,
     write_config,
@@ -75,9 +75,7 @@ def fill_spool(root: Path, files: int, per_file: int) -> set[int]:
 
 
 def drained(root: Path) -> bool:
-    spool = root / "spool"
-    files = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    return not files and not claimed_files(spool)
+    return spool_drained(root / "spool")
 
 
 def assert_exactly_once_in(server: S3Server, bucket: str, expected: set[int]) -> None:

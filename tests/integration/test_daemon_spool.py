@@ -20,6 +20,7 @@ from tests.support import (
     movie_event,
     read_ids,
     shard_files,
+    spool_drained,
     spool_file,
     write_config,
 )
@@ -43,12 +44,6 @@ pytestmark = pytest.mark.anyio
 def metric(m: Metrics, name: str, **labels: str) -> float:
     value = m.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
-
-
-def spool_drained(root: Path) -> bool:
-    spool = root / "spool"
-    left = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    return not left and not claimed_files(spool)
 
 
 async def until(predicate: object, timeout: float = 30.0) -> None:
@@ -76,7 +71,7 @@ async def run_until_drained(root: Path, daemon: Daemon, events: int, timeout: fl
         sent = source.positions.sent_eof
         await until(lambda: {f"test/{p.name}" for p in claimed_files(spool)} <= sent, timeout)
         daemon.request_stop()
-    assert spool_drained(root)
+    assert spool_drained(root / "spool")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -332,7 +327,7 @@ async def test_flush_request_publishes_now(tmp_path: Path) -> None:
         assert shard_files(out) == []
         daemon.request_flush()
         await until(lambda: len(shard_files(out)) == 1, 10)
-        await until(lambda: spool_drained(tmp_path), 10)
+        await until(lambda: spool_drained(tmp_path / "spool"), 10)
         daemon.request_stop()
 
 

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.s3_server import SECRET_KEY, S3Server, running_s3
-from tests.support import claimed_files, free_port, movie_event, spool_file, write_config
+from tests.support import free_port, movie_event, spool_drained, spool_file, write_config
 from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.errors import UploadError
 from tfrecordd.format.compression import Compression
@@ -374,17 +374,12 @@ def _metric(daemon: Daemon, name: str, **labels: str) -> float:
     return daemon.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def _drained(spool: Path) -> bool:
-    left = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    return not left and not claimed_files(spool)
-
-
 async def _run_until_drained(daemons: list[tuple[Daemon, Path]], timeout: float = 60) -> None:
     async with anyio.create_task_group() as tg:
         for daemon, _ in daemons:
             await tg.start(daemon.run)
         with anyio.fail_after(timeout):
-            while not all(_drained(spool) for _, spool in daemons):
+            while not all(spool_drained(spool) for _, spool in daemons):
                 await anyio.sleep(0.05)
         for daemon, _ in daemons:
             daemon.request_stop()
@@ -466,18 +461,18 @@ async def test_daemon_waits_out_an_outage_and_loses_nothing(
             await tg.start(daemon.run)
             spool_file(spool, "a.jsonl", [movie_event(i) for i in range(200)])
             with anyio.fail_after(30):
-                while not _drained(spool):
+                while not spool_drained(spool):
                     await anyio.sleep(0.05)
             server.stop()
             spool_file(spool, "b.jsonl", [movie_event(200 + i) for i in range(400)])
             with anyio.fail_after(30):
                 while "retry" not in caplog.text:
                     await anyio.sleep(0.05)
-            assert not _drained(spool), "nothing is acked while the store is down"
+            assert not spool_drained(spool), "nothing is acked while the store is down"
             await anyio.sleep(2)
             await anyio.to_thread.run_sync(server.start)
             with anyio.fail_after(120):
-                while not _drained(spool):
+                while not spool_drained(spool):
                     await anyio.sleep(0.05)
             daemon.request_stop()
 

@@ -38,7 +38,6 @@ from tests.support import (
     GlobOracle,
     ShardError,
     TfGlobber,
-    claimed_files,
     count_ids,
     count_records,
     decompress,
@@ -48,6 +47,7 @@ from tests.support import (
     read_shard,
     shard_suffix,
     split_records,
+    spool_drained,
     spool_file,
     wait_for,
     write_config,
@@ -323,11 +323,6 @@ def harness_config(
 
     assert redis_url is not None
     return write_redis_config(root, redis_url, output=output, daemon=daemon)
-
-
-def spool_drained(spool: Path) -> bool:
-    pending = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    return not pending and not claimed_files(spool)
 
 
 def redis_drained(url: str, stream: str = "events") -> bool:

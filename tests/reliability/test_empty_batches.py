@@ -19,11 +19,11 @@ import pytest
 
 from tests.support import (
     DaemonProcess,
-    claimed_files,
     inprogress_files,
     movie_event,
     read_ids,
     shard_files,
+    spool_drained,
     spool_file,
     wait_for,
     write_config,
@@ -56,12 +56,6 @@ def _good(spool: Path) -> Path:
     return path
 
 
-def _spool_empty(root: Path) -> bool:
-    spool = root / "spool"
-    left = [p for p in spool.iterdir() if p.is_file() and not p.name.startswith(".")]
-    return not left and not claimed_files(spool)
-
-
 def _value(m: Metrics, name: str) -> float:
     return m.registry.get_sample_value(name) or 0.0
 
@@ -92,7 +86,7 @@ async def test_a_storm_of_blank_lines_costs_a_bounded_number_of_commits(tmp_path
     daemon = Daemon(config, handle_signals=False)
     async with anyio.create_task_group() as tg:
         await tg.start(daemon.run)
-        await _until(lambda: _spool_empty(tmp_path), 120)
+        await _until(lambda: spool_drained(tmp_path / "spool"), 120)
         commits = _commits(daemon.metrics)
         daemon.request_stop()
     assert 1 <= commits <= 2, f"{commits:.0f} commits for a file of blank lines"
@@ -121,7 +115,7 @@ async def test_a_file_behind_a_storm_is_not_stalled(tmp_path: Path) -> None:
     assert took < 12, f"the good file waited {took:.1f}s behind the storm"
     assert _commits(daemon.metrics) <= 2
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(GOOD), 1)
-    assert _spool_empty(tmp_path)
+    assert spool_drained(tmp_path / "spool")
     assert not inprogress_files(tmp_path / "shards")
 
 
@@ -145,7 +139,7 @@ def test_a_crash_while_positions_ride_along_then_restart(tmp_path: Path, point: 
     d = DaemonProcess(cfg)
     try:
         d.wait_started()
-        wait_for(lambda: _spool_empty(tmp_path), 60)
+        wait_for(lambda: spool_drained(tmp_path / "spool"), 60)
         assert d.stop() == 0, d.output()[-3000:]
     finally:
         d.kill()

@@ -20,13 +20,13 @@ from tests.reliability.harness import (
     SpoolProducer,
     _dead_letter_places,
     audit,
-    spool_drained,
 )
 from tests.support import (
     DaemonProcess,
     claimed_files,
     movie_event,
     run_clean_until,
+    spool_drained,
     wait_for,
     write_config,
 )

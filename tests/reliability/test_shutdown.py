@@ -19,9 +19,8 @@ from tests.reliability.harness import (
     audit,
     harness_config,
     redis_drained,
-    spool_drained,
 )
-from tests.support import DaemonProcess, GlobOracle, wait_for
+from tests.support import DaemonProcess, GlobOracle, spool_drained, wait_for
 
 DRAIN_TIMEOUT = 10.0
 
