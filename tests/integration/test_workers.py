@@ -19,17 +19,17 @@ from tfrecordd.errors import WorkerError
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.writer import Packed
 from tfrecordd.pipeline.encoding import EncodeRequest, Outcome, encode, encode_events
-from tfrecordd.pipeline.workers import (
+from tfrecordd.pipeline.workerio import (
     DEPTH,
     SLOT_BYTES,
-    EncodeWorkers,
-    _frame,
-    _pickle,
-    _pickled_error,
-    _read,
-    _receive_exactly,
-    _send_all,
+    frame,
+    pickle_out_of_band,
+    pickled_error,
+    read_request,
+    receive_exactly,
+    send_all,
 )
+from tfrecordd.pipeline.workers import EncodeWorkers
 from tfrecordd.plugin import Lines, RawEvent
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
@@ -113,7 +113,7 @@ async def test_each_worker_is_fed_ahead() -> None:
         await tg.start(pool.run)
         # Stopped, the workers answer nothing: what is queued stays queued, however slowly the
         # calls are made (a loaded machine).
-        for w in pool._workers:
+        for w in pool.workers:
             os.kill(w.process.pid, signal.SIGSTOP)
         done: list[int] = []
 
@@ -127,15 +127,15 @@ async def test_each_worker_is_fed_ahead() -> None:
                     calls.start_soon(call, k)
                 # Each worker holds DEPTH batches at once; the one call more waits for room.
                 with anyio.fail_after(10):
-                    while sum(len(w.pending) for w in pool._workers) < 2 * DEPTH:
+                    while sum(len(w.pending) for w in pool.workers) < 2 * DEPTH:
                         await anyio.sleep(0.001)
                 await anyio.sleep(0.1)
-                assert [len(w.pending) for w in pool._workers] == [DEPTH, DEPTH]
+                assert [len(w.pending) for w in pool.workers] == [DEPTH, DEPTH]
                 assert DEPTH > 1  # the next batch waits in the pipe while one is encoded
-                for w in pool._workers:
+                for w in pool.workers:
                     os.kill(w.process.pid, signal.SIGCONT)
         finally:
-            for w in pool._workers:
+            for w in pool.workers:
                 os.kill(w.process.pid, signal.SIGCONT)
         assert sorted(done) == list(range(2 * DEPTH + 1))
         tg.cancel_scope.cancel()
@@ -155,7 +155,7 @@ async def test_an_encoder_error_is_raised_in_the_daemon() -> None:
 async def _kill_one_and_call(pool: EncodeWorkers) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        pool._workers[0].process.kill()
+        pool.workers[0].process.kill()
         async with anyio.create_task_group() as calls:
             for k in range(10):
                 calls.start_soon(_call, pool, _lines(k, 5000))
@@ -172,7 +172,7 @@ async def test_workers_stop_with_the_pool_and_ignore_a_terminal_ctrl_c() -> None
     pool = EncodeWorkers(2, {"e": CONFIG})
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run)
-        pids = [w.process.pid for w in pool._workers]
+        pids = [w.process.pid for w in pool.workers]
         # Each leads a session of its own: a terminal's Ctrl-C (sent to the daemon's process
         # group) does not reach it.
         assert [os.getsid(pid) for pid in pids] == pids
@@ -200,37 +200,37 @@ def test_lines_cross_to_a_worker_out_of_band_and_unchanged() -> None:
     lines = _lines(0, 50)
     for protocol in (4, 5):
         assert pickle.loads(pickle.dumps(lines, protocol)) == lines
-    body, buffers = _pickle([_request(lines), _request(None)])
+    body, buffers = pickle_out_of_band([_request(lines), _request(None)])
     # The lines' bytes are sent as the very object the batch holds, not copied into the pickle.
     assert buffers == [lines.data]
     assert buffers[0] is lines.data
     assert len(body) < 500
-    parts = _frame(body, buffers, -1)
-    got = _read(io.BytesIO(b"".join(parts)))
+    parts = frame(body, buffers, -1)
+    got = read_request(io.BytesIO(b"".join(parts)))
     assert got is not None
     assert pickle.loads(got[0], buffers=got[1])[0].lines == lines
-    assert _read(io.BytesIO(b"".join(parts)[:-1])) is None
+    assert read_request(io.BytesIO(b"".join(parts)[:-1])) is None
 
 
 def test_lines_in_a_shared_slot_are_read_from_it_not_from_the_pipe() -> None:
     first, second = _lines(0, 20), _lines(100, 30)
-    body, buffers = _pickle([_request(first), _request(second)])
+    body, buffers = pickle_out_of_band([_request(first), _request(second)])
     area = mmap.mmap(-1, DEPTH * SLOT_BYTES)
     at = SLOT_BYTES  # slot 1
     for buffer in buffers:
         area[at : at + len(buffer)] = buffer
         at += len(buffer)
-    parts = _frame(body, buffers, 1)
+    parts = frame(body, buffers, 1)
     # Only the header and the pickle cross the pipe.
     assert len(parts) == 2
     stream = io.BytesIO(b"".join(parts) + b"next")
-    got = _read(stream, area)
+    got = read_request(stream, area)
     assert got is not None
     decoded = pickle.loads(got[0], buffers=got[1])
     assert [d.lines for d in decoded] == [first, second]
     assert stream.read() == b"next"
     with pytest.raises(WorkerError, match="shared memory"):
-        _read(io.BytesIO(b"".join(parts)))
+        read_request(io.BytesIO(b"".join(parts)))
 
 
 async def test_a_request_too_large_for_a_slot_crosses_the_pipe() -> None:
@@ -246,7 +246,7 @@ async def test_a_request_too_large_for_a_slot_crosses_the_pipe() -> None:
         pool = EncodeWorkers(1, {"e": CONFIG})
         await tg.start(pool.run)
         # The worker has the daemon's shared area mapped.
-        (worker,) = pool._workers
+        (worker,) = pool.workers
         maps = await anyio.Path(f"/proc/{worker.process.pid}/maps").read_text()
         assert "memfd:tfrecordd-requests" in maps
         with anyio.fail_after(60):
@@ -277,15 +277,15 @@ async def test_pipe_writes_resume_where_the_pipe_filled_and_reads_take_what_was_
     try:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_send_all, w, parts)
+                tg.start_soon(send_all, w, parts)
                 for n in (3, 100_000, 1, len(whole) - 100_004):
                     await anyio.sleep(0.001)
-                    got.append(await _receive_exactly(r, n))
+                    got.append(await receive_exactly(r, n))
         assert b"".join(got) == whole
         os.close(w)
         w = -1
         with pytest.raises(EOFError):
-            await _receive_exactly(r, 1)
+            await receive_exactly(r, 1)
     finally:
         os.close(r)
         if w >= 0:
@@ -297,7 +297,7 @@ def test_an_error_that_does_not_pickle_arrives_as_text() -> None:
         def __reduce__(self) -> Any:
             raise TypeError("no")
 
-    answer = pickle.loads(_pickled_error(Unpicklable("bad value")))
+    answer = pickle.loads(pickled_error(Unpicklable("bad value")))
     assert isinstance(answer, WorkerError)
     assert "Unpicklable: bad value" in str(answer)
 

@@ -31,7 +31,8 @@ from tfrecordd.pipeline.encoding import (
     Outcome,
     encode,
 )
-from tfrecordd.pipeline.workers import DEPTH, EncodeWorkers
+from tfrecordd.pipeline.workerio import DEPTH
+from tfrecordd.pipeline.workers import EncodeWorkers
 from tfrecordd.plugin import Encoder, EncoderConfig, FailureReason, RawBatch, RawEvent
 
 GROUP_BATCHES = 4
