@@ -215,3 +215,15 @@ class UploadError(DurabilityError):
         super().__init__(message)
         self.kind = kind
         """``permanent``, ``exhausted`` (transient errors past the budget) or ``exists``."""
+
+
+def find_error(e: BaseException) -> TfrecorddError | None:
+    """The error tfrecordd raised on purpose, possibly inside a task group's exception group;
+    ``None`` if ``e`` holds none (a bug: let it show as a traceback)."""
+    if isinstance(e, TfrecorddError):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for sub in e.exceptions:
+            if (found := find_error(sub)) is not None:
+                return found
+    return None

@@ -29,7 +29,8 @@ TOP_PAD = 16 << 20
 MMAP_THRESHOLD = 16 << 20
 """Allocations this large or larger still get pages of their own (a whole-file event, say)."""
 
-_ENVIRONMENT = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
+ENVIRONMENT = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
+"""The variables by which an operator sets these thresholds (:func:`tune` then leaves them)."""
 
 
 def tune() -> bool:
@@ -38,7 +39,7 @@ def tune() -> bool:
     ``GLIBC_TUNABLES``: an operator's choice stands)."""
     if not sys.platform.startswith("linux") or os.environ.get("GLIBC_TUNABLES"):
         return False
-    if any(name in os.environ for name in _ENVIRONMENT):
+    if any(name in os.environ for name in ENVIRONMENT):
         return False
     try:
         libc = ctypes.CDLL(None)

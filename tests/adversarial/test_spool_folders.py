@@ -24,9 +24,8 @@ from tests.support import (
     spool_file,
     write_config,
 )
-from tfrecordd.cli.service import _tfrecordd_error
 from tfrecordd.config import load_config
-from tfrecordd.errors import EXIT_CONFIG, ConfigError, TfrecorddError
+from tfrecordd.errors import EXIT_CONFIG, ConfigError, TfrecorddError, find_error
 from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd_plugins.sources.directory import CLAIM_DIR, REJECT_DIR, SpoolError
 
@@ -62,7 +61,7 @@ def _start_error(daemon: Daemon) -> TfrecorddError | None:
     try:
         anyio.run(run)
     except BaseException as e:  # unwrapped as `tfrecordd run` does
-        return _tfrecordd_error(e)
+        return find_error(e)
     return None
 
 
@@ -214,7 +213,7 @@ def test_a_spool_replaced_while_running_stops_the_source_with_a_clear_error(
     try:
         anyio.run(run)
     except BaseException as e:  # unwrapped as `tfrecordd run` does
-        error = _tfrecordd_error(e)
+        error = find_error(e)
     else:
         error = None
     assert error is not None

@@ -48,7 +48,7 @@ def _faults_per_buffer(mode: str, env: dict[str, str] | None = None) -> tuple[st
 
 def _clean_env() -> dict[str, str]:
     env = dict(os.environ)
-    for name in ("GLIBC_TUNABLES", *heap._ENVIRONMENT):
+    for name in ("GLIBC_TUNABLES", *heap.ENVIRONMENT):
         env.pop(name, None)
     return env
 

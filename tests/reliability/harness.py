@@ -401,7 +401,7 @@ def run_crash_trials(
     finally:
         if tf is not None:
             tf.close()
-    letters = _dead_letter_places(root / "state")
+    letters = dead_letter_places(root / "state")
     figs.dead_letters_missing = len(producer.bad - letters)
     figs.seconds = time.monotonic() - t0
     if figs.audit.problems:
@@ -435,7 +435,8 @@ def kill_one(
     figs.torn_journal += "journal tail torn" in out
 
 
-def _dead_letter_places(state: Path) -> set[str]:
+def dead_letter_places(state: Path) -> set[str]:
+    """Where each dead letter in ``state`` (and its rotated file) came from."""
     places: set[str] = set()
     for name in ("dead-letters.jsonl", "dead-letters.jsonl.1"):
         path = state / name

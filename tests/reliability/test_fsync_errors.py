@@ -22,7 +22,7 @@ from tests.reliability.harness import count_ids
 from tests.support import claimed_files, movie_event, spool_file, write_config
 from tfrecordd.cli import service
 from tfrecordd.config import load_config
-from tfrecordd.errors import EXIT_IO, DurabilityError
+from tfrecordd.errors import EXIT_IO, DurabilityError, find_error
 from tfrecordd.fsys import FileSystem
 from tfrecordd.pipeline.runtime import Daemon
 
@@ -136,7 +136,7 @@ async def test_io_error_is_fatal_and_nothing_is_lost(
     daemon = Daemon(cfg, fs=fs, handle_signals=False)
     with anyio.fail_after(30), pytest.raises(BaseException) as caught:  # noqa: PT011
         await daemon.run()
-    assert service._tfrecordd_error(caught.value).__class__ is DurabilityError, caught.value
+    assert find_error(caught.value).__class__ is DurabilityError, caught.value
     assert fs.failed is not None, "the fault was injected"
     # Never retried: after the failure, no fsync (or anything else) touches that file again.
     assert [c for c in fs.after_fault if c[1] == fs.failed and c[0] == "fsync"] == []

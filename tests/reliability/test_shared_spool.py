@@ -18,8 +18,8 @@ import pytest
 
 from tests.reliability.harness import (
     SpoolProducer,
-    _dead_letter_places,
     audit,
+    dead_letter_places,
 )
 from tests.support import (
     DaemonProcess,
@@ -98,7 +98,7 @@ def run_shared_spool(
     found = audit(root / "shards", producer.ids)
     letters: set[str] = set()
     for i in range(NODES):
-        letters |= _dead_letter_places(root / f"n{i}" / "state")
+        letters |= dead_letter_places(root / f"n{i}" / "state")
     assert found.ok, found
     assert producer.bad <= letters, sorted(producer.bad - letters)[:5]
     assert len(producer.ids) > 1000, "the producer hardly ran"

@@ -102,8 +102,8 @@ def test_a_scan_into_record_offsets_keeps_a_bounded_part_in_memory(
     assert "record_offsets" not in measured
     assert measured == {k: v for k, v in plain.items() if k != "record_offsets"}
     assert measured["records"] == 1_000
-    assert len(offsets._tail) < 100
-    assert spill.stat().st_size == 8 * (1_000 - len(offsets._tail))
+    assert offsets.in_memory < 100
+    assert spill.stat().st_size == 8 * (1_000 - offsets.in_memory)
     chunks = list(offsets.chunks())
     assert array("Q", [o for c in chunks for o in c]) == plain["record_offsets"]
     offsets.remove()

@@ -68,10 +68,10 @@ def test_offsets_past_the_memory_limit_wait_in_a_file_and_come_back_in_order(
     shard = OpenShard(str(tmp_path), "a.tfrecord", compression, None, 1 << 30, LOCAL)
     for at in range(0, 1000, 70):
         shard.write(records[at : min(at + 70, 1000)])
-        assert len(shard.offsets._tail) < 100
+        assert shard.offsets.in_memory < 100
     shard.write(pack(records[1000:], compression, None))
     spill = tmp_path / ".a_tfrecord_offsets.inprogress"
-    assert spill.stat().st_size == 8 * (len(shard.offsets) - len(shard.offsets._tail))
+    assert spill.stat().st_size == 8 * (len(shard.offsets) - shard.offsets.in_memory)
     finished = shard.finish()
     assert len(finished.offsets) == 1050
     assert array("Q", _offsets(finished)) == manifest.scan(finished.tmp_path)["record_offsets"]

@@ -12,7 +12,7 @@ import anyio
 from tfrecordd import heap, logs, speedups
 from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
-from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError
+from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError, find_error
 from tfrecordd.fsys import LOCAL
 from tfrecordd.outputs import make_output
 from tfrecordd.pipeline.runtime import Daemon
@@ -51,24 +51,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         anyio.run(daemon.run)
     except (TfrecorddError, BaseExceptionGroup) as e:
-        error = _tfrecordd_error(e)
+        error = find_error(e)
         if error is None:
             raise
         log.error("stopping: %s", error)
         return error.exit_code
     log.info("stopped")
     return EXIT_OK
-
-
-def _tfrecordd_error(e: BaseException) -> TfrecorddError | None:
-    """The error tfrecordd raised on purpose, possibly inside a task group's exception group."""
-    if isinstance(e, TfrecorddError):
-        return e
-    if isinstance(e, BaseExceptionGroup):
-        for sub in e.exceptions:
-            if (found := _tfrecordd_error(sub)) is not None:
-                return found
-    return None
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

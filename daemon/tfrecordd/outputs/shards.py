@@ -198,6 +198,11 @@ class RecordOffsets:
     def __len__(self) -> int:
         return self._spilled + len(self._tail)
 
+    @property
+    def in_memory(self) -> int:
+        """How many of the offsets are held in memory (the rest are in the file)."""
+        return len(self._tail)
+
     def extend(self, lengths: array[int], start: int) -> None:
         """Add the offsets of records of ``lengths`` (framed one after another from ``start``)."""
         extend_record_starts(self._tail, lengths, start)
