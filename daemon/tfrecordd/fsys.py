@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterable
 from typing import BinaryIO
 
 
@@ -128,21 +129,29 @@ def read_nofollow(path: str) -> bytes:
         os.close(fd)
 
 
+def write_file(fs: FileSystem, path: str, parts: Iterable[bytes], *, fsync: bool) -> None:
+    """Create ``path`` afresh (removing a copy a crash left) holding ``parts``, fsync it if asked,
+    and close it. If writing fails the file is removed: a part-written copy would hold on to the
+    space a full disk needs back."""
+    fs.remove(path)
+    f = fs.create_exclusive(path)
+    try:
+        try:
+            for part in parts:
+                fs.write(f, part)
+            if fsync:
+                fs.fsync(f)
+        finally:
+            fs.close(f)
+    except BaseException:
+        fs.remove(path)
+        raise
+
+
 def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
     """Write a small file so that readers see either the old content or all of ``data``."""
     directory, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    fs.remove(tmp)
-    f = fs.create_exclusive(tmp)
-    try:
-        try:
-            fs.write(f, data)
-            fs.fsync(f)
-        finally:
-            fs.close(f)
-    except BaseException:
-        # A part-written copy would hold on to the space a full disk needs back.
-        fs.remove(tmp)
-        raise
+    write_file(fs, tmp, [data], fsync=True)
     fs.replace(tmp, path)
     fs.fsync_dir(directory)

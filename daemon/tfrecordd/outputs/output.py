@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, TypeVar
 from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
 from tfrecordd.format.writer import inprogress_name
-from tfrecordd.fsys import FileSystem
+from tfrecordd.fsys import FileSystem, write_file
 from tfrecordd.outputs.shards import FinishedShard, staging_dir
 from tfrecordd.state.journal import Intent
 
@@ -143,17 +143,5 @@ def stage(fs: FileSystem, directory: str, name: str, parts: Iterable[bytes], *, 
     left by a crash), fsync it if asked, close it; return its path. The file is removed again
     if writing it fails."""
     tmp = os.path.join(directory, inprogress_name(name))
-    fs.remove(tmp)
-    f = fs.create_exclusive(tmp)
-    try:
-        try:
-            for part in parts:
-                fs.write(f, part)
-            if fsync:
-                fs.fsync(f)
-        finally:
-            fs.close(f)
-    except BaseException:
-        fs.remove(tmp)
-        raise
+    write_file(fs, tmp, parts, fsync=fsync)
     return tmp
