@@ -160,9 +160,7 @@ class Daemon:
             self.out_dir,
             ShardNamer(out.prefix, config.daemon.node_id, out.compression),
             self.committer,
-            self.dead_letters,
             fs=fs,
-            metrics=self.metrics,
         )
         self.metrics_port: int | None = None
         self._sources_scope: anyio.CancelScope | None = None

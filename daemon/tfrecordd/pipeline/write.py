@@ -33,12 +33,10 @@ from tfrecordd.format.compression import Compressor
 from tfrecordd.format.framing import framed_size
 from tfrecordd.format.writer import Packed
 from tfrecordd.fsys import FileSystem
-from tfrecordd.metrics import Metrics
 from tfrecordd.outputs.shards import OpenShard, ShardNamer
 from tfrecordd.pipeline.commit import Committer, CommitUnit
 from tfrecordd.pipeline.encode import take_waiting
 from tfrecordd.pipeline.encoding import EncodedBatch
-from tfrecordd.state.deadletter import DeadLetters
 
 log = logging.getLogger("tfrecordd")
 
@@ -64,18 +62,17 @@ class WriteStage:
         directory: str,
         namer: ShardNamer,
         committer: Committer,
-        dead_letters: DeadLetters,
         *,
         fs: FileSystem,
-        metrics: Metrics,
     ) -> None:
         self.config = output
         self.directory = directory
         self.namer = namer
         self.committer = committer
-        self.dead_letters = dead_letters
+        # One dead-letter file and one set of metrics for the whole pipeline: the committer's.
+        self.dead_letters = committer.dead_letters
+        self.metrics = committer.metrics
         self.fs = fs
-        self.metrics = metrics
         self.unit = CommitUnit()
         """What the next commit covers. A unit being committed stays here until its commit
         has begun: if the one before fails, the daemon's clean-up discards its shard."""
