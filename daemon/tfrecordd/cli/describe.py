@@ -16,9 +16,8 @@ and for a sequence encoder two dicts, ``context_features`` and ``sequence_featur
 ``tf.io.parse_sequence_example``. ``--format json`` prints the same as data: for an Example
 encoder ``{name: {"kind", "dtype"[, "shape"][, "default_value"]}}``, for a sequence encoder
 ``{"context_features": {...}, "sequence_features": {...}}`` (see :func:`feature_description`).
-The output is strict JSON: a NaN or infinite
-``default_value`` is the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, which ``float()``
-reads back.
+The output is strict JSON: a NaN or infinite ``default_value`` is the string ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"``, which ``float()`` reads back.
 
 An encoder config built on a declared schema returns it from ``declared_schema()``, and this
 command describes the schema; any other encoder config describes its output through its
