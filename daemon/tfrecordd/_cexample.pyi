@@ -6,7 +6,7 @@ from typing import final
 @final
 class ExamplePlan:
     """A compiled Example encoder, built once from
-    :meth:`tfrecordd.schema.schema.ExampleSchema.compiled_json_features`."""
+    :meth:`tfrecordd.schema.ExampleSchema.compiled_json_features`."""
 
     def __init__(self, features: Sequence[tuple[bytes, bytes, str, bool, bytes | None]]) -> None:
         """``features``: ``(name, JSON key, type, required, default entry)`` per feature. Name

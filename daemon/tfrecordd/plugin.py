@@ -23,9 +23,12 @@ from enum import StrEnum
 from importlib.metadata import entry_points
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, ClassVar, Literal, NamedTuple, SupportsIndex
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, SupportsIndex
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from tfrecordd.schema import ExampleSchema, SequenceSchema
 
 log = logging.getLogger(__name__)
 
@@ -344,9 +347,16 @@ class EncoderConfig(BaseModel):
         """Create the encoder from this config."""
         raise NotImplementedError
 
+    def declared_schema(self) -> ExampleSchema | SequenceSchema | None:
+        """The declared schema this encoder writes its records by, or ``None`` if it has none.
+        ``tfrecordd schema`` describes a declared schema itself; for an encoder without one it
+        asks :meth:`feature_description`."""
+        return None
+
     def feature_description(self) -> dict[str, Any]:
         """The ``tf.io.parse_example`` feature description that reads this encoder's records,
-        as plain data (see ``tfrecordd schema``). Encoders that cannot know it raise
+        as plain data (see ``tfrecordd schema``), for an encoder without a
+        :meth:`declared_schema`. Encoders that cannot know it raise
         :class:`~tfrecordd.errors.TfrecorddError` saying why."""
         from tfrecordd.errors import TfrecorddError
 

@@ -8,13 +8,9 @@ from typing import Any
 import pytest
 
 from tests.support import tf_features
+from tfrecordd.cli.describe import feature_description, render_feature_description
 from tfrecordd.format.wire import ExampleWriter, FeatureType, SequenceExampleWriter
-from tfrecordd.schema.schema import (
-    ExampleSchema,
-    SequenceSchema,
-    feature_description,
-    render_feature_description,
-)
+from tfrecordd.schema import ExampleSchema, SequenceSchema
 
 pytestmark = pytest.mark.tensorflow
 

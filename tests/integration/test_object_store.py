@@ -29,7 +29,7 @@ from tfrecordd.outputs.objectstore import FsspecOutput, is_transient
 from tfrecordd.outputs.shards import FinishedShard, OpenShard
 from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.redact import REDACTED, redact_options, redact_url
-from tfrecordd.state.journal import Intent
+from tfrecordd.state.records import Intent
 
 PART = 5 << 20
 """S3's smallest multipart part: shards above it are uploaded in several parts."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tfrecordd.cli import main
+from tfrecordd.cli.describe import describe_encoder
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_CONFIG
 
@@ -93,7 +94,7 @@ def test_json_output_is_the_encoders_description(
     for name in ("movies", "pets", "tagging"):
         code, out, _ = run(capsys, "-c", str(config), "--encoder", name, "--format", "json")
         assert code == 0
-        assert json.loads(out) == encoders[name].feature_description()
+        assert json.loads(out) == describe_encoder(name, encoders[name])
     _, out, _ = run(capsys, "-c", str(config), "--encoder", "pets", "--format", "json")
     assert json.loads(out)["image/class/label"] == {
         "kind": "FixedLenFeature",

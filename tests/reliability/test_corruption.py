@@ -31,7 +31,7 @@ from tfrecordd.errors import StateError, TfrecorddError
 from tfrecordd.format.reader import iter_records
 from tfrecordd.outputs import manifest
 from tfrecordd.pipeline.runtime import Daemon
-from tfrecordd.state.journal import JOURNAL
+from tfrecordd.state.records import JOURNAL
 
 COMPRESSIONS = ["none", "gzip", "zlib", "zstd"]
 

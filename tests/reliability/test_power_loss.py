@@ -519,7 +519,7 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
     output before it redoes any ack, with manifests (whose rebuild fsyncs it anyway) and
     without."""
     from tests.support import DaemonProcess, spool_file
-    from tfrecordd.state.journal import scan_journal
+    from tfrecordd.state.reading import scan_journal
 
     shards, state, spool = tmp_path / "shards", tmp_path / "state", tmp_path / "spool"
     cfg_path = write_config(

@@ -158,7 +158,7 @@ def test_a_truncated_checkpoint_is_a_clear_error_and_state_repair_fixes_it(
 def test_a_damaged_journal_refuses_to_start_and_repair_keeps_every_sound_commit(
     tmp_path: Path,
 ) -> None:
-    from tfrecordd.state.journal import scan_journal
+    from tfrecordd.state.reading import scan_journal
 
     cfg, expected = _half_read(tmp_path)
     journal = tmp_path / "state" / "journal"
@@ -244,7 +244,7 @@ def test_an_in_progress_shard_of_the_layout_before_staging_folders_is_not_taken_
     name, the commit dropped, and its events written once."""
     from tfrecordd.format.writer import inprogress_name
     from tfrecordd.outputs.shards import offsets_name, staging_dir
-    from tfrecordd.state.journal import scan_journal
+    from tfrecordd.state.reading import scan_journal
 
     cfg = write_config(tmp_path, output={"max_shard_records": 40, "max_shard_age": "200ms"})
     expected = fill_spool(tmp_path, 4, 50)
@@ -294,7 +294,7 @@ def test_an_intent_of_the_version_before_is_published_only_if_its_shard_or_manif
     from tfrecordd.format.framing import frame
     from tfrecordd.format.writer import inprogress_name
     from tfrecordd.outputs.shards import offsets_name, staging_dir
-    from tfrecordd.state.journal import scan_journal
+    from tfrecordd.state.reading import scan_journal
 
     cfg = write_config(tmp_path, output={"max_shard_records": 40, "max_shard_age": "200ms"})
     expected = fill_spool(tmp_path, 4, 50)

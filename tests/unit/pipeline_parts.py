@@ -21,7 +21,8 @@ from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import RecoveryReport, recover
 from tfrecordd.plugin import Source, SourceContext, Token
 from tfrecordd.state.deadletter import DeadLetters
-from tfrecordd.state.journal import JOURNAL, Journal
+from tfrecordd.state.journal import Journal
+from tfrecordd.state.records import JOURNAL
 
 NODE = "n1"
 SOURCE = "s"

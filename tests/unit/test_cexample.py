@@ -26,7 +26,7 @@ from tfrecordd import speedups
 from tfrecordd.errors import EncodeError
 from tfrecordd.format import proto
 from tfrecordd.plugin import EncodeResult, RawEvent
-from tfrecordd.schema.schema import ExampleSchema
+from tfrecordd.schema import ExampleSchema
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 cexample = speedups.load("_cexample")

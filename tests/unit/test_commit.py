@@ -10,7 +10,7 @@ import pytest
 from tests.unit.pipeline_parts import SOURCE, Parts, RecordingSource, StepFs
 from tfrecordd.errors import DurabilityError
 from tfrecordd.outputs.manifest import manifest_name
-from tfrecordd.state.journal import scan_journal
+from tfrecordd.state.reading import scan_journal
 
 pytestmark = pytest.mark.anyio
 

@@ -21,17 +21,9 @@ from tfrecordd.errors import (
     DecompressionLimitError,
     TruncatedStreamError,
 )
-from tfrecordd.format.compression import (
-    DEFAULT_LEVELS,
-    PROBE_MIN_BYTES,
-    SUFFIXES,
-    TF_COMPRESSION_TYPE,
-    Compression,
-    Compressor,
-    _incompressible,
-    detect,
-    open_decompressed,
-)
+from tfrecordd.format.compress import PROBE_MIN_BYTES, Compressor, _incompressible
+from tfrecordd.format.compression import DEFAULT_LEVELS, SUFFIXES, TF_COMPRESSION_TYPE, Compression
+from tfrecordd.format.decompress import detect, open_decompressed
 from tfrecordd.format.framing import frame, masked_crc32c
 
 COMPRESSED = [Compression.GZIP, Compression.ZLIB, Compression.ZSTD]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import io
 import pickle
 
-from tfrecordd.format.compression import Compression, open_decompressed
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.decompress import open_decompressed
 from tfrecordd.format.framing import frame_many
 from tfrecordd.format.writer import Packed
 from tfrecordd.pipeline.encoding import PACK_MIN_BYTES, EncodeRequest, encode

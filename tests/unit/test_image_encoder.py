@@ -25,13 +25,8 @@ from tfrecordd.format import proto
 from tfrecordd.format.wire import ExampleWriter
 from tfrecordd.plugin import RawEvent
 from tfrecordd_plugins.encoders import image
-from tfrecordd_plugins.encoders.image import (
-    FEATURES,
-    ImageEncoder,
-    ImageEncoderConfig,
-    jpeg_header,
-    png_header,
-)
+from tfrecordd_plugins.encoders.image import FEATURES, ImageEncoder, ImageEncoderConfig
+from tfrecordd_plugins.encoders.image_headers import jpeg_header, png_header
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

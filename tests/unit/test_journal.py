@@ -14,7 +14,8 @@ import pytest
 
 from tfrecordd.errors import StateError
 from tfrecordd.fsys import LOCAL
-from tfrecordd.state.journal import CHECKPOINT, JOURNAL, Journal, Recovered
+from tfrecordd.state.journal import Journal, Recovered
+from tfrecordd.state.records import CHECKPOINT, JOURNAL
 from tfrecordd_plugins.sources.directory import DirectorySource
 
 FOLDS = {"spool": DirectorySource.fold}
@@ -151,7 +152,7 @@ def test_a_drop_after_damage_is_never_lost_to_a_resync(tmp_path: Path, then_inte
     or the commit reads as unfinished with no in-progress file, i.e. published and moved away,
     and its events are acked without being in any shard. With no intent after the damage, the
     drop alone proves it is damage rather than a torn tail."""
-    from tfrecordd.state.journal import scan_journal
+    from tfrecordd.state.reading import scan_journal
 
     j = journal(tmp_path)
     j.recover()
@@ -468,7 +469,8 @@ def test_a_full_state_dir_during_compaction_keeps_the_old_checkpoint(tmp_path: P
 def test_every_record_and_the_checkpoint_carry_the_state_format(tmp_path: Path) -> None:
     import orjson
 
-    from tfrecordd.state.journal import STATE_FORMAT, scan_journal
+    from tfrecordd.state.reading import scan_journal
+    from tfrecordd.state.records import STATE_FORMAT
 
     j = journal(tmp_path, compact_after=2)
     j.recover()
@@ -490,7 +492,7 @@ def test_state_of_a_newer_format_is_refused_never_misread_or_cut(
     import orjson
 
     from tfrecordd.errors import StateFormatError
-    from tfrecordd.state.journal import STATE_FORMAT
+    from tfrecordd.state.records import STATE_FORMAT
 
     j = journal(tmp_path, compact_after=100)
     j.recover()

@@ -11,7 +11,9 @@ import pytest
 from tests.unit.pipeline_parts import NODE, SOURCE, Parts, RecordingSource
 from tfrecordd.format.writer import inprogress_name
 from tfrecordd.outputs.manifest import manifest_name
-from tfrecordd.state.journal import STATE_FORMAT, Intent, Journal, scan_journal
+from tfrecordd.state.journal import Journal
+from tfrecordd.state.reading import scan_journal
+from tfrecordd.state.records import STATE_FORMAT, Intent
 
 pytestmark = pytest.mark.anyio
 

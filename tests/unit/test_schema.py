@@ -13,18 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tfrecordd.cli.describe import feature_description, render_feature_description
 from tfrecordd.errors import ConfigError, EncodeError
 from tfrecordd.format import proto
 from tfrecordd.format.wire import FeatureType
-from tfrecordd.schema.schema import (
-    ExampleSchema,
-    FeatureSpec,
-    SequenceSchema,
-    feature_description,
-    parse_feature,
-    parse_path,
-    render_feature_description,
-)
+from tfrecordd.schema import ExampleSchema, FeatureSpec, SequenceSchema, parse_feature, parse_path
 
 
 def encode(features: dict[str, Any], event: Any) -> dict[str, list[Any]]:

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfrecordd.format.compression import Compression, Compressor
+from tfrecordd.format.compress import Compressor
+from tfrecordd.format.compression import Compression
 from tfrecordd.format.framing import OVERHEAD, frame_many
 from tfrecordd.format.reader import iter_records
 from tfrecordd.format.writer import RecordWriter, inprogress_name, open_writer

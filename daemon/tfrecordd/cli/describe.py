@@ -15,13 +15,14 @@ reader::
 and for a sequence encoder two dicts, ``context_features`` and ``sequence_features``, for
 ``tf.io.parse_sequence_example``. ``--format json`` prints the same as data: for an Example
 encoder ``{name: {"kind", "dtype"[, "shape"][, "default_value"]}}``, for a sequence encoder
-``{"context_features": {...}, "sequence_features": {...}}`` (see
-:func:`tfrecordd.schema.schema.feature_description`). The output is strict JSON: a NaN or infinite
-``default_value`` is the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, which ``float()``
-reads back.
+``{"context_features": {...}, "sequence_features": {...}}`` (see :func:`feature_description`).
+The output is strict JSON: a NaN or infinite ``default_value`` is the string ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"``, which ``float()`` reads back.
 
-An encoder config describes its output through a ``feature_description()`` method returning that
-data; one without the method (or whose records it cannot know, like ``passthrough``) is an error.
+An encoder config built on a declared schema returns it from ``declared_schema()``, and this
+command describes the schema; any other encoder config describes its output through its
+``feature_description()`` method returning that data, which raises for one whose records it cannot
+know (like ``passthrough``).
 """
 
 from __future__ import annotations
@@ -30,19 +31,129 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, TfrecorddError
+from tfrecordd.format.wire import FeatureType
 from tfrecordd.plugin import EncoderConfig
-from tfrecordd.schema.schema import render_feature_description
+from tfrecordd.schema import ExampleSchema, FeatureSpec, SequenceSchema, default_values
 
-__all__ = ["add_commands", "describe_encoder", "render_python"]
+__all__ = [
+    "add_commands",
+    "describe_encoder",
+    "feature_description",
+    "render_feature_description",
+    "render_python",
+]
+
+_DTYPES = {FeatureType.INT64: "int64", FeatureType.FLOAT: "float32", FeatureType.BYTES: "string"}
+
+
+def _reshape(flat: list[Any], shape: list[int]) -> Any:
+    if not shape:
+        return flat[0]
+    if len(shape) == 1:
+        return list(flat)
+    step = len(flat) // shape[0]
+    return [_reshape(flat[i * step : (i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+def _jsonable_default(spec: FeatureSpec, shape: list[int]) -> Any:
+    flat = [v.decode() if isinstance(v, bytes) else v for v in default_values(spec)]
+    return _reshape(flat, shape)
+
+
+def _context_description(spec: FeatureSpec) -> dict[str, Any]:
+    dtype = _DTYPES[spec.type]
+    shape = [] if spec.length else spec.shape
+    if shape is None or not (spec.required or spec.default is not None):
+        return {"kind": "VarLenFeature", "dtype": dtype}
+    out: dict[str, Any] = {"kind": "FixedLenFeature", "shape": list(shape), "dtype": dtype}
+    if spec.default is not None:
+        out["default_value"] = _jsonable_default(spec, shape)
+    return out
+
+
+def _sequence_description(spec: FeatureSpec) -> dict[str, Any]:
+    dtype = _DTYPES[spec.type]
+    if spec.shape is None or not (spec.required or spec.default is not None):
+        return {"kind": "VarLenFeature", "dtype": dtype}
+    return {
+        "kind": "FixedLenSequenceFeature",
+        "shape": list(spec.shape),
+        "dtype": dtype,
+        "allow_missing": not spec.required,
+    }
+
+
+def feature_description(schema: ExampleSchema | SequenceSchema) -> dict[str, Any]:
+    """The reader's ``tf.io`` feature description of ``schema``, as JSON-serializable data.
+
+    For an :class:`ExampleSchema`: ``{name: description}`` for ``tf.io.parse_example``. For a
+    :class:`SequenceSchema`: ``{"context_features": {...}, "sequence_features": {...}}``, the two
+    arguments of ``tf.io.parse_sequence_example``.
+
+    A description is ``{"kind": "FixedLenFeature", "shape", "dtype"[, "default_value"]}`` for a
+    feature whose every record holds exactly its ``shape`` (declared, or ``[]`` for a ``length``)
+    because it is required or has a default; ``{"kind": "FixedLenSequenceFeature", "shape",
+    "dtype", "allow_missing"}`` for such a feature list; ``{"kind": "VarLenFeature", "dtype"}``
+    otherwise. ``dtype`` is a ``tf.dtypes`` name: ``int64``, ``float32`` or ``string``.
+    """
+    if isinstance(schema, ExampleSchema):
+        return {name: _context_description(spec) for name, spec in schema.features.items()}
+    return {
+        "context_features": {n: _context_description(s) for n, s in schema.context.items()},
+        "sequence_features": {n: _sequence_description(s) for n, s in schema.feature_lists.items()},
+    }
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float({str(value)!r})"
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return repr(value)
+
+
+def _render_one(desc: Mapping[str, Any]) -> str:
+    args = []
+    if "shape" in desc:
+        args.append(f"shape={list(desc['shape'])!r}")
+    args.append(f"dtype=tf.{desc['dtype']}")
+    if "default_value" in desc:
+        args.append(f"default_value={_literal(desc['default_value'])}")
+    if "allow_missing" in desc:
+        args.append(f"allow_missing={desc['allow_missing']!r}")
+    return f"tf.io.{desc['kind']}({', '.join(args)})"
+
+
+def _render_dict(features: Mapping[str, Mapping[str, Any]]) -> str:
+    lines = [f"    {name!r}: {_render_one(desc)}," for name, desc in features.items()]
+    return "{\n" + "\n".join(lines) + "\n}" if lines else "{}"
+
+
+def render_feature_description(description: Mapping[str, Any]) -> str:
+    """Python source for a :func:`feature_description` result, using ``tf.io`` names.
+
+    An Example description renders as one dict expression; a sequence description as two
+    assignments, ``context_features = {...}`` and ``sequence_features = {...}``.
+    """
+    if set(description) == {"context_features", "sequence_features"} and all(
+        "kind" not in v for v in description.values()
+    ):
+        return (
+            f"context_features = {_render_dict(description['context_features'])}\n"
+            f"sequence_features = {_render_dict(description['sequence_features'])}\n"
+        )
+    return _render_dict(description)
 
 
 def describe_encoder(name: str, config: EncoderConfig) -> dict[str, Any]:
-    """The feature description of the encoder configured as ``[encoders.NAME]``."""
+    """The feature description of the encoder configured as ``[encoders.NAME]``: of its declared
+    schema if it has one, else the one its config gives."""
     describe = getattr(config, "feature_description", None)
     if describe is None:
         raise TfrecorddError(
@@ -50,6 +161,9 @@ def describe_encoder(name: str, config: EncoderConfig) -> dict[str, Any]:
             "its plugin has no feature_description()"
         )
     try:
+        schema = config.declared_schema()
+        if schema is not None:
+            return feature_description(schema)
         description: dict[str, Any] = describe()
     except TfrecorddError as e:
         raise TfrecorddError(f"encoder {name!r} (type {config.type!r}): {e}") from None

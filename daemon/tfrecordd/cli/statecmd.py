@@ -38,16 +38,9 @@ from tfrecordd.format.framing import frame
 from tfrecordd.fsys import LOCAL, is_url, local_path, write_atomically
 from tfrecordd.outputs.shards import staged_path, staging_dir
 from tfrecordd.state import statelock
-from tfrecordd.state.journal import (
-    CHECKPOINT,
-    JOURNAL,
-    Checkpoint,
-    Intent,
-    check_sources,
-    newer_format_error,
-    read_checkpoint,
-    scan_journal,
-)
+from tfrecordd.state.journal import check_sources
+from tfrecordd.state.reading import read_checkpoint, scan_journal
+from tfrecordd.state.records import CHECKPOINT, JOURNAL, Checkpoint, Intent, newer_format_error
 
 
 @contextlib.contextmanager

@@ -32,12 +32,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 from tfrecordd.errors import DecodeError, InputError
 from tfrecordd.format import proto
-from tfrecordd.format.compression import (
-    DEFAULT_MAX_DECOMPRESSED_BYTES,
-    Compression,
-    detect,
-    open_decompressed,
-)
+from tfrecordd.format.compression import DEFAULT_MAX_DECOMPRESSED_BYTES, Compression
+from tfrecordd.format.decompress import detect, open_decompressed
 from tfrecordd.format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, iter_framed
 from tfrecordd.fsys import is_url, local_path
 
@@ -136,7 +132,7 @@ def iter_records_with_offsets(
 
     ``offset`` is the record's position in the decompressed stream. ``compression`` is detected
     from the first bytes and the name when ``None`` (see
-    :func:`tfrecordd.format.compression.detect`).
+    :func:`tfrecordd.format.decompress.detect`).
     ``max_record_bytes`` caps one record's length; ``max_decompressed_bytes`` caps the whole
     decompressed stream (``None``: no cap). ``storage_options`` go to fsspec for URLs. A stream
     passed in is read from its current position and not closed.

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tfrecordd.format.compression import Compression, Compressor, Unit
+from tfrecordd.format.compress import Compressor, Unit
+from tfrecordd.format.compression import Compression
 from tfrecordd.format.framing import frame_many, frame_parts, framed_size
 from tfrecordd.fsys import LOCAL, FileSystem
 

@@ -47,7 +47,7 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.output import Output, stage
 from tfrecordd.outputs.shards import FinishedShard
 from tfrecordd.redact import redact_options, redact_url
-from tfrecordd.state.journal import Intent
+from tfrecordd.state.records import Intent
 
 log = logging.getLogger(__name__)
 

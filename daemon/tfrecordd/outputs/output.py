@@ -21,7 +21,7 @@ from tfrecordd.errors import DurabilityError
 from tfrecordd.format.writer import inprogress_name
 from tfrecordd.fsys import FileSystem, write_file
 from tfrecordd.outputs.shards import FinishedShard, staging_dir
-from tfrecordd.state.journal import Intent
+from tfrecordd.state.records import Intent
 
 _T = TypeVar("_T")
 

@@ -46,7 +46,8 @@ from typing import BinaryIO
 import crc32c
 
 from tfrecordd.errors import DurabilityError
-from tfrecordd.format.compression import SUFFIXES, Compression, Compressor
+from tfrecordd.format.compress import Compressor
+from tfrecordd.format.compression import SUFFIXES, Compression
 from tfrecordd.format.framing import extend_record_starts, framed_size
 from tfrecordd.format.writer import INPROGRESS_SUFFIX, Packed, RecordWriter, inprogress_name
 from tfrecordd.fsys import FileSystem

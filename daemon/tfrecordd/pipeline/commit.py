@@ -36,7 +36,8 @@ from tfrecordd.outputs.shards import FinishedShard, OpenShard
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.plugin import Source, Token
 from tfrecordd.state.deadletter import DeadLetters
-from tfrecordd.state.journal import Intent, Journal
+from tfrecordd.state.journal import Journal
+from tfrecordd.state.records import Intent
 
 log = logging.getLogger("tfrecordd")
 

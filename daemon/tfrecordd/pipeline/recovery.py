@@ -31,7 +31,8 @@ from tfrecordd.outputs.output import LocalOutput, Output
 from tfrecordd.outputs.shards import RecordOffsets, leftovers, offsets_name, staged_path
 from tfrecordd.pipeline.commit import Manifests
 from tfrecordd.plugin import Source, Token
-from tfrecordd.state.journal import Intent, Journal
+from tfrecordd.state.journal import Journal
+from tfrecordd.state.records import Intent
 
 log = logging.getLogger("tfrecordd")
 

@@ -29,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from tfrecordd import crashpoints
 from tfrecordd.config import OutputSection
 from tfrecordd.errors import DurabilityError
-from tfrecordd.format.compression import Compressor
+from tfrecordd.format.compress import Compressor
 from tfrecordd.format.framing import framed_size
 from tfrecordd.format.writer import Packed
 from tfrecordd.fsys import FileSystem

@@ -35,67 +35,32 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from tfrecordd.errors import ConfigError, DurabilityError, StateError, StateFormatError
-from tfrecordd.format.framing import HEADER_SIZE, OVERHEAD, frame, header_is_valid, masked_crc32c
-from tfrecordd.fsys import FileSystem, read_nofollow, write_atomically
+from tfrecordd.errors import ConfigError, DurabilityError, StateError
+from tfrecordd.format.framing import frame
+from tfrecordd.fsys import FileSystem, write_atomically
+from tfrecordd.state.reading import read_checkpoint, scan_journal
+from tfrecordd.state.records import (
+    CHECKPOINT,
+    JOURNAL,
+    STATE_FORMAT,
+    Checkpoint,
+    Intent,
+    damage_advice,
+    newer_format_error,
+)
+
+__all__ = ["Fold", "Journal", "Recovered", "check_sources"]
 
 log = logging.getLogger(__name__)
 
-JOURNAL = "journal"
-CHECKPOINT = "checkpoint.json"
 Fold = Callable[[Any, Sequence[Any]], Any]
-
-_RECORD_START = b'{"t":"'
-"""How every intent record's JSON begins (orjson keeps the key order of :meth:`Intent.to_json`)."""
 _SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
-@dataclass(slots=True)
-class Intent:
-    """One commit: a shard (or none, for positions alone) and the source tokens it covers."""
-
-    seq: int
-    shard: str | None
-    positions: dict[str, list[Any]]
-    records: int = 0
-    size: int = 0
-    sha256: str | None = None
-    kept: bool = True
-    """Journalled by a version that removes a shard's in-progress file only when publishing it
-    or after a durable drop, so a missing in-progress file means published. Intents of earlier
-    versions lack it: for them only the shard or its manifest proves a publish."""
-
-    def to_json(self) -> dict[str, Any]:
-        rec = {
-            "t": "intent",
-            "seq": self.seq,
-            "shard": self.shard,
-            "positions": self.positions,
-            "records": self.records,
-            "size": self.size,
-            "sha256": self.sha256,
-        }
-        if self.kept:
-            rec["kept"] = True
-        return rec
-
-    @classmethod
-    def from_json(cls, rec: Mapping[str, Any]) -> Intent:
-        return cls(
-            seq=int(rec["seq"]),
-            shard=rec["shard"],
-            positions=dict(rec["positions"]),
-            records=rec.get("records", 0),
-            size=rec.get("size", 0),
-            sha256=rec.get("sha256"),
-            kept=bool(rec.get("kept", False)),
-        )
 
 
 @dataclass(slots=True)
@@ -108,240 +73,6 @@ class Recovered:
     """Intents without ``done``, oldest first: the caller decides which were published."""
     torn_at: int | None = None
     """Byte offset of the first unsound journal record, if the tail was torn."""
-
-
-@dataclass(slots=True)
-class Damage:
-    """An unsound journal record followed by sound intents or drops: not a crash, but damage.
-
-    Both are fsynced before anything relies on them, so one found after the unsound record
-    proves that record was durable once: a torn tail holds neither."""
-
-    offset: int
-    """Where the first unsound record starts."""
-    detail: str
-    intents_after: int
-    """Sound intent records found after it (what cutting there would forget)."""
-    drops_after: int = 0
-    """Sound drop records found after it (cutting them would turn a dropped commit, whose
-    in-progress file is gone, back into an unfinished one)."""
-
-
-@dataclass(slots=True)
-class Scan:
-    """A journal file read without changing anything (see :func:`scan_journal`)."""
-
-    records: list[dict[str, Any]]
-    """The sound records before the first unsound one, in order."""
-    good_end: int
-    """Where the sound records end."""
-    size: int
-    """The file's size."""
-    damage: Damage | None = None
-    """Set when the unsound part is not a torn tail."""
-    salvage: list[dict[str, Any]] = field(default_factory=list)
-    """Sound records found after the damage (what ``state repair`` keeps)."""
-    newer: int | None = None
-    """The format of a record written by a newer tfrecordd, if one was found: nothing after it
-    is read, and nothing may be cut or rewritten."""
-
-    @property
-    def torn(self) -> bool:
-        """Whether a torn tail follows the sound records (cut off at the next start)."""
-        if self.newer is not None:
-            return False
-        return self.damage is None and self.good_end < self.size
-
-
-@dataclass(slots=True)
-class Checkpoint:
-    """The checkpoint file's content."""
-
-    next_seq: int = 1
-    sources: dict[str, Any] = field(default_factory=dict)
-    types: dict[str, str] = field(default_factory=dict)
-    unfolded: dict[str, list[Any]] = field(default_factory=dict)
-    """Tokens of finished commits of sources not configured when they were folded."""
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "version": STATE_FORMAT,
-            "next_seq": self.next_seq,
-            "sources": self.sources,
-        }
-        if self.types:
-            out["types"] = self.types
-        if self.unfolded:
-            out["unfolded"] = self.unfolded
-        return out
-
-
-STATE_FORMAT = 1
-"""The format of the journal and checkpoint this version writes, and the newest it reads. Every
-journal record and the checkpoint carry it; state in a newer format is refused, never misread
-(or cut as a torn tail)."""
-
-
-def newer_format_error(path: str, version: int) -> StateFormatError:
-    """The error for state written in a newer format than this version reads."""
-    return StateFormatError(
-        path,
-        f"was written by a newer tfrecordd (state format {version}; this version reads formats "
-        f"up to {STATE_FORMAT})",
-        "run the tfrecordd version that wrote it, or a newer one; nothing was changed",
-    )
-
-
-def _what_to_do(path: str) -> str:
-    return (
-        f"{path}: run `tfrecordd state check --config FILE` to see the damage and "
-        "`tfrecordd state repair --config FILE` to fix it (see docs/operations.md, "
-        '"Damaged state")'
-    )
-
-
-def _read_error(path: str, e: OSError) -> StateError:
-    if e.errno == errno.ELOOP:
-        return StateError(
-            path, "is a symbolic link: tfrecordd never follows one in state_dir", "remove it"
-        )
-    return StateError(path, f"cannot be read: {e.strerror or e}", _what_to_do(path))
-
-
-def read_checkpoint(path: str) -> Checkpoint | None:
-    """The checkpoint at ``path``; ``None`` if there is none. Raises :class:`StateError` if it
-    is not a sound checkpoint (never a traceback at start-up)."""
-    try:
-        data = read_nofollow(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise _read_error(path, e) from e
-    try:
-        raw = orjson.loads(data)
-        if not isinstance(raw, dict) or not isinstance(raw.get("sources", {}), dict):
-            raise ValueError("not a checkpoint object")
-        if (newer := _newer(raw.get("version"))) is not None:
-            raise newer_format_error(path, newer)
-        ckpt = Checkpoint(
-            next_seq=int(raw.get("next_seq", 1)),
-            sources=dict(raw.get("sources", {})),
-            types={str(k): str(v) for k, v in dict(raw.get("types", {})).items()},
-            unfolded={str(k): list(v) for k, v in dict(raw.get("unfolded", {})).items()},
-        )
-    except (orjson.JSONDecodeError, ValueError, TypeError) as e:
-        raise StateError(path, f"is damaged ({len(data)} bytes, {e})", _what_to_do(path)) from e
-    return ckpt
-
-
-def _frames(data: bytes, start: int = 0) -> Iterator[tuple[int, bytes | None, str]]:
-    """``(offset, payload, problem)`` for each record from ``start``; the last has ``payload``
-    ``None`` when the data ends in an unsound record. No limit on a record's length but the
-    data's own."""
-    at = start
-    end = len(data)
-    while at < end:
-        header = data[at : at + HEADER_SIZE]
-        if len(header) < HEADER_SIZE:
-            yield at, None, f"ends {len(header)} bytes into a header"
-            return
-        if not header_is_valid(header):
-            yield at, None, "length CRC mismatch"
-            return
-        length = int.from_bytes(header[:8], "little")
-        body_end = at + HEADER_SIZE + length
-        if body_end + 4 > end:
-            yield at, None, f"a {length}-byte record runs past the end"
-            return
-        payload = data[at + HEADER_SIZE : body_end]
-        if masked_crc32c(payload) != int.from_bytes(data[body_end : body_end + 4], "little"):
-            yield at, None, "data CRC mismatch"
-            return
-        yield at, payload, ""
-        at = body_end + 4
-
-
-class _NewerFormat(Exception):
-    def __init__(self, version: int) -> None:
-        super().__init__(version)
-        self.version = version
-
-
-def _newer(version: Any) -> int | None:
-    """``version`` if it is a format newer than :data:`STATE_FORMAT`, else ``None``."""
-    return version if isinstance(version, int) and version > STATE_FORMAT else None
-
-
-def _parse(payload: bytes) -> dict[str, Any]:
-    rec = orjson.loads(payload)
-    if isinstance(rec, dict) and (newer := _newer(rec.get("v"))) is not None:
-        raise _NewerFormat(newer)
-    if not isinstance(rec, dict) or rec.get("t") not in ("intent", "done", "sources"):
-        raise ValueError("not a journal record")
-    if rec["t"] == "intent":
-        Intent.from_json(rec)
-    elif rec["t"] == "done":
-        int(rec["seq"])
-    else:
-        dict(rec["types"])
-    return rec
-
-
-def _sound_records_after(data: bytes, start: int) -> list[tuple[int, dict[str, Any]]]:
-    """Sound records found after a damaged one, resynchronised on whole frames of any record
-    type: a drop record between the damage and the next intent must not be lost."""
-    found: list[tuple[int, dict[str, Any]]] = []
-    at = start + 1
-    while at + OVERHEAD <= len(data):
-        hit = data.find(_RECORD_START, at + HEADER_SIZE)
-        if hit < 0:
-            break
-        candidate = hit - HEADER_SIZE
-        good = 0
-        for offset, payload, _ in _frames(data, candidate):
-            if payload is None:
-                break
-            try:
-                found.append((offset, _parse(payload)))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, _NewerFormat):
-                break
-            good = offset + OVERHEAD + len(payload)
-        at = max(good, candidate + 1)
-    return found
-
-
-def scan_journal(path: str) -> Scan:
-    """Read a journal file without changing it; ``Scan.damage`` tells damage from a torn tail."""
-    try:
-        data = read_nofollow(path)
-    except FileNotFoundError:
-        return Scan([], 0, 0)
-    except OSError as e:
-        raise _read_error(path, e) from e
-    records: list[dict[str, Any]] = []
-    good_end = 0
-    problem = ""
-    for offset, payload, why in _frames(data):
-        if payload is None:
-            problem = why
-            break
-        try:
-            records.append(_parse(payload))
-        except _NewerFormat as e:
-            return Scan(records, offset + OVERHEAD + len(payload), len(data), newer=e.version)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            problem = f"unreadable record ({e})"
-            break
-        good_end = offset + OVERHEAD + len(payload)
-    scan = Scan(records, good_end, len(data))
-    if good_end < len(data):
-        after = _sound_records_after(data, good_end)
-        intents = sum(1 for _, r in after if r["t"] == "intent")
-        drops = sum(1 for _, r in after if r["t"] == "done" and r.get("dropped"))
-        if intents or drops:
-            scan.damage = Damage(good_end, problem, intents, drops)
-            scan.salvage = [r for _, r in after]
-    return scan
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,7 +147,7 @@ class Journal:
                 f"is damaged at byte {d.offset} ({d.detail}), and durable records follow "
                 f"({d.intents_after} committed intent(s), {d.drops_after} drop(s)): this is not "
                 "a torn tail, and cutting it would forget committed positions",
-                _what_to_do(self.path),
+                damage_advice(self.path),
             )
         intents: dict[int, Intent] = {}
         done: set[int] = set()

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Literal, cast
 
 import orjson
 import pydantic
 
-from tfrecordd import speedups
 from tfrecordd.errors import EncodeError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
-from tfrecordd.schema.schema import ExampleSchema, FeatureSpec, feature_description
-
-if TYPE_CHECKING:
-    from tfrecordd._cexample import ExamplePlan
+from tfrecordd.schema import ExampleSchema, FeatureSpec, compile_json_plan
 
 
 class ExampleEncoderConfig(EncoderConfig):
@@ -30,22 +26,9 @@ class ExampleEncoderConfig(EncoderConfig):
     def build(self) -> ExampleEncoder:
         return ExampleEncoder(self)
 
-    def feature_description(self) -> dict[str, Any]:
-        """The ``tf.io.parse_example`` features that read what this encoder writes."""
-        return feature_description(ExampleSchema(self.features))
-
-
-def _compiled_plan(schema: ExampleSchema) -> ExamplePlan | None:
-    """The compiled JSON path for ``schema``, where the extension is built and every feature is
-    one it handles (:meth:`ExampleSchema.compiled_json_features`)."""
-    module = speedups.load("_cexample")
-    if module is None:
-        return None
-    features = schema.compiled_json_features()
-    if features is None:
-        return None
-    plan: ExamplePlan = module.ExamplePlan(features)
-    return plan
+    def declared_schema(self) -> ExampleSchema:
+        """The schema of :attr:`features`, which ``tfrecordd schema`` describes."""
+        return ExampleSchema(self.features)
 
 
 class ExampleEncoder(Encoder):
@@ -59,7 +42,7 @@ class ExampleEncoder(Encoder):
 
     def __init__(self, config: ExampleEncoderConfig) -> None:
         self.schema = ExampleSchema(config.features)
-        self._plan = _compiled_plan(self.schema)
+        self._plan = compile_json_plan(self.schema)
 
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
         fast: list[bytes | None] | None = None

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 import pydantic
 
 from tfrecordd.errors import ConfigError, EncodeError
 from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
-from tfrecordd.schema.schema import FeatureSpec, SequenceSchema, feature_description
+from tfrecordd.schema import FeatureSpec, SequenceSchema
 
 
 class SequenceEncoderConfig(EncoderConfig):
@@ -46,10 +46,9 @@ class SequenceEncoderConfig(EncoderConfig):
     def build(self) -> SequenceEncoder:
         return SequenceEncoder(self)
 
-    def feature_description(self) -> dict[str, Any]:
-        """``{"context_features": ..., "sequence_features": ...}``: the two feature arguments of
-        ``tf.io.parse_sequence_example`` that read what this encoder writes."""
-        return feature_description(self.compiled())
+    def declared_schema(self) -> SequenceSchema:
+        """The compiled schema, which ``tfrecordd schema`` describes."""
+        return self.compiled()
 
 
 class SequenceEncoder(Encoder):
