@@ -21,7 +21,7 @@ from tfrecordd.errors import (
     DecompressionLimitError,
     TruncatedStreamError,
 )
-from tfrecordd.format.compress import PROBE_MIN_BYTES, Compressor, _incompressible
+from tfrecordd.format.compress import PROBE_MIN_BYTES, Compressor, incompressible
 from tfrecordd.format.compression import DEFAULT_LEVELS, SUFFIXES, TF_COMPRESSION_TYPE, Compression
 from tfrecordd.format.decompress import detect, open_decompressed
 from tfrecordd.format.framing import frame, masked_crc32c
@@ -348,10 +348,10 @@ def _json_like(n: int) -> bytes:
 
 
 def test_the_sample_tells_noise_from_text() -> None:
-    assert _incompressible(os.urandom(100_000), 3)
-    assert _incompressible(b"\x00" * 10_000 + os.urandom(90_000), 3)  # the middle is sampled
-    assert not _incompressible(_json_like(100_000), 3)
-    assert not _incompressible(_json_like(100_000), 19)
+    assert incompressible(os.urandom(100_000), 3)
+    assert incompressible(b"\x00" * 10_000 + os.urandom(90_000), 3)  # the middle is sampled
+    assert not incompressible(_json_like(100_000), 3)
+    assert not incompressible(_json_like(100_000), 19)
 
 
 def test_the_sample_finds_what_only_entropy_coding_saves() -> None:
@@ -361,8 +361,8 @@ def test_the_sample_finds_what_only_entropy_coding_saves() -> None:
     hex_digits = bytes(rng.choice(b"0123456789abcdef") for _ in range(100_000))
     floats = struct.pack("<25000f", *(rng.gauss(0, 1) for _ in range(25_000)))
     for data in (hex_digits, floats):
-        assert not _incompressible(data, 3)
-        assert not _incompressible(data, 19)
+        assert not incompressible(data, 3)
+        assert not incompressible(data, 19)
         unit = Compressor.unit(Compression.ZSTD, None, [data])
         assert len(unit.data) < len(data) * 0.97
 

@@ -107,7 +107,7 @@ def _zstd_compressor(level: int) -> Any:
     return cctx
 
 
-def _incompressible(piece: ReadableBuffer, level: int) -> bool:
+def incompressible(piece: ReadableBuffer, level: int) -> bool:
     """Whether a sample from the middle of ``piece`` (where a file's headers and tables are not)
     saves less than :data:`_PROBE_SAVING` at ``level`` (or :data:`_PROBE_LEVEL`, if lower)."""
     view = memoryview(piece).cast("B")
@@ -125,7 +125,7 @@ def _zstd_unit(level: int, pieces: Iterable[ReadableBuffer]) -> Unit:
         return Unit(Compression.ZSTD, b"", 0)
     if raw >= PROBE_MIN_BYTES:
         largest = parts[max(range(len(parts)), key=sizes.__getitem__)]
-        if _incompressible(largest, level):
+        if incompressible(largest, level):
             return Unit(Compression.ZSTD, _zstd_stored(parts, raw), raw)
     # One call on one buffer: zstd's streaming API would copy the input into its window first,
     # which costs more than joining the pieces (most units are one piece anyway).
