@@ -109,7 +109,7 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
         async def all_read() -> bool:
             # What the open shard's positions hold in memory, in the daemon and in the source.
             held.append(sum(map(len, daemon.write.unit.tokens.values())))
-            held.append(len(source._inflight))
+            held.append(len(source.inflight))
             # Every entry sent into the pipeline, not only read from Redis: one read but still
             # in the source at the stop stays pending (rightly) and the check below would fail.
             sent = daemon.metrics.registry.get_sample_value(
@@ -134,7 +134,7 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
     assert all(len(t) == 1 and isinstance(t[0], list) for t in tokens)
     assert size < 256, f"{size} bytes of positions for {n} entries"
     assert max(held) <= 3, f"up to {max(held)} ranges held for the open shard"
-    assert len(source._inflight) == 0
+    assert len(source.inflight) == 0
 
 
 async def test_entries_pending_for_another_consumer_are_never_acked(

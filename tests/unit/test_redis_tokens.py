@@ -10,13 +10,8 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tfrecordd_plugins.sources.redis_stream import (
-    Key,
-    RedisStreamSource,
-    _InFlight,
-    _key,
-    _span,
-)
+from tfrecordd_plugins.sources.redis_stream import RedisStreamSource
+from tfrecordd_plugins.sources.redis_stream.ranges import InFlight, Key, key_of, span_of
 
 TOP = 2**64 - 1
 SEQS = [0, 1, 2, 3, TOP]
@@ -28,13 +23,13 @@ ids = st.tuples(st.integers(0, 4), st.sampled_from(SEQS)).map(lambda k: f"{k[0]}
 
 @st.composite
 def items(draw: st.DrawFn) -> Any:
-    a, b = sorted([draw(ids), draw(ids)], key=_key)
+    a, b = sorted([draw(ids), draw(ids)], key=key_of)
     kind = draw(st.integers(0, 2))
     if kind == 0:
         return a
     if kind == 1:
         return [a, b]
-    before = draw(ids.filter(lambda j: _key(j) < _key(a)))
+    before = draw(ids.filter(lambda j: key_of(j) < key_of(a)))
     return [a, b, before]
 
 
@@ -42,13 +37,13 @@ tokens = st.lists(st.lists(items(), min_size=1, max_size=4), max_size=8)
 
 
 def covered(toks: list[Any]) -> set[Key]:
-    spans = [_span(t) for token in toks for t in token]
+    spans = [span_of(t) for token in toks for t in token]
     return {p for p in PROBES if any(lo <= p <= hi for lo, hi, _ in spans)}
 
 
 def vouched(toks: list[Any]) -> set[Key]:
     """IDs between a range and the entry it is joined to: nothing was pending there."""
-    spans = [_span(t) for token in toks for t in token]
+    spans = [span_of(t) for token in toks for t in token]
     return {p for p in PROBES for lo, _, j in spans if j is not None and j < p < lo}
 
 
@@ -100,7 +95,7 @@ def test_batches_read_back_to_back_become_one_range() -> None:
 
 
 def test_ranges_in_flight_merge_and_are_cut_by_acks() -> None:
-    flight = _InFlight()
+    flight = InFlight()
     for n in range(1000):
         # Batches read back to back, each joined to the one before, across milliseconds.
         flight.add((n, 0), (n, 9), (n - 1, 9) if n else None)
