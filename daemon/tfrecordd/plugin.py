@@ -27,6 +27,9 @@ from typing import Any, ClassVar, Literal, NamedTuple, SupportsIndex
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tfrecordd.retry import Backoff as Backoff
+from tfrecordd.retry import retrying as retrying
+
 log = logging.getLogger(__name__)
 
 Token = Any

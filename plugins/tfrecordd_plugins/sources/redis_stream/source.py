@@ -17,7 +17,15 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from tfrecordd.errors import SourceLostError
-from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceContext, Token
+from tfrecordd.plugin import (
+    Backoff,
+    RawBatch,
+    RawEvent,
+    Source,
+    SourceContext,
+    Token,
+    retrying,
+)
 from tfrecordd_plugins.sources.redis_stream import ranges
 from tfrecordd_plugins.sources.redis_stream.scripts import (
     ACK_CHUNK,
@@ -34,20 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tfrecordd_plugins.sources.redis_stream")
 
-
-class _Backoff:
-    """Exponential delays, from 100ms up to a cap; ``reset`` after a success."""
-
-    def __init__(self, cap: float) -> None:
-        self.cap = cap
-        self.delay = 0.0
-
-    def next(self) -> float:
-        self.delay = min(self.cap, max(0.1, self.delay * 2))
-        return self.delay
-
-    def reset(self) -> None:
-        self.delay = 0.0
+_FIRST_DELAY = 0.1
+"""While Redis fails, retries back off from this delay up to ``reconnect_max_delay``."""
 
 
 def _is_nogroup(e: RedisError) -> bool:
@@ -245,26 +241,30 @@ class RedisStreamSource(Source):
         """``call`` until Redis takes it, backing off while it fails; a missing group means
         nothing is left to acknowledge (its pending entries went with it)."""
         cfg = self.config
-        backoff = _Backoff(cfg.reconnect_max_delay)
-        while True:
+
+        async def unless_gone() -> int:
             try:
                 return await call()
-            except (RedisError, OSError) as e:
-                if isinstance(e, RedisError) and _is_nogroup(e):
-                    log.warning("redis stream %s: group %s is gone", cfg.stream, cfg.group)
-                    return 0
-                delay = backoff.next()
-                log.warning(
-                    "redis stream %s: %s failed (%s); retrying in %.1fs", cfg.stream, what, e, delay
-                )
-                await anyio.sleep(delay)
+            except ResponseError as e:
+                if not _is_nogroup(e):
+                    raise
+                log.warning("redis stream %s: group %s is gone", cfg.stream, cfg.group)
+                return 0
+
+        return await retrying(
+            unless_gone,
+            Backoff(_FIRST_DELAY, cfg.reconnect_max_delay),
+            retry_on=(RedisError, OSError),
+            what=f"redis stream {cfg.stream}: {what}",
+            logger=log,
+        )
 
     # -- reading -----------------------------------------------------------------------------
 
     async def run(self, ctx: SourceContext) -> None:
         cfg = self.config
         consumer = cfg.consumer or ctx.node_id
-        backoff = _Backoff(cfg.reconnect_max_delay)
+        backoff = Backoff(_FIRST_DELAY, cfg.reconnect_max_delay)
         down_since: float | None = None
         while True:
             try:
