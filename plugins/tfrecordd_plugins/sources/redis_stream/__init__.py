@@ -4,10 +4,11 @@ Each daemon is one consumer (named after its ``node_id`` unless configured) of a
 the daemons of a group share a stream, and Redis hands each entry to one of them. An entry
 stays in its consumer's pending entries list (PEL) from XREADGROUP until the shard holding its
 record is published and durable; only then is it XACKed. A batch's token is the ID ranges it
-covers (``[first, last]``, or an ID alone), journalled with the shard: a range never spans an
-entry pending in the group outside the batch, so XACKing what the group has pending in it acks
-the batch and nothing else. Reads go through Lua scripts that hand out no more than
-``max_batch_bytes`` (plus one event cut to ``max_event_bytes``) at a time.
+covers (``[first, last]``, or an ID alone) with its version (:class:`.ranges.RedisToken`),
+journalled with the shard: a range never spans an entry pending in the group outside the
+batch, so XACKing what the group has pending in it acks the batch and nothing else. Reads go
+through Lua scripts that hand out no more than ``max_batch_bytes`` (plus one event cut to
+``max_event_bytes``) at a time.
 
 Positions stay flat: :meth:`RedisStreamSource.compact` merges the ranges of a shard's batches
 that were read back to back, so a shard of any size read by one consumer is a range or two in

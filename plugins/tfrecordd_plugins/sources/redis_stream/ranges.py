@@ -4,9 +4,9 @@ merged range acks exactly what its parts would)."""
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import Any, TypedDict
 
-from tfrecordd.plugin import Token
+from tfrecordd.plugin import Token, TokenVersionError, token_version
 
 Key = tuple[int, int]
 """An entry ID as numbers (``"1700000000000-3"`` is ``(1700000000000, 3)``), to compare."""
@@ -38,6 +38,40 @@ Span = tuple[Key, Key, Key | None]
 """A range of a token as numbers: first, last, and the ID it continues (see :func:`item_of`)."""
 
 
+Item = str | list[str]
+"""An item of a token: an entry ID, ``[first, last]``, or ``[first, last, joined]``."""
+
+TOKEN_VERSION = 1
+"""The version of the tokens this release writes, and the newest it reads."""
+
+
+class RedisToken(TypedDict):
+    """A batch's (or, compacted, a commit's) positions: the ID ranges it covers."""
+
+    v: int
+    """The token's version (:data:`TOKEN_VERSION`)."""
+    r: list[Item]
+    """The ranges."""
+
+
+def token(items: list[Item]) -> RedisToken:
+    """The token of these ranges, in this release's version."""
+    return {"v": TOKEN_VERSION, "r": items}
+
+
+def read_token(token: Token, source: str = "redis-stream source") -> list[Item]:
+    """The ranges of a token given back by the daemon: a :class:`RedisToken`, or the list of
+    items alone that releases before tokens had versions journalled. One of a newer tfrecordd
+    raises :class:`~tfrecordd.errors.TokenVersionError` naming ``source``."""
+    if isinstance(token, list):
+        return token
+    if not isinstance(token, dict):
+        raise TokenVersionError(source, f"unknown ({type(token).__name__})", TOKEN_VERSION)
+    token_version(token, source, TOKEN_VERSION)
+    items: list[Item] = token["r"]
+    return items
+
+
 def span_of(item: Any) -> Span:
     """An item of a token: an entry ID, ``[first, last]``, or ``[first, last, joined]``."""
     if isinstance(item, str):
@@ -45,7 +79,7 @@ def span_of(item: Any) -> Span:
     return key_of(item[0]), key_of(item[1]), key_of(item[2]) if len(item) > 2 else None
 
 
-def item_of(span: Span) -> str | list[str]:
+def item_of(span: Span) -> Item:
     """A token's item for a range: ``joined``, when set, is an entry ID before ``first`` with
     nothing pending in the group between the two when ``first`` was read (see the package
     docs): a range ending there may be merged with this one."""
@@ -55,11 +89,10 @@ def item_of(span: Span) -> str | list[str]:
     return id_of(first) if first == last else [id_of(first), id_of(last)]
 
 
-def id_ranges(token: Token) -> list[tuple[str, str]]:
-    """The ``(first, last)`` ID ranges of a token: a list whose items are entry IDs or
-    ``[first, last]`` ranges, perhaps with a third ID (a token of an older release is a list
-    of IDs alone, or of IDs and ``[first, last]`` ranges)."""
-    return [(t, t) if isinstance(t, str) else (str(t[0]), str(t[1])) for t in token]
+def id_ranges(items: list[Item]) -> list[tuple[str, str]]:
+    """The ``(first, last)`` ID ranges of a token's items (:func:`read_token`): entry IDs or
+    ``[first, last]`` ranges, perhaps with a third ID."""
+    return [(t, t) if isinstance(t, str) else (str(t[0]), str(t[1])) for t in items]
 
 
 def merge(spans: list[Span]) -> list[Span]:

@@ -159,10 +159,8 @@ class RedisStreamSource(Source):
     def compact(tokens: list[Token]) -> list[Token]:
         """One token per range, ranges read back to back merged (see the package docs): a
         shard's positions stay a few ranges, however many entries and batches it holds."""
-        return [
-            [ranges.item_of(s)]
-            for s in ranges.merge([ranges.span_of(t) for token in tokens for t in token])
-        ]
+        spans = [ranges.span_of(t) for token in tokens for t in ranges.read_token(token)]
+        return [ranges.token([ranges.item_of(s)]) for s in ranges.merge(spans)]
 
     @staticmethod
     def fold(state: Any, tokens: Sequence[Token]) -> Any:
@@ -170,7 +168,7 @@ class RedisStreamSource(Source):
         it has to be recreated. Every commit was XACKed before it was marked done."""
         last = ranges.key_of(state["last"]) if isinstance(state, dict) and "last" in state else None
         for token in tokens:
-            for _, high in ranges.id_ranges(token):
+            for _, high in ranges.id_ranges(ranges.read_token(token)):
                 k = ranges.key_of(high)
                 if last is None or k > last:
                     last = k
@@ -181,31 +179,38 @@ class RedisStreamSource(Source):
 
         Waits for Redis if it is down: the daemon marks these commits done when this returns,
         and an entry left pending after that would be read and written again."""
-        committed = self.fold(state, pending)
+        items = self._read_tokens(pending)
+        committed = self.fold(state, items)
         if isinstance(committed, dict):
             self._committed = ranges.key_of(committed["last"])
-        if pending:
-            n = await self._ack_tokens(pending)
+        if items:
+            n = await self._ack_tokens(items)
             log.info("redis stream %s: acked %d committed entries", self.config.stream, n)
 
     async def ack(self, tokens: Sequence[Token]) -> None:
         if not tokens:
             return
+        items = self._read_tokens(tokens)
         try:
-            await self._ack_tokens(tokens)
+            await self._ack_tokens(items)
         finally:
             if self._closed:
                 # Acks may still come after close (a late redo): that client is not kept.
                 await self.aclose()
-        for token in tokens:
+        for token in items:
             for item in token:
                 low, high, joined = ranges.span_of(item)
                 self.inflight.discard(low, high, joined)
                 if self._committed is None or high > self._committed:
                     self._committed = high
 
-    async def _ack_tokens(self, tokens: Sequence[Token]) -> int:
-        """XACK what the tokens cover: single IDs as they are, ranges by what the group has
+    def _read_tokens(self, tokens: Sequence[Token]) -> list[list[ranges.Item]]:
+        """The items of each token, every version checked before any is acted on."""
+        where = f"source {self.config.name!r} (redis-stream)"
+        return [ranges.read_token(t, where) for t in tokens]
+
+    async def _ack_tokens(self, tokens: list[list[ranges.Item]]) -> int:
+        """XACK what the tokens' items cover: single IDs as they are, ranges by what the group has
         pending in them (only the token's entries: see :class:`Entry`). Returns the count."""
         ids: list[str] = []
         spans: list[tuple[str, str]] = []
@@ -418,7 +423,7 @@ class RedisStreamSource(Source):
     ) -> None:
         for span in spans:
             self.inflight.add(*span)
-        await ctx.send(RawBatch(ctx.name, batch, [ranges.item_of(s) for s in spans]))
+        await ctx.send(RawBatch(ctx.name, batch, ranges.token([ranges.item_of(s) for s in spans])))
 
     def _events(self, entries: list[Entry]) -> list[RawEvent | None]:
         return [self.event_of(entry) for entry in entries]
