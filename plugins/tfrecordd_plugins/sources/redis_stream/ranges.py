@@ -4,7 +4,7 @@ merged range acks exactly what its parts would)."""
 from __future__ import annotations
 
 import bisect
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from tfrecordd.plugin import Token, TokenVersionError, token_version
 
@@ -72,7 +72,7 @@ def read_token(token: Token, source: str = "redis-stream source") -> list[Item]:
     return items
 
 
-def span_of(item: Any) -> Span:
+def span_of(item: Item) -> Span:
     """An item of a token: an entry ID, ``[first, last]``, or ``[first, last, joined]``."""
     if isinstance(item, str):
         return key_of(item), key_of(item), None
