@@ -129,6 +129,22 @@ class StateFormatError(StateError):
     not read: not damage, and never to be repaired or discarded by this version."""
 
 
+class TokenVersionError(TfrecorddError):
+    """A source's position token (in the journal, or handed back to ``recover`` / ``ack``) is
+    of a version this tfrecordd does not read, written by a newer one: refused, never misread."""
+
+    exit_code = EXIT_DATA
+
+    def __init__(self, source: str, version: object, newest: int) -> None:
+        self.source = source
+        self.version = version
+        super().__init__(
+            f"{source}: a position token of version {version!r} was written by a newer "
+            f"tfrecordd (this version reads token versions 1 to {newest}); run the tfrecordd "
+            "version that wrote the state_dir, or a newer one; nothing was changed"
+        )
+
+
 class ListenError(TfrecorddError):
     """A source cannot listen where it is configured to: the address is in use or does not
     resolve, or another file or process holds the Unix socket's path."""

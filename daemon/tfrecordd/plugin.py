@@ -27,13 +27,30 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, SupportsIn
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tfrecordd.errors import TokenVersionError as TokenVersionError
+from tfrecordd.retry import Backoff as Backoff
+from tfrecordd.retry import retrying as retrying
+
 if TYPE_CHECKING:
     from tfrecordd.schema import ExampleSchema, SequenceSchema
 
 log = logging.getLogger(__name__)
 
 Token = Any
-"""A source's JSON-serializable acknowledgement token (positions covered by one batch)."""
+"""A source's JSON-serializable acknowledgement token (positions covered by one batch). Each
+source types its own (a ``TypedDict`` with a version field ``"v"``, read by
+:func:`token_version`)."""
+
+
+def token_version(token: Mapping[str, Any], source: str, newest: int) -> int:
+    """The version (``"v"``) of a source's token, 1 when it has none (tokens journalled before
+    tokens had versions). Raises :class:`TokenVersionError` naming ``source`` (its name and type,
+    or its type alone) for a version above ``newest`` or not a version at all: a token of a
+    newer tfrecordd is refused, never misread."""
+    version = token.get("v", 1)
+    if type(version) is not int or not 1 <= version <= newest:
+        raise TokenVersionError(source, version, newest)
+    return version
 
 
 EventFormat = Literal["csv", "file"] | None

@@ -29,6 +29,7 @@ from tests.support import (
     wait_for,
 )
 from tfrecordd.format.framing import iter_framed
+from tfrecordd_plugins.sources.redis_stream.ranges import read_token
 
 STREAM, GROUP = "events", "tfrecordd"
 CRASH_POINTS = [
@@ -306,7 +307,10 @@ def journal_ranges(state: Path) -> list[tuple[str, list[Any]]]:
     data = (state / "journal").read_bytes()
     intents = [orjson.loads(p) for _, p in iter_framed(io.BytesIO(data), "journal")]
     return [
-        (rec["shard"], [t for token in rec["positions"].get("events", []) for t in token])
+        (
+            rec["shard"],
+            [t for token in rec["positions"].get("events", []) for t in read_token(token)],
+        )
         for rec in intents
         if rec["t"] == "intent" and rec["shard"]
     ]

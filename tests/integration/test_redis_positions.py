@@ -25,6 +25,7 @@ from tfrecordd.plugin import RawBatch
 from tfrecordd.state.journal import Journal
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources.redis_stream import RedisStreamSource, RedisStreamSourceConfig
+from tfrecordd_plugins.sources.redis_stream.ranges import read_token
 
 pytestmark = pytest.mark.anyio
 
@@ -109,7 +110,7 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
         async def all_read() -> bool:
             # What the open shard's positions hold in memory, in the daemon and in the source.
             held.append(sum(map(len, daemon.write.unit.tokens.values())))
-            held.append(len(source._inflight))
+            held.append(len(source.inflight))
             # Every entry sent into the pipeline, not only read from Redis: one read but still
             # in the source at the stop stays pending (rightly) and the check below would fail.
             sent = daemon.metrics.registry.get_sample_value(
@@ -131,10 +132,10 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
     # ranges merge into a few, whatever the shard's size (not one ID per entry: 3.6 MB; not
     # one range per batch: 8.7 KB).
     assert len(tokens) <= 3, tokens
-    assert all(len(t) == 1 and isinstance(t[0], list) for t in tokens)
+    assert all(len(read_token(t)) == 1 and isinstance(read_token(t)[0], list) for t in tokens)
     assert size < 256, f"{size} bytes of positions for {n} entries"
     assert max(held) <= 3, f"up to {max(held)} ranges held for the open shard"
-    assert len(source._inflight) == 0
+    assert len(source.inflight) == 0
 
 
 async def test_entries_pending_for_another_consumer_are_never_acked(
@@ -302,7 +303,7 @@ async def test_claimed_entries_between_entries_in_flight_get_ranges_of_their_own
         (t, t) if isinstance(t, str) else (t[0], t[1])
         for intent in journal_intents(tmp_path / "state")
         for token in intent["positions"].get("events", [])
-        for t in token
+        for t in read_token(token)
     ]
     keys = [_k(i) for i in ids]
     covered = [[i for i, k in enumerate(keys) if _k(low) <= k <= _k(high)] for low, high in spans]
@@ -378,7 +379,7 @@ async def test_a_merged_range_never_acks_entries_another_consumer_read_between(
     # Every range this consumer's tokens hold stops where the other consumer's reads began.
     merged = RedisStreamSource.compact(tokens)
     keys = sorted(ids, key=_k)
-    for item in (t for token in merged for t in token):
+    for item in (t for token in merged for t in read_token(token)):
         low, high = (item, item) if isinstance(item, str) else (item[0], item[1])
         inside = {i for i in keys if _k(low) <= _k(i) <= _k(high)}
         assert not inside & theirs, (item, sorted(inside & theirs)[:3])

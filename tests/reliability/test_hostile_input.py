@@ -44,11 +44,8 @@ from tfrecordd_plugins.sources.directory import (
     DirectorySource,
     DirectorySourceConfig,
 )
-from tfrecordd_plugins.sources.redis_stream import (
-    RedisStreamSource,
-    RedisStreamSourceConfig,
-    _Entry,
-)
+from tfrecordd_plugins.sources.redis_stream import RedisStreamSource, RedisStreamSourceConfig
+from tfrecordd_plugins.sources.redis_stream.scripts import Entry
 from tfrecordd_plugins.sources.socket.framing import Deframer
 from tfrecordd_plugins.sources.spool_names import original
 
@@ -218,14 +215,14 @@ def test_stream_framing_of_any_bytes_in_any_chunks(
             assert len(payload) <= 64
 
 
-def _as_read(entry_id: str, fields: dict[bytes, bytes] | None, field: bytes, cut: int) -> _Entry:
+def _as_read(entry_id: str, fields: dict[bytes, bytes] | None, field: bytes, cut: int) -> Entry:
     """An entry as the source's read script hands it over (its event cut inside Redis)."""
     if fields is None:
-        return _Entry(entry_id, 2, b"", 0, [], False)
+        return Entry(entry_id, 2, b"", 0, [], False)
     if field in fields:
-        return _Entry(entry_id, 0, fields[field][:cut], len(fields[field]), [], False)
+        return Entry(entry_id, 0, fields[field][:cut], len(fields[field]), [], False)
     kept = [x[:256] for kv in list(fields.items())[:16] for x in kv]
-    return _Entry(entry_id, 1, b"", 0, kept, False)
+    return Entry(entry_id, 1, b"", 0, kept, False)
 
 
 @hostile
@@ -241,7 +238,7 @@ def test_redis_entries_of_any_fields(
         fields = {**fields, b"data": data}
     cfg = {"name": "r", "encoder": "e", "stream": "s", "max_event_bytes": 128}
     source = RedisStreamSource(RedisStreamSourceConfig.model_validate(cfg | {"id_field": id_field}))
-    event = source._event(_as_read("1700000000000-0", fields or None, b"data", 128))
+    event = source.event_of(_as_read("1700000000000-0", fields or None, b"data", 128))
     if not fields:
         assert event is None  # a deleted entry: counted and acked, not an event
         return

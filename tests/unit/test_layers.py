@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "tfrecordd.notify",
             "tfrecordd.endpoints",
             "tfrecordd.progress",
+            "tfrecordd.retry",
             "tfrecordd.speedups",
             "tfrecordd._cframe",
             "tfrecordd._cexample",

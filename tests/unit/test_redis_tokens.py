@@ -10,12 +10,13 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tfrecordd_plugins.sources.redis_stream import (
+from tfrecordd_plugins.sources.redis_stream import RedisStreamSource
+from tfrecordd_plugins.sources.redis_stream.ranges import (
+    InFlight,
     Key,
-    RedisStreamSource,
-    _InFlight,
-    _key,
-    _span,
+    key_of,
+    read_token,
+    span_of,
 )
 
 TOP = 2**64 - 1
@@ -28,13 +29,13 @@ ids = st.tuples(st.integers(0, 4), st.sampled_from(SEQS)).map(lambda k: f"{k[0]}
 
 @st.composite
 def items(draw: st.DrawFn) -> Any:
-    a, b = sorted([draw(ids), draw(ids)], key=_key)
+    a, b = sorted([draw(ids), draw(ids)], key=key_of)
     kind = draw(st.integers(0, 2))
     if kind == 0:
         return a
     if kind == 1:
         return [a, b]
-    before = draw(ids.filter(lambda j: _key(j) < _key(a)))
+    before = draw(ids.filter(lambda j: key_of(j) < key_of(a)))
     return [a, b, before]
 
 
@@ -42,13 +43,13 @@ tokens = st.lists(st.lists(items(), min_size=1, max_size=4), max_size=8)
 
 
 def covered(toks: list[Any]) -> set[Key]:
-    spans = [_span(t) for token in toks for t in token]
+    spans = [span_of(t) for token in toks for t in read_token(token)]
     return {p for p in PROBES if any(lo <= p <= hi for lo, hi, _ in spans)}
 
 
 def vouched(toks: list[Any]) -> set[Key]:
     """IDs between a range and the entry it is joined to: nothing was pending there."""
-    spans = [_span(t) for token in toks for t in token]
+    spans = [span_of(t) for token in toks for t in read_token(token)]
     return {p for p in PROBES for lo, _, j in spans if j is not None and j < p < lo}
 
 
@@ -84,23 +85,27 @@ def test_compact_covers_what_the_tokens_cover(toks: list[Any], cut: int) -> None
 
 
 def test_batches_read_back_to_back_become_one_range() -> None:
+    def tok(*items: Any) -> dict[str, Any]:
+        return {"v": 1, "r": list(items)}
+
     # 1-0..1-3, then 1-4..2-0 (joined to 1-3), then 5-0.. (joined to 2-0), then 9-0 (not).
-    batches = [[["1-0", "1-3"]], [["1-4", "2-0"]], [["5-0", "7-2", "2-0"]], ["9-0"]]
-    assert RedisStreamSource.compact(batches) == [[["1-0", "7-2"]], ["9-0"]]
+    batches = [tok(["1-0", "1-3"]), tok(["1-4", "2-0"]), tok(["5-0", "7-2", "2-0"]), tok("9-0")]
+    assert RedisStreamSource.compact(batches) == [tok(["1-0", "7-2"]), tok("9-0")]
     # Not joined to what ends the range before: an entry pending elsewhere may lie between.
-    assert RedisStreamSource.compact([[["1-0", "1-3"]], [["3-0", "4-0", "2-0"]]]) == [
-        [["1-0", "1-3"]],
-        [["3-0", "4-0", "2-0"]],
+    assert RedisStreamSource.compact([tok(["1-0", "1-3"]), tok(["3-0", "4-0", "2-0"])]) == [
+        tok(["1-0", "1-3"]),
+        tok(["3-0", "4-0", "2-0"]),
     ]
-    # What an older release journalled: IDs alone, and plain ranges.
+    # What an older release journalled (lists of IDs alone, and plain ranges): compacted into
+    # tokens of this version, covering the same.
     assert RedisStreamSource.compact([["1-0", "1-1"], [["1-2", "1-5"]], ["3-0"]]) == [
-        [["1-0", "1-5"]],
-        ["3-0"],
+        tok(["1-0", "1-5"]),
+        tok("3-0"),
     ]
 
 
 def test_ranges_in_flight_merge_and_are_cut_by_acks() -> None:
-    flight = _InFlight()
+    flight = InFlight()
     for n in range(1000):
         # Batches read back to back, each joined to the one before, across milliseconds.
         flight.add((n, 0), (n, 9), (n - 1, 9) if n else None)

@@ -31,7 +31,6 @@ import hashlib
 import importlib
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -47,6 +46,7 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.output import Output, stage
 from tfrecordd.outputs.shards import FinishedShard
 from tfrecordd.redact import redact_options, redact_url
+from tfrecordd.retry import Backoff
 from tfrecordd.state.records import Intent
 
 log = logging.getLogger(__name__)
@@ -404,6 +404,7 @@ class FsspecOutput(Output):
         backoff (full jitter) for up to :attr:`retry_for` seconds, or until the deadline of
         :meth:`stop_retrying_at`, whichever comes first."""
         budget_end = time.monotonic() + self.retry_for
+        backoff = Backoff(_BACKOFF_FIRST, _BACKOFF_MAX, jitter=0.5)
         failures = 0
         while True:
             try:
@@ -420,10 +421,8 @@ class FsspecOutput(Output):
                     self._count_error("permanent")
                     raise UploadError(f"{what}: {_describe(e)}", kind="permanent") from e
                 self._count_error("transient")
-                failures += 1
-                delay = random.uniform(0.5, 1.0) * min(
-                    _BACKOFF_MAX, _BACKOFF_FIRST * 2 ** (failures - 1)
-                )
+                delay = backoff.next()
+                failures = backoff.failures
                 left = self._deadline(budget_end) - time.monotonic()
                 if left <= 0:
                     raise self._exhausted(what, failures, e, budget_end) from e

@@ -38,7 +38,7 @@ from tfrecordd_plugins.sources.spool_names import (
     original,
     printable,
 )
-from tfrecordd_plugins.sources.spool_positions import Positions
+from tfrecordd_plugins.sources.spool_positions import Positions, SpoolToken
 from tfrecordd_plugins.sources.spool_reading import (
     GROW_POLLS,
     FileReader,
@@ -149,20 +149,26 @@ class DirectorySource(Source):
         return spool_positions.fold(state, tokens)
 
     async def recover(self, state: Any, pending: Sequence[Token]) -> None:
+        tokens = self._read_tokens(pending)
         await anyio.to_thread.run_sync(self.claims.open)
-        for t in pending:
+        for t in tokens:
             if t["eof"]:
                 await anyio.to_thread.run_sync(self.claims.finish, t["f"], _rejected(t))
-        self.positions.recovered(state, pending)
+        self.positions.recovered(state, tokens)
 
     async def aclose(self) -> None:
         self.claims.close()
 
     async def ack(self, tokens: Sequence[Token]) -> None:
-        for t in tokens:
+        for t in self._read_tokens(tokens):
             if t["eof"]:
                 await anyio.to_thread.run_sync(self.claims.finish, t["f"], _rejected(t))
             self.positions.acked(t)
+
+    def _read_tokens(self, tokens: Sequence[Token]) -> list[SpoolToken]:
+        """All the tokens, each version checked, before any is acted on."""
+        where = f"source {self.config.name!r} (directory)"
+        return [spool_positions.read_token(t, where) for t in tokens]
 
     async def run(self, ctx: SourceContext) -> None:
         claims = self.claims
@@ -229,6 +235,6 @@ class DirectorySource(Source):
         return True
 
 
-def _rejected(t: Token) -> str | None:
+def _rejected(t: SpoolToken) -> str | None:
     """Why a token's file was rejected (it is moved aside when finished), or ``None``."""
     return (t.get("why") or "input rejected") if t.get("bad") else None

@@ -3,34 +3,63 @@
 A token names one claimed file, ``<node_id>/<claim name>`` (a bare claim name in the layout
 before node folders), and the offset in its decompressed stream after the batch's last record;
 ``eof`` marks the batch that carries the file's end, and ``bad`` (with ``why``) a file whose
-rest was refused. Folded, the committed tokens give each file's committed offset, and a file
-whose end is committed leaves the state: :class:`Positions` keeps that state while the source
-runs, so a file half-written into shards resumes exactly where the last published shard stopped.
+rest was refused; ``v`` is the token's version (:data:`TOKEN_VERSION`; tokens journalled
+before versions have none and read as version 1). Folded, the committed tokens give each
+file's committed offset, and a file whose end is committed leaves the state:
+:class:`Positions` keeps that state while the source runs, so a file half-written into shards
+resumes exactly where the last published shard stopped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
-from tfrecordd.plugin import Token
+from tfrecordd.plugin import Token, token_version
+
+TOKEN_VERSION = 1
+"""The version of the tokens this release writes, and the newest it reads."""
 
 
-def token(claim: str, offset: int, eof: bool, *, bad: str = "") -> Token:
+class SpoolToken(TypedDict):
+    """A batch's position in one claimed file."""
+
+    v: NotRequired[int]
+    """The token's version; absent in tokens journalled before tokens had versions (1)."""
+    f: str
+    """The claimed file: ``node/claim`` (a bare claim before node folders)."""
+    o: int
+    """The offset in the file's decompressed stream after the batch's last record."""
+    eof: bool
+    """The batch carries the file's end."""
+    bad: NotRequired[bool]
+    """The rest of the file was refused: it is moved aside when finished."""
+    why: NotRequired[str]
+    """With ``bad``: why."""
+
+
+def token(claim: str, offset: int, eof: bool, *, bad: str = "") -> SpoolToken:
     """The token of a batch of ``claim`` (``node/claim``) that ends at ``offset``; ``bad``: why
     the rest of the file was refused."""
-    out: dict[str, Any] = {"f": claim, "o": offset, "eof": eof}
+    out: SpoolToken = {"v": TOKEN_VERSION, "f": claim, "o": offset, "eof": eof}
     if bad:
         out["bad"] = True
         out["why"] = bad
     return out
 
 
+def read_token(t: Token, source: str = "directory source") -> SpoolToken:
+    """A token given back by the daemon, its version checked (:class:`TokenVersionError`,
+    naming ``source``, for one of a newer tfrecordd)."""
+    token_version(t, source, TOKEN_VERSION)
+    return cast(SpoolToken, t)
+
+
 def fold(state: Any, tokens: Sequence[Token]) -> Any:
     """Committed offset per claimed file (``node/claim``); a file whose end is committed is
     gone (with the bare claim name it had before node folders, if it was migrated)."""
     out: dict[str, int] = dict(state or {})
-    for t in tokens:
+    for t in map(read_token, tokens):
         if t["eof"]:
             out.pop(t["f"], None)
             out.pop(t["f"].rpartition("/")[2], None)
@@ -48,7 +77,7 @@ class Positions:
         self.sent_eof: set[str] = set()
         """Files (``node/claim``) whose end this process has sent: not read again."""
 
-    def recovered(self, state: Any, pending: Sequence[Token]) -> None:
+    def recovered(self, state: Any, pending: Sequence[SpoolToken]) -> None:
         """Start from the folded ``state`` and the ``pending`` tokens recovery redid."""
         self.committed = fold(state, pending)
 
@@ -58,7 +87,7 @@ class Positions:
         claim = key.rpartition("/")[2]
         return max(self.committed.get(key, 0), self.committed.get(claim, 0))
 
-    def acked(self, t: Token) -> None:
+    def acked(self, t: SpoolToken) -> None:
         """Take in an acknowledged token (after the file of an ``eof`` one was finished)."""
         if t["eof"]:
             self.sent_eof.discard(t["f"])

@@ -10,6 +10,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NotRequired, TypedDict
 
 import anyio
 import anyio.lowlevel
@@ -24,6 +25,20 @@ __all__ = ["Connection", "recv"]
 log = logging.getLogger(__package__)
 
 _MAX_NOTICES = 64
+
+TOKEN_VERSION = 1
+"""The version of the tokens this release writes, and the newest it reads."""
+
+
+class ConnectionToken(TypedDict):
+    """A batch's position: the frames of one connection up to a sequence number."""
+
+    v: NotRequired[int]
+    """The token's version; absent in tokens of releases before tokens had versions (1)."""
+    c: int
+    """The connection's number in this process."""
+    n: int
+    """The sequence number of the batch's last frame."""
 
 
 @dataclass(eq=False)
@@ -196,7 +211,8 @@ class Connection:
                     self.active_at = time.monotonic()
                 full = len(events) >= ctx.max_batch_events or size >= ctx.max_batch_bytes
                 if full or i == len(frames) - 1:
-                    await ctx.send(RawBatch(ctx.name, events, {"c": self.id, "n": self.seq}))
+                    token: ConnectionToken = {"v": TOKEN_VERSION, "c": self.id, "n": self.seq}
+                    await ctx.send(RawBatch(ctx.name, events, token))
                     self.sent = self.seq
                     events, size = [], 0
         finally:

@@ -11,14 +11,18 @@ import logging
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
 from tfrecordd import descriptors
-from tfrecordd.plugin import Source, SourceContext, Token
+from tfrecordd.plugin import Source, SourceContext, Token, token_version
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
-from tfrecordd_plugins.sources.socket.connection import Connection
+from tfrecordd_plugins.sources.socket.connection import (
+    TOKEN_VERSION,
+    Connection,
+    ConnectionToken,
+)
 
 __all__ = ["ACCEPT_BACKLOG", "FINAL_ACK_TIMEOUT", "StreamSource"]
 
@@ -74,12 +78,15 @@ class StreamSource(Source):
     async def ack(self, tokens: Sequence[Token]) -> None:
         if not self.config.ack:
             return
+        where = f"source {self.config.name!r} ({self.config.type})"
         for t in tokens:
             if not isinstance(t, dict):
                 continue
-            conn = self._conns.get(t.get("c", -1))
-            if conn is not None and int(t["n"]) > conn.acked:
-                conn.acked = int(t["n"])
+            token_version(t, where, TOKEN_VERSION)
+            token = cast(ConnectionToken, t)
+            conn = self._conns.get(token.get("c", -1))
+            if conn is not None and int(token["n"]) > conn.acked:
+                conn.acked = int(token["n"])
                 if not conn.owed():
                     # Waiting for acks is no idleness: the clock starts when they came.
                     conn.active_at = time.monotonic()
