@@ -69,7 +69,7 @@ FILES = [
 def test_channels_are_what_tensorflow_decodes(tf: Any, fast: bool, name: str, data: bytes) -> None:
     encoder = ImageEncoderConfig().build()
     if not fast:
-        encoder._fast_jpeg = encoder._fast_png = False
+        encoder.fast_jpeg = encoder.fast_png = False
     result = encoder.encode_batch([event(data, "x")])
     assert result.failures == []
     features = proto.parse_example(result.records[0])

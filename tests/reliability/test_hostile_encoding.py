@@ -349,7 +349,7 @@ def pure(encoder: Any) -> Any:
     """The same encoder without the compiled plan: the pure-Python path."""
     if isinstance(encoder, ExampleEncoder):
         twin = ExampleEncoder.__new__(ExampleEncoder)
-        twin.schema, twin._plan = encoder.schema, None
+        twin.schema, twin.plan = encoder.schema, None
         return twin
     return encoder
 
@@ -456,8 +456,8 @@ def test_the_compiled_path_is_exercised() -> None:
         pytest.skip("tfrecordd._cexample is not built")
     encoder = ExampleEncoderConfig.model_validate({"features": {"n": "int64"}}).build()
     assert isinstance(encoder, ExampleEncoder)
-    assert encoder._plan is not None
-    assert pure(encoder)._plan is None
+    assert encoder.plan is not None
+    assert pure(encoder).plan is None
 
 
 # --- the events of the issue, one by one -------------------------------------------------------

@@ -622,12 +622,12 @@ def test_encoder_results_are_the_same_with_and_without_the_extension(
 ) -> None:
     config = ExampleEncoderConfig.model_validate({"features": MOVIE_FEATURES})
     compiled = config.build()
-    assert compiled._plan is not None
+    assert compiled.plan is not None
     events = mixed_batch()
     got = compiled.encode_batch(events)
     monkeypatch.setattr(speedups, "load", lambda name: None)
     pure = config.build()
-    assert pure._plan is None
+    assert pure.plan is None
     expected = pure.encode_batch(events)
     assert got == expected
     assert len(got.records) + len(got.failures) == len(events)
@@ -642,7 +642,7 @@ def test_ineligible_schema_uses_the_python_path() -> None:
         {"features": {"age": {"type": "int64", "path": "user.age"}}}
     )
     encoder = config.build()
-    assert encoder._plan is None
+    assert encoder.plan is None
     result = encoder.encode_batch([RawEvent(b'{"user": {"age": 3}}', "t")])
     assert proto.parse_example(result.records[0]) == {"age": [3]}
 

@@ -291,14 +291,14 @@ IDS = [name for name, *_ in CORPUS]
 def pillow_only(config: ImageEncoderConfig | None = None) -> ImageEncoder:
     """The encoder as it was before the fast path: every header read by Pillow."""
     encoder = (config or ImageEncoderConfig()).build()
-    encoder._fast_jpeg = encoder._fast_png = False
+    encoder.fast_jpeg = encoder.fast_png = False
     return encoder
 
 
 def outcome(encoder: ImageEncoder, data: bytes) -> object:
     """What the encoder makes of a file's header: its findings, or its refusal and reason."""
     try:
-        return encoder._header(data)
+        return encoder.header(data)
     except Exception as e:
         return type(e).__name__, getattr(e, "category", None), str(e)
 
@@ -325,14 +325,14 @@ def test_the_fast_path_reads_what_pillow_reads(
 def test_palette_channels_follow_transparency() -> None:
     """The semantics the corpus holds the fast path to, spelled out."""
     encoder = ImageEncoderConfig().build()
-    assert encoder._header(png(8, 3)) == ("png", 7, 5, 3)
-    assert encoder._header(png(8, 3, chunk(b"tRNS", b"\xff\x00"))) == ("png", 7, 5, 4)
-    assert encoder._header(png(8, 3, chunk(b"tRNS", b"\xff\xff"))) == ("png", 7, 5, 4)
-    assert encoder._header(png(8, 3, after_idat=(chunk(b"tRNS", b"\x00"),))) == ("png", 7, 5, 3)
-    assert encoder._header(png(16, 4)) == ("png", 7, 5, 2)  # RGBA to Pillow, 2 to TensorFlow
+    assert encoder.header(png(8, 3)) == ("png", 7, 5, 3)
+    assert encoder.header(png(8, 3, chunk(b"tRNS", b"\xff\x00"))) == ("png", 7, 5, 4)
+    assert encoder.header(png(8, 3, chunk(b"tRNS", b"\xff\xff"))) == ("png", 7, 5, 4)
+    assert encoder.header(png(8, 3, after_idat=(chunk(b"tRNS", b"\x00"),))) == ("png", 7, 5, 3)
+    assert encoder.header(png(16, 4)) == ("png", 7, 5, 2)  # RGBA to Pillow, 2 to TensorFlow
     turned = saved("RGB", "JPEG", size=(40, 30), exif=exif(6), dpi=(72, 72))
     assert jpeg_header(turned) == (40, 30, 3)
-    assert encoder._header(turned) == ("jpeg", 40, 30, 3)
+    assert encoder.header(turned) == ("jpeg", 40, 30, 3)
 
 
 def header_offsets(data: bytes) -> list[int]:
@@ -396,7 +396,7 @@ def test_over_pillows_pixel_limit_pillow_decides(monkeypatch: pytest.MonkeyPatch
 def test_the_fast_path_only_where_pillow_would_try_that_format_first() -> None:
     def fast(formats: list[str]) -> tuple[bool, bool]:
         encoder = ImageEncoderConfig(formats=formats).build()
-        return encoder._fast_jpeg, encoder._fast_png
+        return encoder.fast_jpeg, encoder.fast_png
 
     assert fast(["jpeg", "png", "gif", "bmp", "webp"]) == (True, True)
     assert fast(["gif", "png"]) == (False, True)
@@ -451,15 +451,15 @@ def test_records_are_what_example_writer_writes(config: ImageEncoderConfig) -> N
 
 
 def test_cached_entries_change_with_what_they_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(image, "_CACHED", 3)
+    monkeypatch.setattr(image, "CACHED", 3)
     writer = ExampleWriter(list(FEATURES))
     encoder = ImageEncoderConfig(labels={"a": 0, "b": 1}, unknown_label="omit").build()
     files = [png(8, c, size=(w, h)) for c in (0, 2, 6) for w, h in ((1, 1), (2, 1), (1, 2), (2, 2))]
     events = [event(f, f"{i}.png", label) for i, f in enumerate(files) for label in "abcd"]
     for ev in events + events[::-1]:
         assert encoder.encode(ev) == writer.encode(encoder.values(ev))
-        assert len(encoder._before_cache) <= 3
-        assert len(encoder._after_cache) <= 3
+        assert len(encoder.before_cache) <= 3
+        assert len(encoder.after_cache) <= 3
 
 
 def test_a_folder_that_is_not_text_is_refused_as_before() -> None:

@@ -42,11 +42,12 @@ class ExampleEncoder(Encoder):
 
     def __init__(self, config: ExampleEncoderConfig) -> None:
         self.schema = ExampleSchema(config.features)
-        self._plan = compile_json_plan(self.schema)
+        self.plan = compile_json_plan(self.schema)
+        """The compiled JSON path, or ``None`` where the Python path does all the work."""
 
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
         fast: list[bytes | None] | None = None
-        if self._plan is not None:
+        if self.plan is not None:
             # b"" is never a record: events that are not JSON payloads come back as None.
             fast = self._fast(
                 [ev.payload if ev.format is None and ev.value is None else b"" for ev in events]
@@ -54,7 +55,7 @@ class ExampleEncoder(Encoder):
         return self._finish(events, fast)
 
     def encode_lines(self, payloads: list[bytes]) -> EncodeResult:
-        if self._plan is None:
+        if self.plan is None:
             return super().encode_lines(payloads)
         fast = self._fast(payloads)
         # Events are made only for the Python path to name failures by: when one is needed.
@@ -63,9 +64,9 @@ class ExampleEncoder(Encoder):
 
     def _fast(self, payloads: list[bytes]) -> list[bytes | None]:
         """The compiled plan's answers; all ``None`` (the Python path) if it cannot allocate."""
-        assert self._plan is not None
+        assert self.plan is not None
         try:
-            return self._plan.encode_batch(payloads)
+            return self.plan.encode_batch(payloads)
         except MemoryError:
             return [None] * len(payloads)
 

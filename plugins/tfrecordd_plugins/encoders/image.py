@@ -163,7 +163,7 @@ _AFTER = ((FORMAT, FeatureType.BYTES), (HEIGHT, FeatureType.INT64), (WIDTH, Feat
 assert max(k.encode() for k, _ in _BEFORE) < ENCODED.encode() < FILENAME.encode()
 assert FILENAME.encode() < min(k.encode() for k, _ in _AFTER)
 assert sorted(FEATURES) == sorted(((ENCODED, FeatureType.BYTES), *_BEFORE, *_NAME, *_AFTER))
-_CACHED = 4096
+CACHED = 4096
 """Entries kept per cache; a full cache starts again empty."""
 
 
@@ -174,15 +174,19 @@ class ImageEncoder(Encoder):
         self.config = config
         self._labels = dict(config.labels)
         self._pillow_formats = [f.upper() for f in config.formats]
-        self._fast_jpeg = has_fast_path(self._pillow_formats, "JPEG")
-        self._fast_png = has_fast_path(self._pillow_formats, "PNG")
+        self.fast_jpeg = has_fast_path(self._pillow_formats, "JPEG")
+        """Whether JPEG headers are read by the fast path (else by Pillow)."""
+        self.fast_png = has_fast_path(self._pillow_formats, "PNG")
+        """Whether PNG headers are read by the fast path (else by Pillow)."""
         self._before = ExampleWriter(_BEFORE)
         self._name = ExampleWriter(_NAME)
         self._after = ExampleWriter(_AFTER)
         self._max_pixels = config.max_pixels
         self._check_complete = config.check_complete
-        self._before_cache: dict[tuple[int, str, int | None], bytes] = {}
-        self._after_cache: dict[tuple[str, int, int], bytes] = {}
+        self.before_cache: dict[tuple[int, str, int | None], bytes] = {}
+        """The encoded features before the image bytes, by (channels, folder, label)."""
+        self.after_cache: dict[tuple[str, int, int], bytes] = {}
+        """The encoded features after the file name, by (format, height, width)."""
 
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:
         result = EncodeResult()
@@ -206,21 +210,21 @@ class ImageEncoder(Encoder):
         """The Example of one whole-file event; raises :class:`_Refused` with a category."""
         data, fmt, width, height, channels, filename, folder, label = self._read(ev)
         key = (channels, folder, label)
-        before = self._before_cache.get(key) if folder.__class__ is str else None
+        before = self.before_cache.get(key) if folder.__class__ is str else None
         if before is None:
             label_value = None if label is None else [label]
             before = map_entries(self._before.encode([[channels], [folder], label_value]))
             if folder.__class__ is str:
-                if len(self._before_cache) >= _CACHED:
-                    self._before_cache.clear()
-                self._before_cache[key] = before
+                if len(self.before_cache) >= CACHED:
+                    self.before_cache.clear()
+                self.before_cache[key] = before
         size_key = (fmt, height, width)
-        after = self._after_cache.get(size_key)
+        after = self.after_cache.get(size_key)
         if after is None:
             after = map_entries(self._after.encode([[fmt], [height], [width]]))
-            if len(self._after_cache) >= _CACHED:
-                self._after_cache.clear()
-            self._after_cache[size_key] = after
+            if len(self.after_cache) >= CACHED:
+                self.after_cache.clear()
+            self.after_cache[size_key] = after
         name = map_entries(self._name.encode([[filename]]))
         head = _encoded_head(len(data))
         size = len(before) + len(head) + len(data) + len(name) + len(after)
@@ -233,7 +237,7 @@ class ImageEncoder(Encoder):
                 FailureReason.FORMAT, EncodeError(f"expected a whole-file event, got {ev.format!r}")
             )
         data = ev.payload if ev.payload.__class__ is bytes else bytes(ev.payload)
-        fmt, width, height, channels = self._header(data)
+        fmt, width, height, channels = self.header(data)
         folder = ev.value.get("label") or ""
         label = None
         if self._labels:
@@ -247,10 +251,13 @@ class ImageEncoder(Encoder):
         filename = str(ev.value.get("filename") or "")
         return data, fmt, width, height, channels, filename, folder, label
 
-    def _header(self, data: bytes) -> tuple[str, int, int, int]:
-        if self._fast_jpeg and data.startswith(JPEG_MAGIC):
+    def header(self, data: bytes) -> tuple[str, int, int, int]:
+        """An image file's format, width, height and channels (as TensorFlow decodes them):
+        from the fast path where it reads the header, else from Pillow; raises the refusal the
+        encoder would report."""
+        if self.fast_jpeg and data.startswith(JPEG_MAGIC):
             fmt, found = "jpeg", jpeg_header(data)
-        elif self._fast_png and data.startswith(PNG_MAGIC):
+        elif self.fast_png and data.startswith(PNG_MAGIC):
             fmt, found = "png", png_header(data)
         else:
             found = None
