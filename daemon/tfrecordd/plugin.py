@@ -10,6 +10,28 @@ JSON-serializable ``token`` describing the positions it covers. The daemon journ
 :meth:`Source.ack` with them only after that shard is published and durable. After a crash,
 :meth:`Source.recover` receives the folded state of everything committed and the tokens whose
 acks must be redone.
+
+This module is the whole surface a plugin may import from tfrecordd, with the TFRecord format
+(``tfrecordd.format.*``: wire format, framing, compression, the typed compiled helpers of
+``tfrecordd.format.compiled``) and the schema API (``tfrecordd.schema.*``). Beside the plugin
+types it re-exports what plugins need from the core:
+
+- the errors a plugin raises: :class:`TfrecorddError` (its ``exit_code`` is the daemon's exit
+  status when it stops the daemon), :class:`ConfigError`, :class:`EncodeError`,
+  :class:`CompressionError`, :class:`ListenError`, :class:`SourceLostError`,
+  :class:`StateInUseError`, and the exit statuses ``EXIT_CONFIG``, ``EXIT_IO``;
+- the config field types :data:`Duration` (``"30s"`` → seconds) and :data:`Size`
+  (``"64MiB"`` → bytes), and :func:`split_host_port` for ``host:port`` keys;
+- :class:`FileSystem`, whose instance :attr:`SourceContext.fs` is the daemon's (every fsync of a
+  directory a source makes goes through it: the crash tests swap it), and :func:`try_lock`, an
+  exclusive ``flock`` on an open directory (one daemon per folder);
+- ``descriptors``: the process's file-descriptor budget (``take``, ``release``, ``Backoff``),
+  which a source that accepts connections shares with the daemon.
+
+A plugin declares on its config class its delivery guarantee (:attr:`SourceConfig.delivery`),
+the crash points it passes (:attr:`SourceConfig.crash_points`, reached through
+:meth:`SourceContext.crash_point`) and its starter config for ``tfrecordd init``
+(:attr:`SourceConfig.sample_config`): the core keeps no table of plugins.
 """
 
 from __future__ import annotations
@@ -26,6 +48,55 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, NamedTuple, SupportsIndex
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tfrecordd import crashpoints, descriptors
+from tfrecordd.endpoints import split_host_port
+from tfrecordd.errors import (
+    EXIT_CONFIG,
+    EXIT_IO,
+    CompressionError,
+    ConfigError,
+    EncodeError,
+    ListenError,
+    SourceLostError,
+    StateInUseError,
+    TfrecorddError,
+)
+from tfrecordd.fsys import LOCAL, FileSystem, try_lock
+from tfrecordd.units import Duration, Size
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_IO",
+    "CompressionError",
+    "ConfigError",
+    "DirectoryUse",
+    "Duration",
+    "EncodeError",
+    "EncodeResult",
+    "Encoder",
+    "EncoderConfig",
+    "EventFormat",
+    "Failure",
+    "FailureReason",
+    "FileSystem",
+    "Lines",
+    "ListenError",
+    "RawBatch",
+    "RawEvent",
+    "Registry",
+    "Size",
+    "Source",
+    "SourceConfig",
+    "SourceContext",
+    "SourceLostError",
+    "StateInUseError",
+    "TfrecorddError",
+    "Token",
+    "descriptors",
+    "split_host_port",
+    "try_lock",
+]
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +281,15 @@ class SourceContext(abc.ABC):
     """Never put more events than this in one batch."""
     max_batch_bytes: int
     """Keep the payload bytes of one batch under this (one oversized event may exceed it)."""
+    fs: FileSystem = LOCAL
+    """The daemon's file system: a source makes its own renames and deletions durable with
+    ``fs.fsync_dir`` / ``fs.fsync_dir_fd`` (tests swap in one that fails or cuts the power)."""
+
+    def crash_point(self, point: str) -> None:
+        """Pass the crash point ``point`` (declared in the config class's
+        :attr:`SourceConfig.crash_points`): with ``TFRECORDD_CRASH_AT=point`` set, the process
+        exits here as if killed (the crash tests); otherwise nothing happens."""
+        crashpoints.reached(point)
 
     @abc.abstractmethod
     async def send(self, batch: RawBatch) -> None:
@@ -226,6 +306,11 @@ class SourceContext(abc.ABC):
 
 class Source(abc.ABC):
     """A running source. ``run`` reads until cancelled; ``ack`` makes positions final."""
+
+    def attach(self, ctx: SourceContext) -> None:  # noqa: B027
+        """Called once, before :meth:`recover`, :meth:`ack` or :meth:`run`, with the context
+        ``run`` will get: a source that needs the daemon's file system or its crash points in
+        ``recover`` or ``ack`` (which take no context) keeps it from here."""
 
     @abc.abstractmethod
     async def run(self, ctx: SourceContext) -> None:
@@ -278,6 +363,18 @@ class SourceConfig(BaseModel):
 
     delivery: ClassVar[str] = "at-least-once"
     """The delivery guarantee this source gives, end to end (shown by ``tfrecordd plugins``)."""
+    crash_points: ClassVar[tuple[str, ...]] = ()
+    """The crash points this source passes (:meth:`SourceContext.crash_point`), each a name
+    ``TFRECORDD_CRASH_AT`` may arm, besides the daemon's own."""
+    sample_config: ClassVar[str] = ""
+    """The ``[[sources]]`` table ``tfrecordd init --source TYPE`` writes for this source (empty:
+    ``init`` offers no starter config for it). It reads the events of the starter config's
+    encoder (``encoder = "events"``) and may use ``{spool}`` (a directory for it under the
+    starter config's base directory, as a TOML string) and ``{sample}`` (a sample JSON event).
+    """
+    sample_try: ClassVar[str] = ""
+    """A shell command that feeds ``{sample}`` to the source as :attr:`sample_config` sets it up
+    (``{spool_dir}``: that directory, unquoted), printed by ``init``."""
 
     def build(self) -> Source:
         """Create the source from this config."""
@@ -348,8 +445,6 @@ class EncoderConfig(BaseModel):
         """The ``tf.io.parse_example`` feature description that reads this encoder's records,
         as plain data (see ``tfrecordd schema``). Encoders that cannot know it raise
         :class:`~tfrecordd.errors.TfrecorddError` saying why."""
-        from tfrecordd.errors import TfrecorddError
-
         raise TfrecorddError(f"the {self.type!r} encoder does not describe its records")
 
     def schema_fingerprint(self) -> str:
@@ -384,3 +479,11 @@ class Registry:
                     broken[f"{group}:{ep.name}"] = f"{type(e).__name__}: {e}"
                     log.warning("plugin %s (%s) failed to load: %s", ep.name, ep.value, e)
         return cls(found["tfrecordd.sources"], found["tfrecordd.encoders"], broken)
+
+    def crash_points(self) -> tuple[str, ...]:
+        """Every crash point ``TFRECORDD_CRASH_AT`` may arm: the daemon's, in protocol order,
+        then those the registered sources declare."""
+        points = list(crashpoints.POINTS)
+        for model in self.sources.values():
+            points += [p for p in model.crash_points if p not in points]
+        return tuple(points)

@@ -9,8 +9,15 @@ import orjson
 import pydantic
 
 from tfrecordd import speedups
-from tfrecordd.errors import EncodeError
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
+from tfrecordd.plugin import (
+    EncodeError,
+    Encoder,
+    EncoderConfig,
+    EncodeResult,
+    Failure,
+    FailureReason,
+    RawEvent,
+)
 from tfrecordd.schema.schema import ExampleSchema, FeatureSpec, feature_description
 
 if TYPE_CHECKING:

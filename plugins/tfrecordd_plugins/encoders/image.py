@@ -41,7 +41,6 @@ from typing import Any, Literal
 import pydantic
 from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
-from tfrecordd.errors import EncodeError, TfrecorddError
 from tfrecordd.format.wire import (
     INT64_MAX,
     INT64_MIN,
@@ -51,7 +50,16 @@ from tfrecordd.format.wire import (
     example_head,
     map_entries,
 )
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
+from tfrecordd.plugin import (
+    EncodeError,
+    Encoder,
+    EncoderConfig,
+    EncodeResult,
+    Failure,
+    FailureReason,
+    RawEvent,
+    TfrecorddError,
+)
 
 __all__ = [
     "ImageEncoder",

@@ -27,9 +27,16 @@ from typing import Any, Literal
 
 from google.protobuf.message import DecodeError
 
-from tfrecordd.errors import TfrecorddError
 from tfrecordd.format import compiled, proto, tfreading
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
+from tfrecordd.plugin import (
+    Encoder,
+    EncoderConfig,
+    EncodeResult,
+    Failure,
+    FailureReason,
+    RawEvent,
+    TfrecorddError,
+)
 
 
 class PassthroughEncoderConfig(EncoderConfig):

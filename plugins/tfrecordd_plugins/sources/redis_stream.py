@@ -77,9 +77,17 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
-from tfrecordd.errors import SourceLostError
-from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
-from tfrecordd.units import Duration, Size
+from tfrecordd.plugin import (
+    Duration,
+    RawBatch,
+    RawEvent,
+    Size,
+    Source,
+    SourceConfig,
+    SourceContext,
+    SourceLostError,
+    Token,
+)
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +299,17 @@ class RedisStreamSourceConfig(SourceConfig):
     """While Redis is unreachable, retries back off from 100ms up to this delay."""
 
     delivery: ClassVar[str] = "exactly-once"
+    sample_config: ClassVar[str] = """\
+[[sources]]
+name = "redis"
+type = "redis-stream"
+url = "redis://127.0.0.1:6379/0"
+stream = "events"                  # XADD events * data '{sample}'
+group = "tfrecordd"                # the consumer group; created at start if missing
+field = "data"                     # the entry field holding the JSON event
+encoder = "events"
+"""
+    sample_try: ClassVar[str] = "redis-cli XADD events '*' data '{sample}'"
 
     @field_validator("url")
     @classmethod

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import aiofiles
 import anyio
 
-from tfrecordd.errors import CompressionError
 from tfrecordd.format.compression import Compression, open_decompressed
+from tfrecordd.plugin import CompressionError
 
 GROW_POLLS = 10
 """A file still growing this many poll intervals after it was first read to its end has the

@@ -15,8 +15,7 @@ from typing import Any
 
 import anyio
 
-from tfrecordd import descriptors
-from tfrecordd.plugin import Source, SourceContext, Token
+from tfrecordd.plugin import Source, SourceContext, Token, descriptors
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
 from tfrecordd_plugins.sources.socket.connection import Connection
 
