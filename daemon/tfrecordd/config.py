@@ -23,7 +23,7 @@ from pydantic import (
     field_validator,
 )
 
-from tfrecordd.endpoints import METRICS_LISTEN
+from tfrecordd.endpoints import METRICS_LISTEN, split_host_port
 from tfrecordd.errors import ConfigError
 from tfrecordd.format.compression import Compression
 from tfrecordd.pathcheck import check_paths
@@ -161,18 +161,6 @@ class _SourceCommon(BaseModel):
     name: str
     type: str
     encoder: str
-
-
-def split_host_port(value: str) -> tuple[str, int]:
-    """``"127.0.0.1:9464"`` → ``("127.0.0.1", 9464)``; ``"[::1]:80"`` → ``("::1", 80)``."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected host:port, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host:
-        raise ValueError(f"expected host:port with a host, got {value!r}")
-    return host, int(port)
 
 
 def _loc(prefix: str, loc: tuple[int | str, ...]) -> str:

@@ -1,5 +1,5 @@
 """The metrics endpoint's default address, written once for the daemon, ``init``, ``status`` and
-``healthcheck`` (which import nothing heavier than this)."""
+``healthcheck`` (which import nothing heavier than this), and how a ``host:port`` is read."""
 
 from __future__ import annotations
 
@@ -11,3 +11,15 @@ METRICS_URL = f"http://{METRICS_LISTEN}/metrics"
 
 HEALTH_URL = f"http://{METRICS_LISTEN}/healthz"
 """Where ``tfrecordd healthcheck`` asks by default."""
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:9464"`` → ``("127.0.0.1", 9464)``; ``"[::1]:80"`` → ``("::1", 80)``."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        raise ValueError(f"expected host:port with a host, got {value!r}")
+    return host, int(port)

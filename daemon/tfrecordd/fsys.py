@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 from collections.abc import Iterable
@@ -68,6 +69,11 @@ class FileSystem:
         finally:
             os.close(fd)
 
+    def fsync_dir_fd(self, fd: int) -> None:
+        """:meth:`fsync_dir` of a directory held open as ``fd`` (opened relative to another
+        without following symlinks, say)."""
+        os.fsync(fd)
+
     def publish(self, src: str, dst: str) -> None:
         """Atomically give ``src`` the name ``dst``; ``FileExistsError`` if ``dst`` exists.
 
@@ -93,6 +99,19 @@ class FileSystem:
         """Remove ``path`` if it exists."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def try_lock(fd: int) -> bool:
+    """Take the exclusive ``flock`` on the open file ``fd`` without waiting; ``False`` if another
+    open file (another daemon) holds it. Closing ``fd`` releases it, and so does the end of the
+    process, however it ends."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return False
+    return True
 
 
 LOCAL = FileSystem()

@@ -10,36 +10,111 @@ JSON-serializable ``token`` describing the positions it covers. The daemon journ
 :meth:`Source.ack` with them only after that shard is published and durable. After a crash,
 :meth:`Source.recover` receives the folded state of everything committed and the tokens whose
 acks must be redone.
+
+This module is the whole surface a plugin may import from tfrecordd, with the TFRecord format
+(``tfrecordd.format.*``: wire format, framing, compression, the typed compiled helpers of
+``tfrecordd.format.compiled``) and the schema API (``tfrecordd.schema.*``). Beside the plugin
+types it re-exports what plugins need from the core:
+
+- the errors a plugin raises: :class:`TfrecorddError` (its ``exit_code`` is the daemon's exit
+  status when it stops the daemon), :class:`ConfigError`, :class:`EncodeError`,
+  :class:`CompressionError`, :class:`ListenError`, :class:`SourceLostError`,
+  :class:`StateInUseError`, and the exit statuses ``EXIT_CONFIG``, ``EXIT_IO``;
+- the config field types :data:`Duration` (``"30s"`` → seconds) and :data:`Size`
+  (``"64MiB"`` → bytes), and :func:`split_host_port` for ``host:port`` keys;
+- :class:`FileSystem`, whose instance :attr:`SourceContext.fs` is the daemon's (every fsync of a
+  directory a source makes goes through it: the crash tests swap it), and :func:`try_lock`, an
+  exclusive ``flock`` on an open directory (one daemon per folder);
+- ``descriptors``: the process's file-descriptor budget (``take``, ``release``, ``Backoff``),
+  which a source that accepts connections shares with the daemon.
+
+A plugin declares on its config class its delivery guarantee (:attr:`SourceConfig.delivery`),
+the crash points it passes (:attr:`SourceConfig.crash_points`, reached through
+:meth:`SourceContext.crash_point`) and its starter config for ``tfrecordd init``
+(:attr:`SourceConfig.sample_config`): the core keeps no table of plugins.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from importlib.metadata import entry_points
-from itertools import accumulate
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, SupportsIndex
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tfrecordd.errors import TokenVersionError as TokenVersionError
-from tfrecordd.retry import Backoff as Backoff
-from tfrecordd.retry import retrying as retrying
+from tfrecordd import crashpoints, descriptors
+from tfrecordd.endpoints import split_host_port
+from tfrecordd.errors import (
+    EXIT_CONFIG,
+    EXIT_IO,
+    CompressionError,
+    ConfigError,
+    EncodeError,
+    ListenError,
+    SourceLostError,
+    StateInUseError,
+    TfrecorddError,
+    TokenVersionError,
+)
+from tfrecordd.events import (
+    EncodeResult,
+    EventFormat,
+    Failure,
+    FailureReason,
+    Lines,
+    RawBatch,
+    RawEvent,
+    Token,
+)
+from tfrecordd.fsys import LOCAL, FileSystem, try_lock
+from tfrecordd.retry import Backoff, retrying
+from tfrecordd.units import Duration, Size
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_IO",
+    "Backoff",
+    "CompressionError",
+    "ConfigError",
+    "DirectoryUse",
+    "Duration",
+    "EncodeError",
+    "EncodeResult",
+    "Encoder",
+    "EncoderConfig",
+    "EventFormat",
+    "Failure",
+    "FailureReason",
+    "FileSystem",
+    "Lines",
+    "ListenError",
+    "RawBatch",
+    "RawEvent",
+    "Registry",
+    "Size",
+    "Source",
+    "SourceConfig",
+    "SourceContext",
+    "SourceLostError",
+    "StateInUseError",
+    "TfrecorddError",
+    "Token",
+    "TokenVersionError",
+    "descriptors",
+    "retrying",
+    "split_host_port",
+    "token_version",
+    "try_lock",
+]
 
 if TYPE_CHECKING:
     from tfrecordd.schema import ExampleSchema, SequenceSchema
 
 log = logging.getLogger(__name__)
-
-Token = Any
-"""A source's JSON-serializable acknowledgement token (positions covered by one batch). Each
-source types its own (a ``TypedDict`` with a version field ``"v"``, read by
-:func:`token_version`)."""
 
 
 def token_version(token: Mapping[str, Any], source: str, newest: int) -> int:
@@ -51,170 +126,6 @@ def token_version(token: Mapping[str, Any], source: str, newest: int) -> int:
     if type(version) is not int or not 1 <= version <= newest:
         raise TokenVersionError(source, version, newest)
     return version
-
-
-EventFormat = Literal["csv", "file"] | None
-"""How an event is to be read (:attr:`RawEvent.format`)."""
-
-
-class FailureReason(StrEnum):
-    """Why an event went to the dead letters: the ``reason`` of its dead letter and the label of
-    ``tfrecordd_events_dead_lettered_total``, so a closed set."""
-
-    REJECTED = "rejected"
-    """The source refused it before encoding (:attr:`RawEvent.error`: over a size limit, not a
-    valid CSV record, no payload field...)."""
-    MALFORMED = "malformed"
-    """Not readable as what it claims to be: invalid JSON, a corrupt image, a record TensorFlow
-    would not parse."""
-    SCHEMA = "schema"
-    """Readable, but its values do not fit the declared features."""
-    FORMAT = "format"
-    """An event of a kind the encoder does not take (a CSV row for an image encoder...)."""
-    LABEL = "label"
-    """A file whose folder names no configured label (the ``image`` encoder's
-    ``unknown_label = "dead-letter"``)."""
-    TOO_LARGE = "too-large"
-    """Over a limit of the encoder's (an image's pixel count)."""
-    ENCODER_ERROR = "encoder-error"
-    """The encoder raised on this event instead of reporting it (a bug in the encoder)."""
-
-
-class Failure(NamedTuple):
-    """One event an encoder could not encode."""
-
-    at: int
-    """The event's index in the batch."""
-    reason: FailureReason
-    detail: str
-    """Human-readable: what is wrong, naming the feature where there is one."""
-
-
-@dataclass(slots=True)
-class RawEvent:
-    """One event as a source read it."""
-
-    payload: bytes
-    """The raw bytes (a JSON line, a datagram, a file's content...), kept for dead letters."""
-    where: str
-    """A human-readable position (``file:offset``, a stream entry ID), for dead letters and logs."""
-    value: Any = None
-    """An already-structured value (a CSV row as a dict, a file's attributes), if the source has
-    one; encoders use it instead of parsing ``payload``."""
-    format: EventFormat = None
-    """How to read the event: ``None`` means ``payload`` is one JSON value; ``"csv"`` means
-    ``value`` is a row of text fields (header name → string) to convert through the schema;
-    ``"file"`` means ``payload`` is a whole file's bytes and ``value`` its attributes
-    (``filename``, ``label``: the parent folder's name, ``path``: relative to the spool)."""
-    error: str | None = None
-    """Set by the source when the event is already known to be bad (e.g. a line over the size
-    limit): it goes straight to the dead letters with this reason."""
-
-
-@dataclass(slots=True)
-class Lines:
-    """Events that are the lines of one buffer (JSON lines), left for the encode stage to split.
-
-    A source that reads newline-delimited JSON in bulk sends its lines this way, so the daemon's
-    own process does no work per event: the split happens where the events are encoded (in an
-    encode worker process, with ``encode_workers > 1``). An empty or whitespace-only line is no
-    event; a line longer than ``max_line`` is an event with ``error`` set, carrying its first
-    ``max_line`` bytes.
-    """
-
-    data: bytes
-    """Whole lines, each ended by ``\\n`` except perhaps the last (at the end of the input)."""
-    where: str
-    """Where the lines come from (a file name); an event's ``where`` is ``{where}:{offset}``."""
-    offset: int
-    """The position of ``data[0]`` in its stream."""
-    max_line: int
-    """A longer line is refused (dead-lettered with its first ``max_line`` bytes)."""
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
-        # With protocol 5 the bytes can travel out of band (to an encode worker, as they are).
-        data = pickle.PickleBuffer(self.data) if int(protocol) >= 5 else self.data
-        return (Lines, (data, self.where, self.offset, self.max_line))
-
-    def split(self) -> tuple[list[bytes], list[RawEvent]]:
-        """``(payloads, refused)``: the events' payloads in order (each is one JSON value), and
-        the refused lines as events, their ``where`` set. Where an event came from is found
-        only when needed, by :meth:`offsets`."""
-        lines = self._lines()
-        if self._plain(lines):
-            return lines, []
-        payloads: list[bytes] = []
-        refused: list[RawEvent] = []
-        limit = self.max_line
-        for line, at in zip(lines, self._starts(lines), strict=False):
-            if len(line) > limit:
-                error = f"record longer than max_line_bytes ({limit}); first bytes kept"
-                refused.append(RawEvent(line[:limit], self.at(at), error=error))
-            elif line and not line.isspace():
-                payloads.append(line)
-        return payloads, refused
-
-    def offsets(self) -> list[int]:
-        """The stream offset of each payload :meth:`split` gives, in the same order."""
-        lines = self._lines()
-        starts = self._starts(lines)
-        if self._plain(lines):
-            return starts[:-1]
-        limit = self.max_line
-        return [
-            at
-            for line, at in zip(lines, starts, strict=False)
-            if len(line) <= limit and line and not line.isspace()
-        ]
-
-    def at(self, offset: int) -> str:
-        """The ``where`` of the event at ``offset``."""
-        return f"{self.where}:{offset}"
-
-    def _lines(self) -> list[bytes]:
-        lines = self.data.split(b"\n")
-        if not lines[-1]:
-            lines.pop()  # after the last newline (or all of an empty buffer)
-        return lines
-
-    def _starts(self, lines: list[bytes]) -> list[int]:
-        # Where each line starts, and where one after the last would: running sums in C of the
-        # lines' lengths, plus one newline per line before.
-        sums = accumulate(map(len, lines), initial=self.offset)
-        return [s + i for i, s in enumerate(sums)]
-
-    def _plain(self, lines: list[bytes]) -> bool:
-        """No line is blank or too long (checked without a Python step per line)."""
-        if not lines or max(map(len, lines)) > self.max_line:
-            return False
-        # The least line starts with its least first byte: when that is no whitespace, no line
-        # is blank (JSON values start with one of `{["-0123456789tfn`).
-        least = min(lines)
-        return (bool(least) and least[0] > 32) or not any(not x or x.isspace() for x in lines)
-
-
-@dataclass(slots=True)
-class RawBatch:
-    """A batch of events from one source, with the token that acknowledges all of them."""
-
-    source: str
-    events: list[RawEvent]
-    token: Token
-    """Positions covered; may cover no events (an empty file's end, say) and still needs acking."""
-    lines: Lines | None = None
-    """More events, as lines to split (after ``events``, in order)."""
-
-    def expand(self) -> list[RawEvent]:
-        """Every event of the batch, ``lines`` split, each with its ``where`` (for tests and
-        tools: the daemon splits ``lines`` only where it encodes them)."""
-        lines = self.lines
-        if lines is None:
-            return list(self.events)
-        payloads, refused = lines.split()
-        offsets = lines.offsets()
-        placed = [(at, RawEvent(p, lines.at(at))) for p, at in zip(payloads, offsets, strict=True)]
-        placed += [(int(ev.where.rpartition(":")[2]), ev) for ev in refused]
-        return self.events + [ev for _, ev in sorted(placed, key=lambda p: p[0])]
 
 
 class SourceContext(abc.ABC):
@@ -230,6 +141,15 @@ class SourceContext(abc.ABC):
     """Never put more events than this in one batch."""
     max_batch_bytes: int
     """Keep the payload bytes of one batch under this (one oversized event may exceed it)."""
+    fs: FileSystem = LOCAL
+    """The daemon's file system: a source makes its own renames and deletions durable with
+    ``fs.fsync_dir`` / ``fs.fsync_dir_fd`` (tests swap in one that fails or cuts the power)."""
+
+    def crash_point(self, point: str) -> None:
+        """Pass the crash point ``point`` (declared in the config class's
+        :attr:`SourceConfig.crash_points`): with ``TFRECORDD_CRASH_AT=point`` set, the process
+        exits here as if killed (the crash tests); otherwise nothing happens."""
+        crashpoints.reached(point)
 
     @abc.abstractmethod
     async def send(self, batch: RawBatch) -> None:
@@ -246,6 +166,11 @@ class SourceContext(abc.ABC):
 
 class Source(abc.ABC):
     """A running source. ``run`` reads until cancelled; ``ack`` makes positions final."""
+
+    def attach(self, ctx: SourceContext) -> None:  # noqa: B027
+        """Called once, before :meth:`recover`, :meth:`ack` or :meth:`run`, with the context
+        ``run`` will get: a source that needs the daemon's file system or its crash points in
+        ``recover`` or ``ack`` (which take no context) keeps it from here."""
 
     @abc.abstractmethod
     async def run(self, ctx: SourceContext) -> None:
@@ -298,6 +223,18 @@ class SourceConfig(BaseModel):
 
     delivery: ClassVar[str] = "at-least-once"
     """The delivery guarantee this source gives, end to end (shown by ``tfrecordd plugins``)."""
+    crash_points: ClassVar[tuple[str, ...]] = ()
+    """The crash points this source passes (:meth:`SourceContext.crash_point`), each a name
+    ``TFRECORDD_CRASH_AT`` may arm, besides the daemon's own."""
+    sample_config: ClassVar[str] = ""
+    """The ``[[sources]]`` table ``tfrecordd init --source TYPE`` writes for this source (empty:
+    ``init`` offers no starter config for it). It reads the events of the starter config's
+    encoder (``encoder = "events"``) and may use ``{spool}`` (a directory for it under the
+    starter config's base directory, as a TOML string) and ``{sample}`` (a sample JSON event).
+    """
+    sample_try: ClassVar[str] = ""
+    """A shell command that feeds ``{sample}`` to the source as :attr:`sample_config` sets it up
+    (``{spool_dir}``: that directory, unquoted), printed by ``init``."""
 
     def build(self) -> Source:
         """Create the source from this config."""
@@ -324,15 +261,6 @@ class DirectoryUse:
     renamed_from: str | None = None
     """For an output: the key of the input its files are renamed from (so both must be on one
     file system)."""
-
-
-@dataclass(slots=True)
-class EncodeResult:
-    """What an encoder made of a batch: records, and the events that failed with a reason."""
-
-    records: list[bytes] = field(default_factory=list)
-    failures: list[Failure] = field(default_factory=list)
-    """The events that failed, by their index in the batch."""
 
 
 class Encoder(abc.ABC):
@@ -375,8 +303,6 @@ class EncoderConfig(BaseModel):
         as plain data (see ``tfrecordd schema``), for an encoder without a
         :meth:`declared_schema`. Encoders that cannot know it raise
         :class:`~tfrecordd.errors.TfrecorddError` saying why."""
-        from tfrecordd.errors import TfrecorddError
-
         raise TfrecorddError(f"the {self.type!r} encoder does not describe its records")
 
     def schema_fingerprint(self) -> str:
@@ -411,3 +337,11 @@ class Registry:
                     broken[f"{group}:{ep.name}"] = f"{type(e).__name__}: {e}"
                     log.warning("plugin %s (%s) failed to load: %s", ep.name, ep.value, e)
         return cls(found["tfrecordd.sources"], found["tfrecordd.encoders"], broken)
+
+    def crash_points(self) -> tuple[str, ...]:
+        """Every crash point ``TFRECORDD_CRASH_AT`` may arm: the daemon's, in protocol order,
+        then those the registered sources declare."""
+        points = list(crashpoints.POINTS)
+        for model in self.sources.values():
+            points += [p for p in model.crash_points if p not in points]
+        return tuple(points)

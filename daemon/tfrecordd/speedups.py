@@ -2,9 +2,10 @@
 
 ``setup.py`` builds each C extension as optional: without a C compiler tfrecordd installs and
 runs the pure-Python code that the extensions stand in for, byte for byte the same, only slower.
-:func:`load` is how the rest of the package finds an extension; it returns ``None`` when the
-extension is missing or when ``TFRECORDD_PURE_PYTHON=1`` is set (to rule the compiled code out
-when chasing a problem, and for the tests that hold both paths to the same output).
+:func:`load` finds an extension; it returns ``None`` when the extension is missing or when
+``TFRECORDD_PURE_PYTHON=1`` is set (to rule the compiled code out when chasing a problem, and for
+the tests that hold both paths to the same output). Code calls ``_cframe`` only through the typed
+functions of :mod:`tfrecordd.format.compiled`.
 """
 
 from __future__ import annotations

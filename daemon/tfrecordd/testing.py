@@ -6,7 +6,9 @@ checks the contract every source keeps: the events that the outside world delive
 limits, tokens are JSON-serializable, ``fold`` is idempotent and associative (commits folded
 one after the other give what folding them at once does), ``compact`` keeps what the tokens
 cover (acking what it gives, as the daemon does, leaves nothing to read again) and is
-idempotent, ``ack`` may be repeated, and the source stops promptly when cancelled.
+idempotent, ``ack`` may be repeated and makes what it acks final (a source started afresh, with
+no state, as after ``state_dir`` is lost, sends none of it again), and the source stops promptly
+when cancelled.
 
 :func:`check_encoder` checks what the daemon relies on from an encoder: its config survives
 pickling (workers build encoders from it), each event of a batch gives one record or one failure
@@ -29,6 +31,7 @@ from tfrecordd.plugin import (
     EncoderConfig,
     EncodeResult,
     FailureReason,
+    FileSystem,
     RawBatch,
     RawEvent,
     Source,
@@ -49,6 +52,7 @@ class RecordingContext(SourceContext):
     state_dir: str = "."
     max_batch_events: int = 7
     max_batch_bytes: int = 1 << 20
+    fs: FileSystem = field(default_factory=FileSystem)
     batches: list[RawBatch] = field(default_factory=list)
     expected: int = 0
     arrived: anyio.Event = field(default_factory=anyio.Event)
@@ -89,8 +93,9 @@ async def check_source(
     """Run ``config``'s source, deliver ``events`` events through ``produce``, and check the
     contract, waiting up to ``wait`` seconds for the events. Then ack the tokens, compacted
     the way the daemon compacts them, and run a new source from the folded state for
-    ``settle`` seconds: it must send none of the events again. Returns the context for further
-    checks; raises :class:`ContractError`."""
+    ``settle`` seconds: it must send none of the events again; nor may one started with no state
+    at all (``ack`` made the positions final: deleted, XACKed...). Returns the context for
+    further checks; raises :class:`ContractError`."""
     source = config.build()
     if not isinstance(source, Source):
         raise ContractError(f"{type(config).__name__}.build() returned {type(source)!r}")
@@ -98,6 +103,7 @@ async def check_source(
         f'{{"contract": {i}, "text": "\u00e9v\u00e9nement {i}"}}'.encode() for i in range(events)
     ]
     ctx = RecordingContext(name=config.name, state_dir=state_dir, expected=len(payloads))
+    source.attach(ctx)
     await source.recover(None, [])
     try:
         async with anyio.create_task_group() as tg:
@@ -124,6 +130,7 @@ async def check_source(
     await source.ack(compacted)
     await source.ack(compacted)
     await _check_nothing_again(config, ctx, type(source).fold(None, compacted), settle)
+    await _check_nothing_again(config, ctx, None, settle)
     return ctx
 
 
@@ -153,9 +160,11 @@ def _check_compact(source: Source, tokens: list[Any]) -> list[Any]:
 async def _check_nothing_again(
     config: SourceConfig, ctx: RecordingContext, state: Any, settle: float
 ) -> None:
-    """A new source that recovers from what was acked sends none of its events again."""
+    """A new source that recovers from ``state`` (what was acked, folded; or ``None``: ack alone
+    must have made the events final) sends none of them again."""
     source = config.build()
     again = RecordingContext(name=config.name, state_dir=ctx.state_dir)
+    source.attach(again)
     await source.recover(state, [])
     try:
         async with anyio.create_task_group() as tg:
@@ -167,9 +176,13 @@ async def _check_nothing_again(
             await source.aclose()
     repeated = set(again.payloads()) & set(ctx.payloads())
     if repeated:
+        how = (
+            "by a source started with no state (ack did not make them final)"
+            if state is None
+            else "(acked as compacted)"
+        )
         raise ContractError(
-            f"{len(repeated)} acked events were sent again (acked as compacted): "
-            f"{sorted(repeated)[:3]}"
+            f"{len(repeated)} acked events were sent again {how}: {sorted(repeated)[:3]}"
         )
 
 

@@ -25,8 +25,11 @@ from tests.support import (
     wait_for,
     write_config,
 )
-from tfrecordd.crashpoints import POINTS
 from tfrecordd.outputs.shards import OFFSETS_IN_MEMORY
+from tfrecordd.plugin import Registry
+
+POINTS = Registry.from_entry_points().crash_points()
+"""Every crash point: the daemon's and the built-in sources'."""
 
 
 def drained(root: Path) -> bool:

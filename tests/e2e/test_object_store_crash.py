@@ -26,9 +26,12 @@ from tests.support import (
     wait_for,
     write_config,
 )
-from tfrecordd.crashpoints import POINTS
 from tfrecordd.format.reader import iter_records
 from tfrecordd.outputs import manifest
+from tfrecordd.plugin import Registry
+
+POINTS = Registry.from_entry_points().crash_points()
+"""Every crash point: the daemon's and the built-in sources'."""
 
 PART = 5 << 20
 BLOB = 3000

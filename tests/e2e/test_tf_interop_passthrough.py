@@ -25,9 +25,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfrecordd.format import proto
+from tfrecordd.format import compiled, proto
 from tfrecordd.plugin import RawEvent
-from tfrecordd_plugins.encoders import passthrough
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig
 
 pytestmark = pytest.mark.tensorflow
@@ -346,8 +345,8 @@ def _utf8(key: bytes) -> bool:
 @pytest.fixture(params=["compiled", "python"])
 def check_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "python":
-        monkeypatch.setattr(passthrough, "_cframe", None)
-    elif passthrough._cframe is None:
+        monkeypatch.setattr(compiled, "COMPILED", False)
+    elif not compiled.COMPILED:
         pytest.skip("tfrecordd._cframe is not built")
     return str(request.param)
 

@@ -52,7 +52,10 @@ from tests.support import (
     wait_for,
     write_config,
 )
-from tfrecordd.crashpoints import POINTS
+from tfrecordd.plugin import Registry
+
+POINTS = Registry.from_entry_points().crash_points()
+"""Every crash point: the daemon's and the built-in sources'."""
 
 CRASH_PHASES = {
     "directory": tuple(p for p in POINTS if p != "mid-upload"),

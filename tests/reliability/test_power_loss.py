@@ -14,11 +14,11 @@ the dead letters; at the end, every event is written exactly once.
 
 What the daemon does around the layer: the directory source claims and deletes spool files with
 ``os.rename``/``os.unlink`` (seen here by comparing directory listings, so no hook is needed) and
-fsyncs directories with its own helper, which the tests route into the model; the journal reads
-its file and truncates a torn tail with built-in ``open`` and ``os.fsync`` (it opens, creates
-and appends through the layer); the dead-letter file is rotated with ``os.replace``.
-Directories themselves (``shards/``, ``state/``, the claim folder) exist before the first cut
-and are treated as durable.
+fsyncs its folders, held open, through the daemon's layer (``fsync_dir_fd``, from its context); the
+journal reads its file and truncates a torn tail with built-in ``open`` and ``os.fsync`` (it opens,
+creates and appends through the layer); the dead-letter file is rotated with ``os.replace``.
+Directories themselves (``shards/``, ``state/``, the claim folder) exist before the first cut and
+are treated as durable.
 
 Every run is made with and without manifests: a manifest is published (and its directory
 fsynced) right after its shard, which would hide a missing directory fsync after the shard's own
@@ -38,7 +38,7 @@ import random
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -47,7 +47,6 @@ import anyio
 import orjson
 import pytest
 
-import tfrecordd_plugins.sources.spool_claims as spool_claims
 from tests.reliability.harness import count_ids
 from tests.support import claimed_files, movie_event, write_config
 from tfrecordd.config import load_config
@@ -212,6 +211,11 @@ class PowerLossFs(FileSystem):
         super().fsync_dir(path)
         self.model.sync_dir(path)
 
+    def fsync_dir_fd(self, fd: int) -> None:
+        self.model.op()
+        super().fsync_dir_fd(fd)
+        self.model.sync_dir(os.readlink(f"/proc/self/fd/{fd}"))
+
     def publish(self, src: str, dst: str) -> None:
         self.model.op()
         super().publish(src, dst)
@@ -313,24 +317,6 @@ class CutFigures:
     losses: list[str] = field(default_factory=list)
 
 
-@contextlib.contextmanager
-def routed_dir_fsync(model: DurabilityModel) -> Iterator[None]:
-    """Route the directory source's own directory fsyncs into the model (they bypass the
-    daemon's FileSystem)."""
-    real = spool_claims.fsync_dir
-
-    def fsync_dir(fd: int) -> None:
-        model.op()
-        real(fd)
-        model.sync_dir(os.readlink(f"/proc/self/fd/{fd}"))
-
-    spool_claims.fsync_dir = fsync_dir
-    try:
-        yield
-    finally:
-        spool_claims.fsync_dir = real
-
-
 async def run_until_drained(daemon: Daemon, producer: Spool, stall: float = 60.0) -> None:
     """Run until every producer file is acknowledged, then stop. Fails when no file is
     acknowledged for ``stall`` seconds: the backlog the cuts leave grows with their number (the
@@ -397,44 +383,43 @@ async def run_cuts(
         acked_at_cut.update(set(producer.files) - producer.present())
 
     model.on_freeze = snapshot_acks
-    with routed_dir_fsync(model):
-        if first_boot_synced:
-            # Start from a first boot whose files reached the disk (the other test cuts the
-            # first boot itself).
-            producer.write(1)
-            await run_until_drained(Daemon(cfg, fs=fs, handle_signals=False), producer)
-            model.baseline()
-        for _ in range(cuts):
-            producer.write(3)
-            model.ops = 0
-            model.cut_at = rng.randint(1, 400)
-            daemon = Daemon(cfg, fs=fs, handle_signals=False)
-            async with anyio.create_task_group() as tg:
-                await tg.start(daemon.run)
-                with anyio.move_on_after(5):
-                    while not model.frozen:
-                        await anyio.sleep(0.005)
-                figs.cut_while_busy += model.frozen
-                model.freeze()  # at the armed operation, or now if the run went idle first
-                tg.cancel_scope.cancel()
-            model.cut_at = None
-            changed = model.apply_cut()
-            figs.cuts += 1
-            for k, v in changed.items():
-                setattr(figs, k, getattr(figs, k) + v)
-            ids, problems = count_ids(shards)
-            assert problems == [], problems
-            figs.duplicated += sum(c - 1 for c in ids.values())
-            letters = _dead_letter_places(state)
-            for name in acked_at_cut:
-                figs.acked_checked += 1
-                missing = producer.files[name] - ids.keys()
-                figs.lost_acked += len(missing)
-                figs.dead_letters_lost += len(producer.bad[name] - letters)
-                if missing:
-                    figs.losses.append(f"{name}: {len(missing)} acked events lost")
-        # After the last cut, a daemon without cuts drains the spool.
+    if first_boot_synced:
+        # Start from a first boot whose files reached the disk (the other test cuts the
+        # first boot itself).
+        producer.write(1)
         await run_until_drained(Daemon(cfg, fs=fs, handle_signals=False), producer)
+        model.baseline()
+    for _ in range(cuts):
+        producer.write(3)
+        model.ops = 0
+        model.cut_at = rng.randint(1, 400)
+        daemon = Daemon(cfg, fs=fs, handle_signals=False)
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            with anyio.move_on_after(5):
+                while not model.frozen:
+                    await anyio.sleep(0.005)
+            figs.cut_while_busy += model.frozen
+            model.freeze()  # at the armed operation, or now if the run went idle first
+            tg.cancel_scope.cancel()
+        model.cut_at = None
+        changed = model.apply_cut()
+        figs.cuts += 1
+        for k, v in changed.items():
+            setattr(figs, k, getattr(figs, k) + v)
+        ids, problems = count_ids(shards)
+        assert problems == [], problems
+        figs.duplicated += sum(c - 1 for c in ids.values())
+        letters = _dead_letter_places(state)
+        for name in acked_at_cut:
+            figs.acked_checked += 1
+            missing = producer.files[name] - ids.keys()
+            figs.lost_acked += len(missing)
+            figs.dead_letters_lost += len(producer.bad[name] - letters)
+            if missing:
+                figs.losses.append(f"{name}: {len(missing)} acked events lost")
+    # After the last cut, a daemon without cuts drains the spool.
+    await run_until_drained(Daemon(cfg, fs=fs, handle_signals=False), producer)
     ids, problems = count_ids(shards)
     assert problems == []
     everything = set().union(*producer.files.values())
@@ -544,28 +529,20 @@ async def test_a_kill_after_a_link_then_a_power_cut_after_the_redone_acks(
     model = _linked_not_durable(tmp_path, linked)
     spool_dirs = str(spool.resolve())
 
-    real = spool_claims.fsync_dir
+    class CutAfterSpoolSync(PowerLossFs):
+        def fsync_dir_fd(self, fd: int) -> None:
+            super().fsync_dir_fd(fd)
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(spool_dirs):
+                self.model.freeze()  # the first redone ack is durable: cut now
 
-    def fsync_then_cut(fd: int) -> None:
-        model.op()
-        real(fd)
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        model.sync_dir(path)
-        if os.path.realpath(path).startswith(spool_dirs):
-            model.freeze()  # the first redone ack is durable: cut now
-
-    spool_claims.fsync_dir = fsync_then_cut
-    try:
-        daemon = Daemon(load_config(cfg_path), fs=PowerLossFs(model), handle_signals=False)
-        async with anyio.create_task_group() as tg:
-            await tg.start(daemon.run)
-            with anyio.fail_after(10):
-                while not model.frozen:
-                    await anyio.sleep(0.005)
-            acked = set(files) - producer_present(spool, files)
-            tg.cancel_scope.cancel()
-    finally:
-        spool_claims.fsync_dir = real
+    daemon = Daemon(load_config(cfg_path), fs=CutAfterSpoolSync(model), handle_signals=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        with anyio.fail_after(10):
+            while not model.frozen:
+                await anyio.sleep(0.005)
+        acked = set(files) - producer_present(spool, files)
+        tg.cancel_scope.cancel()
     assert acked, "the restart redid the acks of the killed commit"
     model.apply_cut()
     ids, problems = count_ids(shards)

@@ -11,7 +11,10 @@ import pytest
 from tests.e2e.test_daemon_process import drained, fill_spool
 from tests.reliability.harness import count_ids
 from tests.support import DaemonProcess, run_clean_until, write_config
-from tfrecordd.crashpoints import POINTS
+from tfrecordd.plugin import Registry
+
+POINTS = Registry.from_entry_points().crash_points()
+"""Every crash point: the daemon's and the built-in sources'."""
 
 COMMIT_POINTS = [p for p in POINTS if p not in ("mid-upload", "after-claim", "mid-write")]
 

@@ -17,9 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfrecordd import speedups
-from tfrecordd.format import framing, proto, tfreading
+from tfrecordd.format import compiled, framing, proto, tfreading
 from tfrecordd.plugin import EncodeResult, RawEvent
-from tfrecordd_plugins.encoders import passthrough
 from tfrecordd_plugins.encoders.passthrough import PassthroughEncoderConfig
 
 try:
@@ -104,7 +103,7 @@ def reference_frame(record: bytes) -> bytes:
 def test_frame_many_is_the_python_framing_byte_for_byte(records: list[bytes]) -> None:
     expected = b"".join(map(reference_frame, records))
     assert _cframe.frame_many(records) == expected
-    assert framing._frame_many_py(records) == expected
+    assert framing.frame_many_python(records) == expected
     assert framing.frame_many(records) == expected
     assert _cframe.frame_many(tuple(records)) == expected
     assert _cframe.frame_many(iter(records)) == expected
@@ -121,8 +120,8 @@ def test_frame_many_of_large_batches_and_other_buffers() -> None:
     assert _cframe.frame_many(records) == expected
     mixed: list[Any] = [bytearray(r) if i % 3 == 1 else r for i, r in enumerate(records)]
     mixed[2] = memoryview(records[2])
-    assert _cframe.frame_many(mixed) == framing._frame_many_py(mixed) == expected
-    assert _cframe.frame_many([]) == framing._frame_many_py([]) == b""
+    assert _cframe.frame_many(mixed) == framing.frame_many_python(mixed) == expected
+    assert _cframe.frame_many([]) == framing.frame_many_python([]) == b""
 
 
 def test_frame_many_refuses_what_is_not_bytes_like() -> None:
@@ -130,7 +129,7 @@ def test_frame_many_refuses_what_is_not_bytes_like() -> None:
         with pytest.raises(TypeError):
             _cframe.frame_many(bad)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
-            framing._frame_many_py(bad)  # type: ignore[arg-type]
+            framing.frame_many_python(bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         _cframe.frame_many(5)  # type: ignore[arg-type]
 
@@ -138,7 +137,7 @@ def test_frame_many_refuses_what_is_not_bytes_like() -> None:
 def test_framing_uses_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
     records = [b"x" * 10, b"", b"y" * 300]
     fast = framing.frame_many(records)
-    monkeypatch.setattr(framing, "_cframe", None)
+    monkeypatch.setattr(compiled, "COMPILED", False)
     assert framing.frame_many(records) == fast
 
 
@@ -157,7 +156,7 @@ def test_record_starts_are_the_running_sums_of_the_framed_lengths(
         starts = array("Q", [7])
         with pytest.MonkeyPatch.context() as mp:
             if not use_c:
-                mp.setattr(framing, "_cframe", None)
+                mp.setattr(compiled, "COMPILED", False)
             framing.extend_record_starts(starts, array("Q", lengths), start)
         assert starts.tolist() == [7, *expected]
 
@@ -795,7 +794,7 @@ def test_passthrough_results_are_the_same_without_the_extension(
         assert all(r.__class__ is bytes for r in result.records)
         assert result.records, "some records pass"
         assert result.failures, "some records fail"
-    monkeypatch.setattr(passthrough, "_cframe", None)
+    monkeypatch.setattr(compiled, "COMPILED", False)
     slow = [encode(c, events) for c in configs]
     assert [(r.records, r.failures) for r in fast] == [(r.records, r.failures) for r in slow]
     assert encode(configs[0], []) == EncodeResult()

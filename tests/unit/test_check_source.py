@@ -15,6 +15,9 @@ from tfrecordd.testing import ContractError, check_source
 
 WORLD: list[bytes] = []
 """What the outside world delivered, in order; a token is how many of them a batch reaches."""
+ACKED = [0]
+"""How many of ``WORLD`` were acked: the outside world's own record (a consumer group's offset),
+where a source with no state starts."""
 
 
 class MemorySource(Source):
@@ -35,10 +38,11 @@ class MemorySource(Source):
             await anyio.sleep(0.01)
 
     async def ack(self, tokens: Sequence[Token]) -> None:
-        pass
+        if MemorySource.how != "ack does nothing":
+            ACKED[0] = max([ACKED[0], *tokens])
 
     async def recover(self, state: Any, pending: Sequence[Token]) -> None:
-        self.start = state or 0
+        self.start = max(state or 0, ACKED[0])
 
     @staticmethod
     def fold(state: Any, tokens: Sequence[Token]) -> Any:
@@ -65,12 +69,18 @@ async def _produce(payloads: list[bytes]) -> None:
 
 @pytest.mark.parametrize(
     ("how", "message"),
-    [("", None), ("not associative", "not associative"), ("not idempotent", "not idempotent")],
+    [
+        ("", None),
+        ("not associative", "not associative"),
+        ("not idempotent", "not idempotent"),
+        ("ack does nothing", "started with no state"),
+    ],
 )
-def test_check_source_passes_a_sound_source_and_catches_a_broken_fold(
+def test_check_source_passes_a_sound_source_and_catches_a_broken_one(
     tmp_path: Path, how: str, message: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     WORLD.clear()
+    ACKED[0] = 0
     monkeypatch.setattr(MemorySource, "how", how)
 
     async def check() -> None:

@@ -116,7 +116,8 @@ def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_listeners_default_to_loopback() -> None:
     """Invariant 9: nothing listens beyond the machine unless the config says so."""
-    from tfrecordd.config import MetricsSection, split_host_port
+    from tfrecordd.config import MetricsSection
+    from tfrecordd.endpoints import split_host_port
     from tfrecordd_plugins.sources.socket import TcpSourceConfig, UdpSourceConfig
 
     defaults = [

@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "plugin toolkit and config",
         {
             "tfrecordd.plugin",
+            "tfrecordd.events",
             "tfrecordd.testing",
             "tfrecordd.config",
             "tfrecordd.pathcheck",

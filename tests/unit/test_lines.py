@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tfrecordd.format import compiled as compiled_code
 from tfrecordd.plugin import Lines, RawBatch
-from tfrecordd_plugins.sources import spool_formats
 from tfrecordd_plugins.sources.spool_formats import cuts
 
 LINE = st.sampled_from(
@@ -57,7 +57,7 @@ def test_split_gives_the_events_line_by_line_reading_gives(
     assert all("max_line_bytes" in (ev.error or "") for ev in refused)
 
 
-COMPILED = [False, True] if spool_formats.cframe is not None else [False]
+COMPILED = [False, True] if compiled_code.COMPILED else [False]
 
 
 @pytest.mark.parametrize("compiled", COMPILED, ids=lambda c: "compiled" if c else "python")
@@ -77,12 +77,12 @@ def test_cuts_make_batches_of_whole_lines_within_both_limits(
 
 @contextmanager
 def _compiled(on: bool) -> Iterator[None]:
-    saved = spool_formats.cframe
-    spool_formats.cframe = saved if on else None
+    saved = compiled_code.COMPILED
+    compiled_code.COMPILED = saved and on  # type: ignore[misc]
     try:
         yield
     finally:
-        spool_formats.cframe = saved
+        compiled_code.COMPILED = saved  # type: ignore[misc]
 
 
 def _check_cuts(lengths: list[int], newline_at_end: bool, max_events: int, max_bytes: int) -> None:

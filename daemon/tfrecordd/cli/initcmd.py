@@ -1,9 +1,10 @@
 """``tfrecordd init``: write a commented starter config that runs as written.
 
-``tfrecordd init --source directory|tcp|redis-stream [--output FILE] [--dir BASE]`` writes a
-config for one source of the chosen type, with every path under ``BASE`` (default:
-``./tfrecordd-data``, made absolute so the config runs from any working directory) and a small
-example schema. An existing file is never overwritten. ``--output -`` prints the config instead.
+``tfrecordd init --source TYPE [--output FILE] [--dir BASE]`` writes a config for one source of
+the chosen type (each source plugin that has a ``sample_config``: directory, tcp, redis-stream
+among the built-ins), with every path under ``BASE`` (default: ``./tfrecordd-data``, made
+absolute so the config runs from any working directory) and a small example schema. An existing
+file is never overwritten. ``--output -`` prints the config instead.
 """
 
 from __future__ import annotations
@@ -12,18 +13,18 @@ import argparse
 import json
 import os
 import sys
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfrecordd.cli import help_of
-from tfrecordd.config import split_host_port
-from tfrecordd.endpoints import METRICS_LISTEN
+from tfrecordd.endpoints import METRICS_LISTEN, split_host_port
 from tfrecordd.errors import EXIT_OK, OutputError
 
-__all__ = ["SOURCES", "add_commands", "starter_config"]
+if TYPE_CHECKING:
+    from tfrecordd.plugin import Registry
 
-SOURCES = ("directory", "tcp", "redis-stream")
-"""The source types ``init`` writes a starter config for."""
+__all__ = ["add_commands", "starter_config", "starter_sources"]
 
 DEFAULT_BASE = "tfrecordd-data"
 DEFAULT_OUTPUT = "tfrecordd.toml"
@@ -31,45 +32,19 @@ DEFAULT_METRICS = METRICS_LISTEN
 
 _SAMPLE_EVENT = '{"id": 1, "text": "hello", "score": 0.5, "tags": ["a", "b"]}'
 
-_SOURCE_TABLES = {
-    "directory": """\
-[[sources]]
-name = "spool"
-type = "directory"
-path = {spool}
-# Producers write a file elsewhere (or under a dotfile name), then rename it in: a name matching
-# the pattern must be a finished file.
-pattern = "*.jsonl"
-format = "jsonl"                   # one JSON event per line
-encoder = "events"
-on_done = "delete"                 # or "move": into done/ inside the spool, once published
-""",
-    "tcp": """\
-[[sources]]
-name = "tcp"
-type = "tcp"
-listen = "127.0.0.1:7070"          # loopback; open it wider only behind a firewall
-framing = "lines"                  # one JSON event per line
-encoder = "events"
-""",
-    "redis-stream": """\
-[[sources]]
-name = "redis"
-type = "redis-stream"
-url = "redis://127.0.0.1:6379/0"
-stream = "events"                  # XADD events * data '{sample}'
-group = "tfrecordd"                # the consumer group; created at start if missing
-field = "data"                     # the entry field holding the JSON event
-encoder = "events"
-""",
-}
 
-_TRY_IT = {
-    "directory": "echo '{sample}' > {spool_dir}/.first.tmp && "
-    "mv {spool_dir}/.first.tmp {spool_dir}/first.jsonl",
-    "tcp": "echo '{sample}' | nc 127.0.0.1 7070",
-    "redis-stream": "redis-cli XADD events '*' data '{sample}'",
-}
+def starter_sources() -> tuple[str, ...]:
+    """The installed source types that offer a starter config (``SourceConfig.sample_config``)."""
+    return tuple(sorted(n for n, model in _registry().sources.items() if model.sample_config))
+
+
+@cache
+def _registry() -> Registry:
+    # Imported here: the plugins are loaded only when a starter config is asked for.
+    from tfrecordd.plugin import Registry
+
+    return Registry.from_entry_points()
+
 
 _TEMPLATE = """\
 # tfrecordd starter config: a {source} source -> gzip TFRecord shards under {base}.
@@ -112,9 +87,10 @@ tags = "bytes"                     # a JSON list gives a list of values
 def starter_config(
     source: str, base: str | os.PathLike[str], *, output: str = DEFAULT_OUTPUT, listen: str = ""
 ) -> str:
-    """The starter config text for ``source`` (one of :data:`SOURCES`) with paths under ``base``
-    (made absolute)."""
-    if source not in SOURCES:
+    """The starter config text for ``source`` (one of :func:`starter_sources`) with paths under
+    ``base`` (made absolute): the plugin's own ``sample_config`` in a common frame."""
+    model = _registry().sources.get(source)
+    if model is None or not model.sample_config:
         raise ValueError(f"no starter config for source type {source!r}")
     root = Path(base).absolute()
     spool = root / "spool"
@@ -125,7 +101,7 @@ def starter_config(
         state=_toml_str(root / "state"),
         shards=_toml_str(root / "shards"),
         listen=_toml_str(listen or DEFAULT_METRICS),
-        source_table=_SOURCE_TABLES[source].format(spool=_toml_str(spool), sample=_SAMPLE_EVENT),
+        source_table=model.sample_config.format(spool=_toml_str(spool), sample=_SAMPLE_EVENT),
         sample=_SAMPLE_EVENT,
     )
 
@@ -161,7 +137,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
     print(f"wrote {output}: a {args.source} source, data under {Path(args.dir).absolute()}")
     print(f"  check it:  tfrecordd check-config {output}")
     print(f"  run it:    tfrecordd run --config {output}")
-    print("  try it:    " + _TRY_IT[args.source].format(sample=_SAMPLE_EVENT, spool_dir=spool_dir))
+    try_it = _registry().sources[args.source].sample_try
+    if try_it:
+        print("  try it:    " + try_it.format(sample=_SAMPLE_EVENT, spool_dir=spool_dir))
     return EXIT_OK
 
 
@@ -169,7 +147,9 @@ def add_commands(sub: Any) -> None:
     """Register ``init`` on the CLI's subparsers."""
     help_text = help_of("init")
     p = sub.add_parser("init", help=help_text, description=help_text)
-    p.add_argument("--source", required=True, choices=SOURCES, help="the kind of source to read")
+    p.add_argument(
+        "--source", required=True, choices=starter_sources(), help="the kind of source to read"
+    )
     p.add_argument(
         "--output",
         "-o",

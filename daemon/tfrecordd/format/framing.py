@@ -5,7 +5,7 @@ all little-endian. :func:`iter_framed` tells a stream that was cut short (trunca
 bytes were changed (corrupted) the way TensorFlow's ``record_reader.cc`` does: too few bytes for a
 header or a body is truncation, a CRC that does not match is corruption.
 
-Where ``tfrecordd._cframe`` is built (:mod:`tfrecordd.speedups`), :func:`frame_many`,
+Where ``tfrecordd._cframe`` is built (:mod:`tfrecordd.format.compiled`), :func:`frame_many`,
 :func:`extend_record_starts` and the CRCs run in C (about 0.05 µs per 200-byte record instead of
 0.7); the Python code below is the same framing, used when it is not.
 """
@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, islice
 from typing import Protocol
 
-import crc32c as _crc32c
-
-from tfrecordd import speedups
 from tfrecordd.errors import CorruptRecordError, RecordLimitError, TruncatedRecordError
+from tfrecordd.format import compiled
 
 HEADER_SIZE = 12
 """Bytes before a record's data: the 8-byte length and the 4-byte masked CRC of the length."""
@@ -36,11 +34,8 @@ _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _HEADER = struct.Struct("<QI")
-_cframe = speedups.load("_cframe")
-_crc: Callable[[bytes | bytearray | memoryview], int] = (
-    _crc32c.crc32c if _cframe is None else _cframe.crc32c
-)
 # Large bodies are read in pieces so a bogus length in a short file never allocates the full length.
+_crc = compiled.crc32c
 _READ_PIECE = 1024 * 1024
 
 
@@ -79,8 +74,8 @@ def framed_size(records: Sequence[bytes]) -> int:
 def extend_record_starts(starts: array[int], lengths: array[int], start: int) -> None:
     """Append to ``starts`` where each record of ``lengths`` (an ``array("Q")``) begins in the
     framed stream, the first at ``start``."""
-    if _cframe is not None:
-        starts.frombytes(_cframe.record_starts(lengths, start))
+    if compiled.COMPILED:
+        starts.frombytes(compiled.record_starts(lengths, start))
     else:
         running = accumulate(map(OVERHEAD.__add__, lengths), initial=start)
         starts.extend(islice(running, len(lengths)))
@@ -94,13 +89,11 @@ def frame(record: bytes) -> bytes:
 
 def frame_many(records: Iterable[bytes]) -> bytes:
     """Several records framed back to back, as one bytes object."""
-    if _cframe is not None:
-        framed: bytes = _cframe.frame_many(records)
-        return framed
-    return _frame_many_py(records)
+    framed = compiled.frame_many(records)
+    return frame_many_python(records) if framed is None else framed
 
 
-def _frame_many_py(records: Iterable[bytes]) -> bytes:
+def frame_many_python(records: Iterable[bytes]) -> bytes:
     """:func:`frame_many` without the extension: built with a single join."""
     return b"".join(frame_parts(records))
 

@@ -30,7 +30,9 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from tfrecordd.config import DaemonConfig, split_host_port
+from tfrecordd import crashpoints
+from tfrecordd.config import DaemonConfig
+from tfrecordd.endpoints import split_host_port
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.metrics import Metrics, serve
@@ -42,7 +44,7 @@ from tfrecordd.pipeline.encode import EncodeStage
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import recover
 from tfrecordd.pipeline.write import WriteStage
-from tfrecordd.plugin import RawBatch, Source, SourceContext
+from tfrecordd.plugin import RawBatch, Registry, Source, SourceContext
 from tfrecordd.state import statelock
 from tfrecordd.state.deadletter import DeadLetters
 from tfrecordd.state.journal import Journal
@@ -59,8 +61,9 @@ within about this long, even when no commit comes."""
 
 
 class _SourceContext(SourceContext):
-    def __init__(self, daemon: Daemon, name: str, send: MemoryObjectSendStream[RawBatch]) -> None:
+    def __init__(self, daemon: Daemon, name: str) -> None:
         cfg = daemon.config
+        self.fs = daemon.fs
         self.name = name
         self.node_id = cfg.daemon.node_id
         self.state_dir = os.path.join(str(cfg.daemon.state_dir), "sources", name)
@@ -68,16 +71,22 @@ class _SourceContext(SourceContext):
         if cfg.output.max_shard_records:
             self.max_batch_events = min(self.max_batch_events, cfg.output.max_shard_records)
         self.max_batch_bytes = min(cfg.daemon.max_batch_bytes, cfg.output.max_shard_bytes // 4)
-        self._send = send
+        self._send: MemoryObjectSendStream[RawBatch] | None = None
+        """The pipeline's stream, set when the source starts running."""
         self._m = daemon.metrics
         self._received = daemon.metrics.events_received.labels(name)
         self._backpressure = daemon.metrics.backpressure.labels(name)
 
+    def connect(self, send: MemoryObjectSendStream[RawBatch]) -> None:
+        """Send into ``send`` from now on (the source's own clone of the pipeline's stream)."""
+        self._send = send
+
     async def send(self, batch: RawBatch) -> None:
+        assert self._send is not None, "send before run"
         try:
             self._send.send_nowait(batch)
         except anyio.WouldBlock:
-            await self._send_when_room(batch)
+            await self._send_when_room(batch, self._send)
         else:
             # A source that finds room keeps making batches without waiting: let the other stages
             # run between two batches (the workers' results, the writer's trips to its thread),
@@ -85,14 +94,16 @@ class _SourceContext(SourceContext):
             await anyio.lowlevel.checkpoint()
         self._received.inc(len(batch.events))
 
-    async def _send_when_room(self, batch: RawBatch) -> None:
+    async def _send_when_room(
+        self, batch: RawBatch, stream: MemoryObjectSendStream[RawBatch]
+    ) -> None:
         t0 = time.monotonic()
         try:
             with anyio.move_on_after(PAUSE_LOG_AFTER) as scope:
-                await self._send.send(batch)
+                await stream.send(batch)
             if scope.cancelled_caught:
                 log.info("source %s: paused by backpressure (the output is behind)", self.name)
-                await self._send.send(batch)
+                await stream.send(batch)
                 log.info("source %s: resumed after %.1fs", self.name, time.monotonic() - t0)
         finally:
             self._backpressure.inc(time.monotonic() - t0)
@@ -127,6 +138,12 @@ class Daemon:
         self.state_dir = str(config.daemon.state_dir)
         self.fsync = out.fsync
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
+        if crashpoints.armed() is not None:
+            declared = [p for s in config.sources for p in type(s).crash_points]
+            crashpoints.check_armed([*Registry.from_entry_points().crash_points(), *declared])
+        self._contexts = {name: _SourceContext(self, name) for name in self.sources}
+        for name, src in self.sources.items():
+            src.attach(self._contexts[name])
         self.encode = EncodeStage(
             config.encoders,
             {s.name: s.encoder for s in config.sources},
@@ -348,6 +365,8 @@ class Daemon:
     async def _run_source(
         self, name: str, src: Source, send: MemoryObjectSendStream[RawBatch]
     ) -> None:
+        ctx = self._contexts[name]
         async with send:
-            await src.run(_SourceContext(self, name, send))
+            ctx.connect(send)
+            await src.run(ctx)
         log.info("source %s: finished", name)

@@ -16,6 +16,7 @@ import fcntl
 import os
 
 from tfrecordd.errors import EXIT_IO, StateInUseError, TfrecorddError
+from tfrecordd.fsys import try_lock
 
 LOCK = "lock"
 
@@ -71,19 +72,6 @@ def acquire_folder(path: str, node_id: str) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def try_lock(fd: int) -> bool:
-    """Take the exclusive ``flock`` on the open file ``fd`` without waiting; ``False`` if another
-    open file (another daemon) holds it. Closing ``fd`` releases it, and so does the end of the
-    process, however it ends."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise
-        return False
-    return True
 
 
 def held_by_other(state_dir: str) -> bool:

@@ -8,8 +8,15 @@ from typing import Literal, cast
 import orjson
 import pydantic
 
-from tfrecordd.errors import EncodeError
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
+from tfrecordd.plugin import (
+    EncodeError,
+    Encoder,
+    EncoderConfig,
+    EncodeResult,
+    Failure,
+    FailureReason,
+    RawEvent,
+)
 from tfrecordd.schema import ExampleSchema, FeatureSpec, compile_json_plan
 
 

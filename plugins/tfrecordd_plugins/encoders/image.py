@@ -26,7 +26,6 @@ from typing import Any, Literal
 import pydantic
 from PIL import Image, UnidentifiedImageError
 
-from tfrecordd.errors import EncodeError, TfrecorddError
 from tfrecordd.format.wire import (
     INT64_MAX,
     INT64_MIN,
@@ -36,7 +35,16 @@ from tfrecordd.format.wire import (
     example_head,
     map_entries,
 )
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
+from tfrecordd.plugin import (
+    EncodeError,
+    Encoder,
+    EncoderConfig,
+    EncodeResult,
+    Failure,
+    FailureReason,
+    RawEvent,
+    TfrecorddError,
+)
 from tfrecordd_plugins.encoders.image_headers import (
     JPEG_MAGIC,
     PNG_MAGIC,

@@ -12,14 +12,13 @@ SequenceExample is checked by protobuf's C parser (upb): bytes that do not parse
 and by default so are unknown fields, found by comparing the parsed message's size before and
 after ``DiscardUnknownFields()``.
 
-Where ``tfrecordd._cframe`` is built (:mod:`tfrecordd.speedups`), a walk of the wire format in C
-goes over the batch first: it certifies each payload that is valid in every sense above with no
+Where the compiled checks are built (:mod:`tfrecordd.format.compiled`), a walk of the wire format in
+C goes over the batch first: it certifies each payload that is valid in every sense above with no
 unknown field at any depth (about 0.07 µs for a 210-byte Example), and flags every one it cannot
-vouch for (whatever is unusual, not only what is invalid). Only the flagged payloads are judged
-as above (a few µs each), so a batch of ordinary Examples costs about 0.1 µs per record in either
-mode, against about 0.8 for TensorFlow's ``TFRecordWriter.write`` of the same bytes (which checks
-nothing).
-"""
+vouch for (whatever is unusual, not only what is invalid). Only the flagged payloads are judged as
+above (a few µs each), so a batch of ordinary Examples costs about 0.1 µs per record in either mode,
+against about 0.8 for TensorFlow's ``TFRecordWriter.write`` of the same bytes (which checks
+nothing)."""
 
 from __future__ import annotations
 
@@ -28,12 +27,16 @@ from typing import Any, Literal
 
 from google.protobuf.message import DecodeError
 
-from tfrecordd import speedups
-from tfrecordd.errors import TfrecorddError
-from tfrecordd.format import proto, tfreading
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
-
-_cframe = speedups.load("_cframe")
+from tfrecordd.format import compiled, proto, tfreading
+from tfrecordd.plugin import (
+    Encoder,
+    EncoderConfig,
+    EncodeResult,
+    Failure,
+    FailureReason,
+    RawEvent,
+    TfrecorddError,
+)
 
 
 class PassthroughEncoderConfig(EncoderConfig):
@@ -47,7 +50,7 @@ class PassthroughEncoderConfig(EncoderConfig):
     message type, damage), or an Example key that is not UTF-8, is a dead letter. ``keep``: both
     are accepted, as ``tf.io.parse_example`` reads them; what TensorFlow refuses or reads
     differently from protobuf is refused either way (docs/encoders.md). With the compiled check
-    (``tfrecordd._cframe``) ordinary payloads cost the same either way."""
+    (:mod:`tfrecordd.format.compiled`) ordinary payloads cost the same either way."""
 
     def build(self) -> PassthroughEncoder:
         return PassthroughEncoder(self)
@@ -75,12 +78,9 @@ class PassthroughEncoder(Encoder):
         # Indices of the payloads protobuf must judge, ascending; every other one is certified
         # valid (and is an exact bytes object).
         flagged: Iterable[int]
-        if _cframe is None:
-            flagged = range(len(payloads))
-        else:
-            flagged = _cframe.check_messages(payloads, self._sequence)
-            if not flagged:
-                return EncodeResult(records=payloads)
+        flagged = compiled.check_messages(payloads, self._sequence)
+        if not flagged:
+            return EncodeResult(records=payloads)
         result = EncodeResult()
         records, failures = result.records, result.failures
         msg: Any = self._cls()

@@ -8,8 +8,16 @@ from typing import Literal
 import orjson
 import pydantic
 
-from tfrecordd.errors import ConfigError, EncodeError
-from tfrecordd.plugin import Encoder, EncoderConfig, EncodeResult, Failure, FailureReason, RawEvent
+from tfrecordd.plugin import (
+    ConfigError,
+    EncodeError,
+    Encoder,
+    EncoderConfig,
+    EncodeResult,
+    Failure,
+    FailureReason,
+    RawEvent,
+)
 from tfrecordd.schema import FeatureSpec, SequenceSchema
 
 

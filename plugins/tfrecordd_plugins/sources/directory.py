@@ -24,8 +24,15 @@ from typing import Any, ClassVar, Literal
 import anyio
 from pydantic import Field, field_validator
 
-from tfrecordd.plugin import DirectoryUse, Source, SourceConfig, SourceContext, Token
-from tfrecordd.units import Duration, Size
+from tfrecordd.plugin import (
+    DirectoryUse,
+    Duration,
+    Size,
+    Source,
+    SourceConfig,
+    SourceContext,
+    Token,
+)
 from tfrecordd_plugins.sources import spool_positions
 from tfrecordd_plugins.sources.spool_claims import Claims
 from tfrecordd_plugins.sources.spool_folders import SpoolError
@@ -110,6 +117,23 @@ class DirectorySourceConfig(SourceConfig):
     source keeps, of ``read_size`` plus ``min(max_line_bytes, read_size)`` bytes."""
 
     delivery: ClassVar[str] = "exactly-once"
+    crash_points: ClassVar[tuple[str, ...]] = ("after-claim", "after-spool-ack")
+    sample_config: ClassVar[str] = """\
+[[sources]]
+name = "spool"
+type = "directory"
+path = {spool}
+# Producers write a file elsewhere (or under a dotfile name), then rename it in: a name matching
+# the pattern must be a finished file.
+pattern = "*.jsonl"
+format = "jsonl"                   # one JSON event per line
+encoder = "events"
+on_done = "delete"                 # or "move": into done/ inside the spool, once published
+"""
+    sample_try: ClassVar[str] = (
+        "echo '{sample}' > {spool_dir}/.first.tmp && "
+        "mv {spool_dir}/.first.tmp {spool_dir}/first.jsonl"
+    )
 
     @field_validator("pattern")
     @classmethod
@@ -147,6 +171,9 @@ class DirectorySource(Source):
         """Committed offset per claimed file (``node/claim``); a file whose end is committed is
         gone (with the bare claim name it had before node folders, if it was migrated)."""
         return spool_positions.fold(state, tokens)
+
+    def attach(self, ctx: SourceContext) -> None:
+        self.claims.attach(ctx)
 
     async def recover(self, state: Any, pending: Sequence[Token]) -> None:
         tokens = self._read_tokens(pending)

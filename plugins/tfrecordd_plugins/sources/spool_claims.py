@@ -32,10 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from tfrecordd import crashpoints
-from tfrecordd.errors import StateInUseError, TfrecorddError
-from tfrecordd.plugin import SourceContext
-from tfrecordd.state import statelock
+from tfrecordd.plugin import FileSystem, SourceContext, StateInUseError, TfrecorddError, try_lock
 from tfrecordd_plugins.sources.spool_folders import (
     DIR_FLAGS,
     SpoolError,
@@ -79,16 +76,11 @@ class ClaimSettings(Protocol):
     def done_dir(self) -> Path | None: ...
 
 
-def fsync_dir(fd: int) -> None:
-    """fsync a folder: every fsync of the spool's folders goes through here."""
-    os.fsync(fd)
-
-
-def _close_synced(folders: dict[str, int]) -> None:
+def _close_synced(fs: FileSystem, folders: dict[str, int]) -> None:
     """fsync (a claim renamed out of them must stay out after a power cut) and close."""
     try:
         for fd in folders.values():
-            fsync_dir(fd)
+            fs.fsync_dir_fd(fd)
     finally:
         for fd in folders.values():
             os.close(fd)
@@ -119,6 +111,18 @@ class Claims:
         """Size and modification time of each new claim when it was found."""
         self._own: set[tuple[int, int]] = set()
         """The daemon's own folders (device, inode): never read as spool folders."""
+        self.fs = FileSystem()
+        """Every fsync of the spool's folders goes through it: the daemon's, once attached."""
+        self._ctx: SourceContext | None = None
+
+    def attach(self, ctx: SourceContext) -> None:
+        """Use the daemon's file system and crash points (``Source.attach``)."""
+        self.fs = ctx.fs
+        self._ctx = ctx
+
+    def _crash_point(self, point: str) -> None:
+        if self._ctx is not None:
+            self._ctx.crash_point(point)
 
     @property
     def node(self) -> str | None:
@@ -139,8 +143,8 @@ class Claims:
         try:
             os.makedirs(self.spool, exist_ok=True)
             fds["spool"] = os.open(self.spool, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            fds["root"] = own_dir(fds["spool"], CLAIM_DIR, self.claim_dir)
-            fds["rejected"] = own_dir(fds["spool"], REJECT_DIR, self.reject_dir)
+            fds["root"] = own_dir(self.fs, fds["spool"], CLAIM_DIR, self.claim_dir)
+            fds["rejected"] = own_dir(self.fs, fds["spool"], REJECT_DIR, self.reject_dir)
             own = [fds["root"], fds["rejected"]]
             if self.config.on_done == "move":
                 fds["done"] = self._open_done()
@@ -165,7 +169,7 @@ class Claims:
         *parents, last = rel.split(os.sep)
         parent = open_path(self._fds["spool"], parents, create=True)
         try:
-            return own_dir(parent, last, done, 0o777)
+            return own_dir(self.fs, parent, last, done, 0o777)
         finally:
             os.close(parent)
 
@@ -182,9 +186,9 @@ class Claims:
             raise SpoolError(f"node_id {node!r} cannot name a claim folder")
         root = self._fds["root"]
         self.claim_dir = os.path.join(self.spool, CLAIM_DIR, node)
-        claims = own_dir(root, node, self.claim_dir)
+        claims = own_dir(self.fs, root, node, self.claim_dir)
         try:
-            if not statelock.try_lock(claims):
+            if not try_lock(claims):
                 raise StateInUseError(
                     f"spool {self.spool}: node_id {node} is in use by another tfrecordd reading "
                     f"this spool (it holds {self.claim_dir}): each daemon sharing a spool needs "
@@ -202,8 +206,8 @@ class Claims:
                 os.rename(name, name, src_dir_fd=root, dst_dir_fd=self._fds["claims"])
                 log.info("%s: adopted %s from the claim folder's old layout", self.spool, name)
         if legacy:
-            fsync_dir(self._fds["claims"])
-            fsync_dir(root)
+            self.fs.fsync_dir_fd(self._fds["claims"])
+            self.fs.fsync_dir_fd(root)
 
     def close(self) -> None:
         """Close the folders (releasing the claim folder's lock)."""
@@ -245,11 +249,11 @@ class Claims:
                 os.unlink(claim, dir_fd=folder)
             else:
                 self._move_done(folder, claim)
-            fsync_dir(folder)
+            self.fs.fsync_dir_fd(folder)
         finally:
             if opened:
                 os.close(folder)
-        crashpoints.reached("after-spool-ack")
+        self._crash_point("after-spool-ack")
 
     def _move_done(self, folder: int, claim: str) -> None:
         *parents, name = original(claim).split("/")
@@ -259,7 +263,7 @@ class Claims:
                 os.stat(name, dir_fd=dst, follow_symlinks=False)
                 name = f"{name}.{claim.split('-', 1)[0]}"
             os.rename(claim, name, src_dir_fd=folder, dst_dir_fd=dst)
-            fsync_dir(dst)
+            self.fs.fsync_dir_fd(dst)
         finally:
             os.close(dst)
 
@@ -290,8 +294,8 @@ class Claims:
                 os.close(fd)
         except OSError as e:
             log.error("%s: cannot record why %s was rejected: %s", self.reject_dir, shown, e)
-        fsync_dir(rejected)
-        fsync_dir(folder)
+        self.fs.fsync_dir_fd(rejected)
+        self.fs.fsync_dir_fd(folder)
         return True
 
     def check_spool(self) -> None:
@@ -430,7 +434,7 @@ class Claims:
                 try:
                     if rel_dir not in folders:
                         if len(folders) >= _HELD_FOLDERS:
-                            _close_synced(folders)
+                            _close_synced(self.fs, folders)
                         parts = rel_dir.split("/") if rel_dir else []
                         folders[rel_dir] = open_path(self._fds["spool"], parts)
                     size = len(claim.encode())
@@ -458,11 +462,11 @@ class Claims:
                         ctx.count_refused("unclaimable")
                         log.error("%s: cannot claim %s: %s", ctx.name, printable(rel), e)
                     continue
-                crashpoints.reached("after-claim")
+                self._crash_point("after-claim")
                 claimed.append(claim)
                 self.seen[claim] = seen
             if claimed:
-                fsync_dir(claims)
+                self.fs.fsync_dir_fd(claims)
         finally:
-            _close_synced(folders)
+            _close_synced(self.fs, folders)
         return claimed

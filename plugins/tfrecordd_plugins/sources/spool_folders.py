@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from contextlib import suppress
 
-from tfrecordd.errors import EXIT_CONFIG, TfrecorddError
+from tfrecordd.plugin import EXIT_CONFIG, FileSystem, TfrecorddError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """How every folder below the spool is opened: never through a symlink."""
@@ -49,15 +49,15 @@ def open_path(base: int, parts: Sequence[str], *, create: bool = False, mode: in
     return fd
 
 
-def own_dir(parent: int, name: str, shown: str, mode: int = 0o700) -> int:
-    """The folder ``name`` in ``parent``, created if missing, and checked to be a real directory
-    owned by this process's user."""
+def own_dir(fs: FileSystem, parent: int, name: str, shown: str, mode: int = 0o700) -> int:
+    """The folder ``name`` in ``parent``, created if missing (``parent`` fsynced through ``fs``),
+    and checked to be a real directory owned by this process's user."""
     try:
         os.mkdir(name, mode, dir_fd=parent)
     except FileExistsError:
         pass
     else:
-        os.fsync(parent)
+        fs.fsync_dir_fd(parent)
     try:
         fd = open_dir(name, parent)
     except OSError as e:

@@ -19,16 +19,13 @@ from typing import Protocol
 
 import anyio
 
-from tfrecordd import speedups
+from tfrecordd.format import compiled
 from tfrecordd.plugin import Lines, RawBatch, RawEvent, SourceContext
 from tfrecordd_plugins.sources import csvrecords
 from tfrecordd_plugins.sources.spool_positions import token as _token
 from tfrecordd_plugins.sources.spool_reading import FileReader, Rejected
 
 log = logging.getLogger("tfrecordd_plugins.sources.directory")  # the source's one logger
-
-cframe = speedups.load("_cframe")
-"""The compiled line scanner :func:`cuts` uses, or ``None`` (then Python finds the cuts)."""
 
 
 class FormatSettings(Protocol):
@@ -326,8 +323,8 @@ def cuts(
                 or buf.find(b"\n", start + max_bytes, whole) + 1
                 or whole
             )
-        if cframe is not None:
-            end, _ = cframe.line_end(buf, start, bound, max_events)
+        if compiled.COMPILED:
+            end, _ = compiled.line_end(buf, start, bound, max_events)
             yield end
             start = end
             continue

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 import aiofiles
 import anyio
 
-from tfrecordd.errors import CompressionError
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.decompress import open_decompressed
+from tfrecordd.plugin import CompressionError
 
 GROW_POLLS = 10
 """A file still growing this many poll intervals after it was first read to its end has the

@@ -7,8 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from tfrecordd.plugin import SourceConfig
-from tfrecordd.units import Duration, Size
+from tfrecordd.plugin import Duration, Size, SourceConfig
 from tfrecordd_plugins.sources.redis_stream.source import RedisStreamSource
 
 
@@ -59,6 +58,17 @@ class RedisStreamSourceConfig(SourceConfig):
     """While Redis is unreachable, retries back off from 100ms up to this delay."""
 
     delivery: ClassVar[str] = "exactly-once"
+    sample_config: ClassVar[str] = """\
+[[sources]]
+name = "redis"
+type = "redis-stream"
+url = "redis://127.0.0.1:6379/0"
+stream = "events"                  # XADD events * data '{sample}'
+group = "tfrecordd"                # the consumer group; created at start if missing
+field = "data"                     # the entry field holding the JSON event
+encoder = "events"
+"""
+    sample_try: ClassVar[str] = "redis-cli XADD events '*' data '{sample}'"
 
     @field_validator("url")
     @classmethod

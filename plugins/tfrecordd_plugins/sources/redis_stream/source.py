@@ -16,13 +16,13 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
-from tfrecordd.errors import SourceLostError
 from tfrecordd.plugin import (
     Backoff,
     RawBatch,
     RawEvent,
     Source,
     SourceContext,
+    SourceLostError,
     Token,
     retrying,
 )

@@ -8,8 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from tfrecordd.plugin import SourceConfig
-from tfrecordd.units import Duration, Size
+from tfrecordd.plugin import Duration, Size, SourceConfig
 
 __all__ = ["StreamSourceConfig"]
 

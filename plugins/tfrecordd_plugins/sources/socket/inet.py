@@ -9,8 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from tfrecordd.config import split_host_port
-from tfrecordd.errors import ListenError
+from tfrecordd.plugin import ListenError, split_host_port
 
 __all__ = ["ListenAddress", "inet_peer", "inet_socket"]
 

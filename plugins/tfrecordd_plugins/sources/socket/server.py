@@ -15,8 +15,7 @@ from typing import Any, cast
 
 import anyio
 
-from tfrecordd import descriptors
-from tfrecordd.plugin import Source, SourceContext, Token, token_version
+from tfrecordd.plugin import Source, SourceContext, Token, descriptors, token_version
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
 from tfrecordd_plugins.sources.socket.connection import (
     TOKEN_VERSION,

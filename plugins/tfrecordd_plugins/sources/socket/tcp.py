@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
 from tfrecordd_plugins.sources.socket.inet import ListenAddress, inet_peer, inet_socket
@@ -22,6 +22,16 @@ class TcpSourceConfig(StreamSourceConfig):
     listen: ListenAddress = "127.0.0.1:7070"
     """``host:port`` to listen on (``[::1]:7070`` for IPv6; port 0 picks a free port). Loopback
     unless you choose otherwise."""
+
+    sample_config: ClassVar[str] = """\
+[[sources]]
+name = "tcp"
+type = "tcp"
+listen = "127.0.0.1:7070"          # loopback; open it wider only behind a firewall
+framing = "lines"                  # one JSON event per line
+encoder = "events"
+"""
+    sample_try: ClassVar[str] = "echo '{sample}' | nc 127.0.0.1 7070"
 
     def build(self) -> TcpSource:
         return TcpSource(self)

@@ -14,8 +14,7 @@ import anyio
 import anyio.lowlevel
 from pydantic import Field
 
-from tfrecordd.plugin import RawBatch, RawEvent, Source, SourceConfig, SourceContext, Token
-from tfrecordd.units import Size
+from tfrecordd.plugin import RawBatch, RawEvent, Size, Source, SourceConfig, SourceContext, Token
 from tfrecordd_plugins.sources.socket.inet import ListenAddress, inet_peer, inet_socket
 
 __all__ = ["UdpSource", "UdpSourceConfig"]

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from tfrecordd.errors import ListenError
+from tfrecordd.plugin import ListenError
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
 from tfrecordd_plugins.sources.socket.server import ACCEPT_BACKLOG, StreamSource
 

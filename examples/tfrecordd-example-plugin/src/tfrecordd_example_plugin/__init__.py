@@ -1,0 +1,1 @@
+"""An example tfrecordd plugin package: a line-file source and a text encoder."""
