@@ -1,7 +1,8 @@
 """What flows through the pipeline between the plugins: the events a source reads
 (:class:`RawEvent`, lines still to split in :class:`Lines`), the batches it sends
-(:class:`RawBatch`) and what an encoder makes of them (:class:`EncodeResult`, with a :class:`Failure` per event it could not
-encode, for a reason of the closed set :class:`FailureReason`).
+(:class:`RawBatch`) and what an encoder makes of them (:class:`EncodeResult`, with a
+:class:`Failure` per event it could not encode, for a reason of the closed set
+:class:`FailureReason`).
 
 Plugins import these from :mod:`tfrecordd.plugin`, which re-exports them.
 """
