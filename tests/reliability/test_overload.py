@@ -164,7 +164,10 @@ def overload(root: Path, redis_url: str, seconds: float) -> None:
     udp_port, metrics_port = free_port(), free_port()
     cfg = _config(root, redis_url, udp_port, metrics_port)
     log = (root / "slow-daemon.log").open("wb")
-    env = os.environ | {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    # The repository for ``tests``, before the test process's own path (which may name the
+    # package's source roots): the slow daemon runs the code this test runs.
+    path = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.reliability.harness", "slow-daemon", str(cfg), "0.02"],
         stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
