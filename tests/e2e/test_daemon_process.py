@@ -154,13 +154,7 @@ def test_crash_point_then_restart_is_exactly_once(tmp_path: Path, point: str, nt
     assert len(set(letters)) == len(expected) // 30
 
 
-# 160,000 events per case. By default: a crash mid-write (the offsets file left beside an open
-# shard is discarded) and after-publish (the manifest is rebuilt); after-intent takes both paths
-# the default suite proves apart (that crash without spilled offsets, and the discard) and runs
-# in the long mode, which .ci/run runs.
-@pytest.mark.parametrize(
-    "point", ["mid-write", pytest.param("after-intent", marks=pytest.mark.slow), "after-publish"]
-)
+@pytest.mark.parametrize("point", ["mid-write", "after-intent", "after-publish"])
 def test_a_crash_with_offsets_spilled_to_disk_then_restart(tmp_path: Path, point: str) -> None:
     """Shards past OFFSETS_IN_MEMORY records keep the older offsets in a file beside them: a
     crash leaves that file behind, the restart discards it, and every manifest is whole."""
