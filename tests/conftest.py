@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import Any
 
 import pytest
 
-from tests.tiers import group, needs
+from tests.tiers import group, group_of, needs
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -20,6 +22,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("TFRECORDD_HYPOTHESIS_PROFILE", "reliability-long")
 
 
+# First: pytest-xdist's worker reads the xdist_group markers in its own hook of this name,
+# registered after this conftest and so called before it; the groups were never applied.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for name in sorted(needs(item) - {m.name for m in item.iter_markers()}):
@@ -32,6 +37,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups of tests/tiers.py read from the node ids: with
+    pytest 9.2, pytest-xdist 3.8's own grouping (an ``@group`` suffix written into each node id
+    by the worker) no longer takes, and every test was scheduled on its own
+    (pytest-dev/pytest-xdist#1386)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    # xdist ships no type information: its class is reached as Any, and extended by type().
+    base: Any = importlib.import_module("xdist.scheduler").LoadGroupScheduling
+    root = config.rootpath
+
+    def split_scope(self: Any, nodeid: str) -> str:
+        together = group_of(root / nodeid.partition("::")[0])
+        return together if together is not None else str(base._split_scope(self, nodeid))
+
+    return type("TierGroups", (base,), {"_split_scope": split_scope})(config, log)
 
 
 @pytest.fixture

@@ -71,6 +71,12 @@ def needs(item: pytest.Item) -> set[str]:
 
 def group(item: pytest.Item) -> str | None:
     """The xdist group ``item`` must run in, if any."""
-    if not item.path.is_relative_to(TESTS):
+    return group_of(item.path)
+
+
+def group_of(module: Path) -> str | None:
+    """The xdist group the tests of the module at ``module`` must run in, if any."""
+    module = module.resolve()
+    if not module.is_relative_to(TESTS):
         return None
-    return KILL_TIMING_GROUP if item.path.relative_to(TESTS).as_posix() in KILL_TIMING else None
+    return KILL_TIMING_GROUP if module.relative_to(TESTS).as_posix() in KILL_TIMING else None

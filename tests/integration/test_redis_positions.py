@@ -89,7 +89,7 @@ end
 async def test_positions_of_a_big_shard_are_a_few_ranges(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    n = 200_000
+    n = 50_000
     cfg = write_redis_config(
         tmp_path,
         redis_server.url,
@@ -128,9 +128,9 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
     assert len(intents) == 1, "one shard holds every entry"
     tokens = intents[0]["positions"]["events"]
     size = len(orjson.dumps(intents[0]["positions"]))
-    # 200 batches (of max_batch_events = 1000) read back to back by one consumer: their
-    # ranges merge into a few, whatever the shard's size (not one ID per entry: 3.6 MB; not
-    # one range per batch: 8.7 KB).
+    # 50 batches (of max_batch_events = 1000) read back to back by one consumer: their
+    # ranges merge into a few, whatever the shard's size (not one ID per entry: 0.9 MB; not
+    # one range per batch: 2.2 KB).
     assert len(tokens) <= 3, tokens
     assert all(len(read_token(t)) == 1 and isinstance(read_token(t)[0], list) for t in tokens)
     assert size < 256, f"{size} bytes of positions for {n} entries"

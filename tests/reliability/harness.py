@@ -306,20 +306,30 @@ class Figures:
 
 
 def harness_config(
-    root: Path, source: str, compression: str, redis_url: str | None, packed: bool = False
+    root: Path,
+    source: str,
+    compression: str,
+    redis_url: str | None,
+    packed: bool = False,
+    *,
+    drain: bool = False,
 ) -> Path:
     """Small shards and batches, so commits come every few milliseconds; ``packed``: batches of
     1000 events (about 170 KiB, so encode workers frame and compress them as units of their
-    own), two encode workers, and shards of 5000 records."""
+    own), two encode workers, and shards of 5000 records. ``drain``: batches and shards of
+    1000 events, for the clean run that drains the backlog the kills left (at a commit per 50
+    events, that run was most of a trial's time)."""
     output = {
         "compression": compression,
-        "max_shard_records": 5000 if packed else 50,
+        "max_shard_records": 5000 if packed else 1000 if drain else 50,
         "max_shard_age": "100ms",
         "min_free_bytes": 0,
     }
     daemon: dict[str, Any] = {"max_batch_events": 10, "drain_timeout": "30s"}
+    if packed or drain:
+        daemon |= {"max_batch_events": 1000}
     if packed:
-        daemon |= {"max_batch_events": 1000, "encode_workers": 2}
+        daemon |= {"encode_workers": 2}
     if source == "directory":
         return write_config(root, output=output, daemon=daemon)
     from tests.redis_server import write_redis_config
@@ -389,7 +399,7 @@ def run_crash_trials(
         finally:
             producer.stop()
         # The last restart's recovery is counted too, then a clean daemon drains everything.
-        d = DaemonProcess(cfg)
+        d = DaemonProcess(harness_config(root, source, compression, redis_url, packed, drain=True))
         try:
             d.wait_started(60)
             figs.count_recovery(d.output())

@@ -185,22 +185,24 @@ def test_the_audit_sees_loss_duplicates_and_partial_files(tmp_path: Path, compre
         assert read_shard(shard) == list(iter_records(shard))
     expected = set(range(100))
     assert audit(out, expected).ok
+    # ``tfrecordd verify`` (a process each time) runs in the first and the last audit: the
+    # shards between are sound, and what those audits must see is the reader's count.
     first, second = published_shards(out)[:2]
     shutil.copy(first, out / ("copy-" + first.name))
-    a = audit(out, expected)
+    a = audit(out, expected, verify=False)
     assert (a.lost, a.duplicated, a.unexpected) == (0, 30, 0)
     second.unlink()
     (out / f".{first.name}.inprogress").write_bytes(b"partial")
-    a = audit(out, expected)
+    a = audit(out, expected, verify=False)
     assert (a.lost, a.reader_visible_unpublished) == (30, 1)
     assert not a.ok
     (out / f".{first.name}.inprogress").unlink()
-    assert audit(out, expected).reader_visible_unpublished == 0
+    assert audit(out, expected, verify=False).reader_visible_unpublished == 0
     # A complete shard holding one record without an id: unexpected, not ignored.
     third = published_shards(out)[2]
     no_id = out / ("no-id-" + third.name)
     no_id.write_bytes(_shard_of_records([b""], third.name))
-    a = audit(out, expected)
+    a = audit(out, expected, verify=False)
     assert a.unexpected == 1
     assert not a.ok
     no_id.unlink()

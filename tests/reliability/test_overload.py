@@ -50,7 +50,13 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     yield from running_redis(tmp_path / "redis")
 
 
-def _config(root: Path, redis_url: str, udp_port: int, metrics_port: int) -> Path:
+def _config(
+    root: Path, redis_url: str, udp_port: int, metrics_port: int, *, drain: bool = False
+) -> Path:
+    """The overloaded daemon's config; ``drain``: the restart's, which drains the backlog in
+    batches of 1000 and shards of 5000 records (at a commit per 20 events, as under overload,
+    that run took minutes)."""
+    batch, shard = (1000, 5000) if drain else (BATCH, BATCH)
     features = {"id": "int64", "user": "bytes", "age": "int64", "movie": "bytes"}
     lines = [
         "[daemon]",
@@ -58,13 +64,13 @@ def _config(root: Path, redis_url: str, udp_port: int, metrics_port: int) -> Pat
         f'state_dir = "{root / "state"}"',
         'drain_timeout = "60s"',
         f"queue_batches = {QUEUE_BATCHES}",
-        f"max_batch_events = {BATCH}",
+        f"max_batch_events = {batch}",
         "[metrics]",
         f'listen = "127.0.0.1:{metrics_port}"',
         "[output]",
         f'dir = "{root / "shards"}"',
         'compression = "gzip"',
-        f"max_shard_records = {BATCH}",
+        f"max_shard_records = {shard}",
         'max_shard_age = "1s"',
         "min_free_bytes = 0",
         "[[sources]]",
@@ -158,7 +164,10 @@ def overload(root: Path, redis_url: str, seconds: float) -> None:
     udp_port, metrics_port = free_port(), free_port()
     cfg = _config(root, redis_url, udp_port, metrics_port)
     log = (root / "slow-daemon.log").open("wb")
-    env = os.environ | {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    # The repository for ``tests``, before the test process's own path (which may name the
+    # package's source roots): the slow daemon runs the code this test runs.
+    path = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.reliability.harness", "slow-daemon", str(cfg), "0.02"],
         stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
@@ -215,7 +224,7 @@ def overload(root: Path, redis_url: str, seconds: float) -> None:
         log.close()
         r.close()
     # A normal daemon drains what waited; nothing acked was lost, nothing is written twice.
-    d = DaemonProcess(cfg)
+    d = DaemonProcess(_config(root, redis_url, udp_port, metrics_port, drain=True))
     try:
         d.wait_started()
         with Redis.from_url(redis_url) as r2:

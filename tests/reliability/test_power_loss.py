@@ -335,6 +335,22 @@ async def run_until_drained(daemon: Daemon, producer: Spool, stall: float = 60.0
         daemon.request_stop()
 
 
+async def until_cut_or_idle(
+    model: DurabilityModel, producer: Spool, quiet: float = 0.3, bound: float = 5.0
+) -> None:
+    """Until the armed cut is reached, or the run went idle first: every producer file acked
+    and no file operation for ``quiet`` seconds (a cut drawn past the run's last operation
+    waited out all of ``bound`` before, a third of a run's cuts)."""
+    with anyio.move_on_after(bound):
+        ops, since = model.ops, time.monotonic()
+        while not model.frozen:
+            await anyio.sleep(0.005)
+            if model.ops != ops:
+                ops, since = model.ops, time.monotonic()
+            elif time.monotonic() - since > quiet and not producer.present():
+                return
+
+
 async def run_cuts(
     root: Path,
     *,
@@ -396,9 +412,7 @@ async def run_cuts(
         daemon = Daemon(cfg, fs=fs, handle_signals=False)
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.run)
-            with anyio.move_on_after(5):
-                while not model.frozen:
-                    await anyio.sleep(0.005)
+            await until_cut_or_idle(model, producer)
             figs.cut_while_busy += model.frozen
             model.freeze()  # at the armed operation, or now if the run went idle first
             tg.cancel_scope.cancel()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiers import KILL_TIMING, SERVERS, TESTS, UNIT, spawns
+from tests.tiers import KILL_TIMING, KILL_TIMING_GROUP, SERVERS, TESTS, UNIT, group_of, spawns
 
 UNIT_MODULES = sorted((TESTS / UNIT).glob("test_*.py"))
 
@@ -31,3 +31,12 @@ def test_the_rules_see_what_they_look_for() -> None:
 @pytest.mark.parametrize("module", sorted(KILL_TIMING))
 def test_the_kill_timing_group_names_modules_that_exist(module: str) -> None:
     assert (TESTS / module).is_file()
+
+
+def test_the_group_is_found_from_a_module_path_as_a_node_id_gives_it() -> None:
+    """The scheduler (tests/conftest.py) sees node ids, not items: the rootdir joined with the
+    module part of a node id names the group."""
+    for module in KILL_TIMING:
+        assert group_of(TESTS.parent / "tests" / module) == KILL_TIMING_GROUP
+    assert group_of(TESTS / "unit" / "test_journal.py") is None
+    assert group_of(TESTS.parent / "scripts" / "crash_harness.py") is None
