@@ -24,7 +24,8 @@ types it re-exports what plugins need from the core:
   (``"64MiB"`` → bytes), and :func:`split_host_port` for ``host:port`` keys;
 - :class:`FileSystem`, whose instance :attr:`SourceContext.fs` is the daemon's (every fsync of a
   directory a source makes goes through it: the crash tests swap it), and :func:`try_lock`, an
-  exclusive ``flock`` on an open directory (one daemon per folder);
+  exclusive ``flock`` on an open directory (one daemon per folder), and
+  :func:`write_atomically`, a small file replaced whole and durably through a ``FileSystem``;
 - ``descriptors``: the process's file-descriptor budget (``take``, ``release``, ``Backoff``),
   which a source that accepts connections shares with the daemon.
 
@@ -70,7 +71,7 @@ from tfrecordd.events import (
     RawEvent,
     Token,
 )
-from tfrecordd.fsys import LOCAL, FileSystem, try_lock
+from tfrecordd.fsys import LOCAL, FileSystem, try_lock, write_atomically
 from tfrecordd.retry import Backoff, retrying
 from tfrecordd.units import Duration, Size
 
@@ -109,6 +110,7 @@ __all__ = [
     "split_host_port",
     "token_version",
     "try_lock",
+    "write_atomically",
 ]
 
 if TYPE_CHECKING:

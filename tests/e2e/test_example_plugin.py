@@ -27,7 +27,7 @@ from tests.support import (
 )
 from tfrecordd.format import proto
 from tfrecordd.plugin import RawEvent, Registry
-from tfrecordd.testing import check_encoder, check_source
+from tfrecordd.testing import RecordingContext, check_encoder, check_source
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tfrecordd-example-plugin"
 
@@ -169,3 +169,42 @@ def test_the_example_plugin_passes_the_contract_checks(
     bad = [RawEvent(b"   ", "x:1"), RawEvent(b"\xff\xfe", "x:2")]
     records = check_encoder(encoder_config.model_validate({}), good, bad)
     assert [example_int64(r, "length") for r in records] == [[len(e.payload)] for e in good]
+
+
+def test_a_line_over_the_limit_is_one_refused_event_and_reading_goes_on_after_it(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line longer than a whole read (four times ``max_line_bytes``) is refused once, and the
+    next line is read whole: none of the long line's bytes become events of their own."""
+    monkeypatch.syspath_prepend(str(site))
+    source_config = Registry.from_entry_points().sources["example-lines"]
+    lines = tmp_path / "events.txt"
+    long_line = b"x" * 1000  # 15 reads of 64 bytes and a bit
+    lines.write_bytes(b"first\n" + long_line + b"\nafter\n" + b"y" * 20 + b"\nlast\n")
+    config = source_config.model_validate(
+        {"name": "lines", "encoder": "text", "path": str(lines), "max_line_bytes": 16}
+    )
+    source = config.build()
+    ctx = RecordingContext(name="lines", state_dir=str(tmp_path / "state"))
+
+    async def run() -> None:
+        source.attach(ctx)
+        await source.recover(None, [])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(source.run, ctx)
+            with anyio.fail_after(10):
+                while not any(ev.payload == b"last" for b in ctx.batches for ev in b.events):
+                    await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+        await source.aclose()
+
+    anyio.run(run)
+    events = [ev for b in ctx.batches for ev in b.events]
+    assert [(ev.payload, ev.error is not None) for ev in events] == [
+        (b"first", False),
+        (b"x" * 16, True),
+        (b"after", False),
+        (b"y" * 16, True),
+        (b"last", False),
+    ]
+    assert ctx.batches[-1].token == lines.stat().st_size

@@ -11,7 +11,6 @@ still being written is read once its newline is there.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -29,6 +28,7 @@ from tfrecordd.plugin import (
     SourceConfig,
     SourceContext,
     Token,
+    write_atomically,
 )
 
 AFTER_ACK = "example-lines-after-ack"
@@ -93,22 +93,37 @@ class LineFileSource(Source):
 
     async def run(self, ctx: SourceContext) -> None:
         at = self.start
+        skipping = False  # inside a line too long to read whole: the rest of it is passed over
+        limit = self.config.max_line_bytes
         while True:
             data = await anyio.to_thread.run_sync(self._read_from, at)
+            whole_read = len(data) == self._read_size
+            read: list[tuple[RawEvent, int]] = []  # each event, and where reading goes on after it
+            passed = at
+            if skipping:
+                newline = data.find(b"\n")
+                skipping = newline < 0
+                cut = len(data) if skipping else newline + 1
+                at, data, whole_read = at + cut, data[cut:], False
             end = data.rfind(b"\n") + 1
-            lines = data[:end].split(b"\n")[:-1]
-            if not end and len(data) == self._read_size:
-                lines = [data[:-1]]  # no newline in sight: a line far too long, cut
-            limit = self.config.max_line_bytes
-            for i in range(0, len(lines), ctx.max_batch_events):
-                events = []
-                for line in lines[i : i + ctx.max_batch_events]:
-                    if len(line) > limit:
-                        events.append(RawEvent(line[:limit], f"{self.path}:{at}", error="long"))
-                    else:
-                        events.append(RawEvent(line, f"{self.path}:{at}"))
-                    at += len(line) + 1
-                await ctx.send(RawBatch(ctx.name, events, at))
+            if not end and whole_read:
+                # No newline in a whole read: one line far over the limit, refused once.
+                where = f"{self.path}:{at}"
+                at += len(data)
+                read.append((RawEvent(data[:limit], where, error="long"), at))
+                skipping = True
+            for line in data[:end].split(b"\n")[:-1]:
+                where = f"{self.path}:{at}"
+                at += len(line) + 1
+                if len(line) > limit:
+                    read.append((RawEvent(line[:limit], where, error="long"), at))
+                else:
+                    read.append((RawEvent(line, where), at))
+            for i in range(0, len(read), ctx.max_batch_events):
+                batch = read[i : i + ctx.max_batch_events]
+                await ctx.send(RawBatch(ctx.name, [ev for ev, _ in batch], batch[-1][1]))
+            if not read and at != passed:
+                await ctx.send(RawBatch(ctx.name, [], at))  # the rest of a long line, passed
             await anyio.sleep(self.config.poll_interval)
 
     def _read_from(self, at: int) -> bytes:
@@ -129,15 +144,6 @@ class LineFileSource(Source):
     def _record_acked(self, offset: int) -> None:
         if offset <= self._acked():
             return  # acked already: acks are redone after a crash
-        tmp = self.acked_path + ".tmp"
-        self.fs.remove(tmp)
-        f = self.fs.create_exclusive(tmp)
-        try:
-            self.fs.write(f, str(offset).encode())
-            self.fs.fsync(f)
-        finally:
-            self.fs.close(f)
-        self.fs.replace(tmp, self.acked_path)
-        self.fs.fsync_dir(os.path.dirname(os.path.abspath(self.acked_path)))
+        write_atomically(self.fs, self.acked_path, str(offset).encode())
         if self.ctx is not None:
             self.ctx.crash_point(AFTER_ACK)
