@@ -138,11 +138,20 @@ class TokenVersionError(TfrecorddError):
     def __init__(self, source: str, version: object, newest: int) -> None:
         self.source = source
         self.version = version
-        super().__init__(
-            f"{source}: a position token of version {version!r} was written by a newer "
-            f"tfrecordd (this version reads token versions 1 to {newest}); run the tfrecordd "
-            "version that wrote the state_dir, or a newer one; nothing was changed"
-        )
+        if type(version) is int and version > newest:
+            what = (
+                f"a position token of version {version} was written by a newer tfrecordd (this "
+                f"one reads token versions 1 to {newest}); run the tfrecordd version that wrote "
+                "the state_dir, or a newer one"
+            )
+        else:
+            what = (
+                f"a position token has no valid version ({version!r}; this tfrecordd reads 1 to "
+                f"{newest}): the state is damaged or was not written by tfrecordd; "
+                "`tfrecordd state check` tells more"
+            )
+        # Recovery may have cut a torn journal tail before this; no commit was changed.
+        super().__init__(f"{source}: {what}; no committed position was changed")
 
 
 class ListenError(TfrecorddError):

@@ -232,11 +232,12 @@ class SourceConfig(BaseModel):
     """The ``[[sources]]`` table ``tfrecordd init --source TYPE`` writes for this source (empty:
     ``init`` offers no starter config for it). It reads the events of the starter config's
     encoder (``encoder = "events"``) and may use ``{spool}`` (a directory for it under the
-    starter config's base directory, as a TOML string) and ``{sample}`` (a sample JSON event).
-    """
+    starter config's base directory, as a TOML string) and ``{sample}`` (a sample JSON event);
+    it is filled in with :meth:`str.format`, so a literal brace is written twice (``{{``)."""
     sample_try: ClassVar[str] = ""
     """A shell command that feeds ``{sample}`` to the source as :attr:`sample_config` sets it up
-    (``{spool_dir}``: that directory, unquoted), printed by ``init``."""
+    (``{spool_dir}``: that directory, unquoted, where the source may keep or read its input),
+    printed by ``init``; literal braces doubled as in :attr:`sample_config`."""
 
     def build(self) -> Source:
         """Create the source from this config."""
@@ -305,6 +306,11 @@ class EncoderConfig(BaseModel):
         as plain data (see ``tfrecordd schema``), for an encoder without a
         :meth:`declared_schema`. Encoders that cannot know it raise
         :class:`~tfrecordd.errors.TfrecorddError` saying why."""
+        if self.declared_schema() is not None:
+            raise TfrecorddError(
+                f"the {self.type!r} encoder's records are described from its declared schema: "
+                "`tfrecordd schema`, or tfrecordd.cli.describe.describe_encoder"
+            )
         raise TfrecorddError(f"the {self.type!r} encoder does not describe its records")
 
     def schema_fingerprint(self) -> str:

@@ -89,8 +89,12 @@ async def test_a_future_spool_token_is_refused_by_recover_ack_and_fold(tmp_path:
 
 @pytest.mark.parametrize("version", ["2", 0, None, True, 1.5])
 def test_a_token_whose_version_is_no_version_is_refused(version: object) -> None:
-    with pytest.raises(TokenVersionError):
+    with pytest.raises(TokenVersionError) as error:
         DirectorySource.fold(None, [{**FUTURE_SPOOL, "v": version}])
+    message = str(error.value)
+    assert "no valid version" in message, message
+    assert "tfrecordd state check" in message, message
+    assert "newer tfrecordd" not in message, "damage is not taken for a newer release"
 
 
 async def test_a_future_redis_token_is_refused_before_redis_is_asked() -> None:

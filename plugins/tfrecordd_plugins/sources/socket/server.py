@@ -78,10 +78,11 @@ class StreamSource(Source):
         if not self.config.ack:
             return
         where = f"source {self.config.name!r} ({self.config.type})"
-        for t in tokens:
-            if not isinstance(t, dict):
-                continue
+        # Every token checked before any is acted on, as the other sources do.
+        known = [t for t in tokens if isinstance(t, dict)]
+        for t in known:
             token_version(t, where, TOKEN_VERSION)
+        for t in known:
             token = cast(ConnectionToken, t)
             conn = self._conns.get(token.get("c", -1))
             if conn is not None and int(token["n"]) > conn.acked:
