@@ -182,7 +182,9 @@ class Source(abc.ABC):
     async def ack(self, tokens: Sequence[Token]) -> None:
         """Make these positions final (delete spool files, XACK...). Called only after the shard
         holding their records is published and durable. Must be idempotent, and its effect
-        durable when it returns: it is redone after a crash that interrupted it."""
+        durable when it returns: it is redone after a crash that interrupted it. A source whose
+        positions can live only in the journal (what :meth:`fold` keeps, handed back to
+        :meth:`recover`) may do nothing here (``check_source(final_ack=False)``)."""
 
     async def recover(self, state: Any, pending: Sequence[Token]) -> None:  # noqa: B027
         """Called once before ``run`` with the folded ``state`` of every finished commit and the

@@ -91,3 +91,18 @@ def test_check_source_passes_a_sound_source_and_catches_a_broken_one(
     else:
         with pytest.raises(ContractError, match=message):
             anyio.run(check)
+
+
+def test_a_source_whose_positions_live_in_the_journal_passes_without_final_acks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``final_ack=False``: a source that keeps its positions only in the folded state (its ack
+    does nothing) passes, as long as a restart from that state sends nothing again."""
+    WORLD.clear()
+    ACKED[0] = 0
+    monkeypatch.setattr(MemorySource, "how", "ack does nothing")
+    anyio.run(
+        lambda: check_source(
+            MemoryConfig(name="m"), _produce, state_dir=str(tmp_path), settle=0.2, final_ack=False
+        )
+    )
