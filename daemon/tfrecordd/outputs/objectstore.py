@@ -401,8 +401,8 @@ class FsspecOutput(Output):
 
     def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Run ``attempt`` until it succeeds, retrying transient errors with capped exponential
-        backoff (full jitter) for up to :attr:`retry_for` seconds, or until the deadline of
-        :meth:`stop_retrying_at`, whichever comes first."""
+        backoff (each delay 50-100% of its step) for up to :attr:`retry_for` seconds, or until
+        the deadline of :meth:`stop_retrying_at`, whichever comes first."""
         budget_end = time.monotonic() + self.retry_for
         backoff = Backoff(_BACKOFF_FIRST, _BACKOFF_MAX, jitter=0.5)
         failures = 0

@@ -50,7 +50,7 @@ class PassthroughEncoderConfig(EncoderConfig):
     message type, damage), or an Example key that is not UTF-8, is a dead letter. ``keep``: both
     are accepted, as ``tf.io.parse_example`` reads them; what TensorFlow refuses or reads
     differently from protobuf is refused either way (docs/encoders.md). With the compiled check
-    (:mod:`tfrecordd.format.compiled`) ordinary payloads cost the same either way."""
+    (``tfrecordd.format.compiled``) ordinary payloads cost the same either way."""
 
     def build(self) -> PassthroughEncoder:
         return PassthroughEncoder(self)

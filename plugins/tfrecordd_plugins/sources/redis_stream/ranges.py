@@ -103,10 +103,10 @@ def merge(spans: list[Span]) -> list[Span]:
         out.append(span)
         # A range that took over a ``joined`` may now continue the one before it too.
         while len(out) > 1 and _continues(out[-2], out[-1]):
-            (low, high, before), (first, last, joined) = out[-2], out.pop()
-            if first == low and joined is not None and (before is None or joined < before):
-                before = joined
-            out[-1] = (low, max(high, last), before)
+            (low, high, prior), (first, last, joined) = out[-2], out.pop()
+            if first == low and joined is not None and (prior is None or joined < prior):
+                prior = joined
+            out[-1] = (low, max(high, last), prior)
     return out
 
 
