@@ -1,6 +1,8 @@
 """Run the benchmark suite: ``python -m benchmarks.run [--quick] [--events N] [--cases ...]``.
 
-Prints the table and writes ``results/latest.md`` and ``results/latest.json`` (or ``--out``).
+Prints the table. A full run (every case, default sizes) writes ``results/latest.md`` and
+``results/latest.json``, the recorded figures the README links to; a partial run (``--quick``,
+``--cases``, other sizes) leaves them alone and writes only where ``--out`` says.
 """
 
 from __future__ import annotations
@@ -42,8 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, help="timed runs per measurement, best kept (default 5)")
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     p.add_argument("--no-tensorflow", action="store_true", help="skip TensorFlow's baselines")
-    p.add_argument("--out", type=Path, default=RESULTS, help="where latest.md/.json go")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="where latest.md/.json go (default: results/ for a full run, none for a partial one)",
+    )
     args = p.parse_args(argv)
+    full = (
+        not args.quick
+        and list(args.cases) == list(CASES)
+        and not (args.events or args.images or args.daemon_events or args.repeat)
+        and args.steps == 50
+        and not args.no_tensorflow
+    )
+    out: Path | None = args.out or (RESULTS if full else None)
 
     quick = args.quick
     settings = {
@@ -74,9 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     info["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     info["suite took"] = f"{time.perf_counter() - started:.0f}s"
     print(text_table(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "latest.md").write_text(markdown(rows, info, settings, notes))
-    (args.out / "latest.json").write_text(
+    if out is None:
+        print(
+            f"a partial run: {RESULTS}/latest.* kept (--out DIR writes this run's)", file=sys.stderr
+        )
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.md").write_text(markdown(rows, info, settings, notes))
+    (out / "latest.json").write_text(
         json.dumps(as_json(rows, info, settings, notes), indent=2) + "\n"
     )
     return 0

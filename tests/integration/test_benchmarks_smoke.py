@@ -36,3 +36,21 @@ def test_quick_run_writes_well_formed_results(tmp_path: Path) -> None:
     markdown = (tmp_path / "latest.md").read_text()
     assert markdown.count("\n| ") == len(rows) + 1
     assert "events/s" in proc.stdout
+
+
+def test_a_partial_run_leaves_the_recorded_results_alone() -> None:
+    """Only a full run replaces results/latest.*, the figures the README links to: a run of one
+    case (to compare two trees, say) must not leave them holding that case alone."""
+    recorded = ROOT / "benchmarks" / "results" / "latest.md"
+    before = recorded.read_bytes()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--no-tensorflow", "--cases", "movies"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "a partial run" in proc.stderr
+    assert recorded.read_bytes() == before
