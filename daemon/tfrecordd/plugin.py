@@ -27,7 +27,10 @@ types it re-exports what plugins need from the core:
   exclusive ``flock`` on an open directory (one daemon per folder), and
   :func:`write_atomically`, a small file replaced whole and durably through a ``FileSystem``;
 - ``descriptors``: the process's file-descriptor budget (``take``, ``release``, ``Backoff``),
-  which a source that accepts connections shares with the daemon.
+  which a source that accepts connections shares with the daemon;
+- :class:`Backoff` and :func:`retrying`, the backoff schedule and retry loop of a source that
+  reconnects; :func:`token_version` and :class:`TokenVersionError`, for tokens that carry a
+  version (``"v"``) so that one of a newer release is refused, never misread.
 
 A plugin declares on its config class its delivery guarantee (:attr:`SourceConfig.delivery`),
 the crash points it passes (:attr:`SourceConfig.crash_points`, reached through
