@@ -15,7 +15,6 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import accumulate, islice
 from typing import Protocol
 
 from tfrecordd.errors import CorruptRecordError, RecordLimitError, TruncatedRecordError
@@ -74,11 +73,7 @@ def framed_size(records: Sequence[bytes]) -> int:
 def extend_record_starts(starts: array[int], lengths: array[int], start: int) -> None:
     """Append to ``starts`` where each record of ``lengths`` (an ``array("Q")``) begins in the
     framed stream, the first at ``start``."""
-    if compiled.COMPILED:
-        starts.frombytes(compiled.record_starts(lengths, start))
-    else:
-        running = accumulate(map(OVERHEAD.__add__, lengths), initial=start)
-        starts.extend(islice(running, len(lengths)))
+    starts.frombytes(compiled.record_starts(lengths, start))
 
 
 def frame(record: bytes) -> bytes:
