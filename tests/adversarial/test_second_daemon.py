@@ -41,6 +41,14 @@ def _claims_done(root: Path) -> bool:
     return not claims.exists() or not any(p.is_file() for p in claims.rglob("*"))
 
 
+def _finish_claims(root: Path) -> None:
+    """Restart the daemon under ``root`` until it has finished any claim left: a file claimed
+    but not yet read when SIGTERM came is read by this start, and its claim is removed only once
+    the shard holding it is published, so this start publishes shards at once."""
+    config = write_config(root, output={"max_shard_age": "100ms"})
+    run_clean_until(config, lambda: _claims_done(root))
+
+
 def _run_second(config: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tfrecordd", "run", "--config", str(config)],
@@ -72,8 +80,7 @@ def test_second_daemon_on_a_running_state_dir_exits_and_the_first_loses_nothing(
         assert first.stop() == 0, first.output()
     finally:
         first.kill()
-    # A file claimed but not yet read when SIGTERM came is read by the next start.
-    run_clean_until(config, lambda: _claims_done(tmp_path))
+    _finish_claims(tmp_path)
     ids = read_ids(tmp_path / "shards")
     assert set(ids) == set(range(1000))
     assert set(ids.values()) == {1}
@@ -161,7 +168,7 @@ def test_a_second_daemon_with_the_same_node_id_on_one_output_exits(tmp_path: Pat
         assert first.stop() == 0, first.output()
     finally:
         first.kill()
-    run_clean_until(config_a, lambda: _claims_done(a))
+    _finish_claims(a)
     ids = read_ids(a / "shards")
     assert set(ids) == set(range(300))
     assert set(ids.values()) == {1}
@@ -207,7 +214,7 @@ def test_a_second_daemon_with_the_same_node_id_on_one_spool_exits(tmp_path: Path
     finally:
         first.kill()
     # Released when the first one stopped: it restarts, and finishes any claim left.
-    run_clean_until(config_a, lambda: _claims_done(tmp_path / "a"))
+    _finish_claims(tmp_path / "a")
     assert_exactly_once(tmp_path / "a" / "shards", set(range(600)))
     assert not shard_files(tmp_path / "b" / "shards")
 
