@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -325,6 +325,41 @@ class EncoderConfig(BaseModel):
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
 
 
+class EntryPoints(Mapping[str, Any]):
+    """One entry point group's plugins by name, each imported when first asked for: a daemon
+    imports only the plugins its config names (a spool directory never imports the Redis
+    client), and starts that much sooner. A plugin that fails to import is missing from the
+    mapping and its error is recorded in ``broken``; iterating the mapping imports them all."""
+
+    def __init__(self, group: str, broken: dict[str, str]) -> None:
+        self._group = group
+        self._points = {ep.name: ep for ep in entry_points(group=group)}
+        self._loaded: dict[str, Any] = {}
+        self._broken = broken
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._loaded:
+            return self._loaded[name]
+        ep = self._points[name]
+        key = f"{self._group}:{name}"
+        if key in self._broken:
+            raise KeyError(name)
+        try:
+            model = ep.load()
+        except Exception as e:
+            self._broken[key] = f"{type(e).__name__}: {e}"
+            log.warning("plugin %s (%s) failed to load: %s", ep.name, ep.value, e)
+            raise KeyError(name) from None
+        self._loaded[name] = model
+        return model
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([name for name in self._points if name in self])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass(frozen=True, slots=True)
 class Registry:
     """The installed plugins: ``type`` name to config model."""
@@ -332,24 +367,21 @@ class Registry:
     sources: Mapping[str, type[SourceConfig]]
     encoders: Mapping[str, type[EncoderConfig]]
     broken: Mapping[str, str] = field(default_factory=dict)
-    """``group:name`` of entry points that failed to load, with the error."""
+    """``group:name`` of entry points that failed to load, with the error: of those asked for
+    by name so far (iterating ``sources`` or ``encoders`` asks for every one)."""
 
     @classmethod
     def from_entry_points(cls) -> Registry:
-        """Every plugin registered under the ``tfrecordd.*`` entry point groups. A plugin that
-        fails to import is left out and reported in ``broken`` (a config naming it then fails
-        with that error), so one broken package cannot take the others down."""
-        found: dict[str, dict[str, Any]] = {}
+        """Every plugin registered under the ``tfrecordd.*`` entry point groups, imported when
+        first looked up (:class:`EntryPoints`). A plugin that fails to import is left out and
+        reported in ``broken`` (a config naming it then fails with that error), so one broken
+        package cannot take the others down."""
         broken: dict[str, str] = {}
-        for group in ("tfrecordd.sources", "tfrecordd.encoders"):
-            found[group] = {}
-            for ep in entry_points(group=group):
-                try:
-                    found[group][ep.name] = ep.load()
-                except Exception as e:
-                    broken[f"{group}:{ep.name}"] = f"{type(e).__name__}: {e}"
-                    log.warning("plugin %s (%s) failed to load: %s", ep.name, ep.value, e)
-        return cls(found["tfrecordd.sources"], found["tfrecordd.encoders"], broken)
+        return cls(
+            EntryPoints("tfrecordd.sources", broken),
+            EntryPoints("tfrecordd.encoders", broken),
+            broken,
+        )
 
     def crash_points(self) -> tuple[str, ...]:
         """Every crash point ``TFRECORDD_CRASH_AT`` may arm: the daemon's, in protocol order,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,10 @@ SERVERS = {"redis-stream": pytest.mark.redis}
 
 
 def test_every_registered_plugin_loads() -> None:
-    assert REGISTRY.broken == {}
+    registry = Registry.from_entry_points()
+    assert len(registry.sources) == len(list(entry_points(group="tfrecordd.sources")))
+    assert len(registry.encoders) == len(list(entry_points(group="tfrecordd.encoders")))
+    assert registry.broken == {}
 
 
 def test_the_builtin_sources_are_registered() -> None:

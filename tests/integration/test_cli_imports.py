@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
+from tests.redis_server import write_redis_config
+from tests.support import free_port, write_config
 from tfrecordd.cli import COMMANDS
 
 HEAVY = ("pydantic", "redis", "PIL", "zstandard", "fsspec", "anyio", "google.protobuf")
@@ -54,3 +56,33 @@ def test_the_check_can_fail() -> None:
     """A command that needs the config models does import pydantic."""
     _, _, modules = _imported("check-config", "/nonexistent.toml")
     assert "pydantic" in modules
+
+
+def _loaded_by(config: Path) -> set[str]:
+    """The modules a fresh interpreter has imported once it loaded ``config`` as ``run`` does."""
+    code = (
+        "import sys; from tfrecordd.config import load_config; "
+        f"load_config({str(config)!r}); print(chr(10).join(sys.modules))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(proc.stdout.split())
+
+
+def test_a_config_imports_only_the_plugins_it_names(tmp_path: Path) -> None:
+    """Plugins are imported when a config names them: a spool directory's daemon never imports
+    the Redis client, the socket sources or the image encoder."""
+    modules = _loaded_by(write_config(tmp_path / "spool"))
+    assert {"tfrecordd_plugins.sources.directory", "tfrecordd_plugins.encoders.example"} <= modules
+    unused = (
+        "redis",
+        "tfrecordd_plugins.sources.redis_stream",
+        "tfrecordd_plugins.sources.socket",
+        "tfrecordd_plugins.encoders.image",
+        "PIL",
+    )
+    assert sorted(m for m in modules if m.startswith(unused)) == []
+
+    modules = _loaded_by(write_redis_config(tmp_path / "stream", "redis://127.0.0.1:1/0"))
+    assert {"redis", "tfrecordd_plugins.sources.redis_stream"} <= modules
