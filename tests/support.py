@@ -280,6 +280,23 @@ def daemon_process(config: Path, env: Mapping[str, str] | None = None) -> Iterat
         d.kill()
 
 
+def crash_cases(points: Iterable[str], *, flip: bool = False) -> list[Any]:
+    """``(point, nth)`` parameters for a test that arms ``TFRECORDD_CRASH_AT=point:nth``: a
+    crash at the first commit (nth 1, nothing before it) or the third (two behind it). Each of
+    the daemon's own points (``crashpoints.POINTS``) gets one count, 1 and 3 alternating in
+    protocol order; ``flip`` swaps them, so two sources' tests (the spool's and the Redis
+    stream's) cross every daemon point at both counts between them. A source's own points get
+    both. The commit protocol's steps are unit-tested one by one, and the crash harness kills
+    in every phase at counts 1 to 3: here each case is a whole daemon run and a restart."""
+    from tfrecordd.crashpoints import POINTS
+
+    cases = []
+    for point in points:
+        counts = [1 + 2 * ((POINTS.index(point) + flip) % 2)] if point in POINTS else [1, 3]
+        cases += [pytest.param(point, nth, id=f"{nth}-{point}") for nth in counts]
+    return cases
+
+
 def run_clean_until(config: Path, done: Any, timeout: float = 60.0) -> str:
     """Run a daemon (no crash point armed) until ``done()``, then SIGTERM it and expect exit 0;
     returns what it logged."""

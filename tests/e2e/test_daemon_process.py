@@ -13,6 +13,7 @@ import pytest
 from tests.support import (
     DaemonProcess,
     assert_exactly_once,
+    crash_cases,
     dead_letters,
     free_port,
     inprogress_files,
@@ -138,8 +139,7 @@ def test_config_error_exits_78(tmp_path: Path) -> None:
     assert "output.compression" in d.output()
 
 
-@pytest.mark.parametrize("point", [p for p in POINTS if p != "mid-upload"])
-@pytest.mark.parametrize("nth", [1, 3])
+@pytest.mark.parametrize(("point", "nth"), crash_cases(p for p in POINTS if p != "mid-upload"))
 def test_crash_point_then_restart_is_exactly_once(tmp_path: Path, point: str, nth: int) -> None:
     cfg = write_config(
         tmp_path,

@@ -20,6 +20,7 @@ from tests.redis_server import RedisServer, running_redis, write_redis_config
 from tests.support import (
     DaemonProcess,
     assert_exactly_once,
+    crash_cases,
     dead_letters,
     movie_event,
     read_shard,
@@ -98,8 +99,7 @@ def finish(config: Path, r: Redis, timeout: float = 60) -> None:
     run_clean_until(config, lambda: drained(r), timeout)
 
 
-@pytest.mark.parametrize("point", CRASH_POINTS)
-@pytest.mark.parametrize("nth", [1, 3])
+@pytest.mark.parametrize(("point", "nth"), crash_cases(CRASH_POINTS, flip=True))
 def test_crash_point_then_restart_is_exactly_once(
     tmp_path: Path, redis_server: RedisServer, r: Redis, point: str, nth: int
 ) -> None:
