@@ -23,6 +23,7 @@ import crc32c
 import pytest
 import zstandard
 
+from tests.launcher import LAUNCHER, LaunchedProcess
 from tfrecordd.format.reader import iter_examples
 
 MOVIES_FEATURES = {
@@ -218,21 +219,34 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> N
 
 
 class DaemonProcess:
-    """``tfrecordd run`` as a subprocess."""
+    """``tfrecordd run`` as a process of its own: inside the test suite forked from a warm
+    interpreter (:mod:`tests.launcher`), else, or with ``cold``, ``python -m tfrecordd``."""
 
     def __init__(
-        self, config: Path, env: Mapping[str, str] | None = None, *, own_group: bool = False
+        self,
+        config: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        own_group: bool = False,
+        cold: bool = False,
     ) -> None:
         """``own_group``: in a process group of its own, as a shell's foreground job is (see
-        :meth:`interrupt_group`)."""
+        :meth:`interrupt_group`). ``cold``: a fresh interpreter even in the suite, for tests
+        that time kills against start-up itself."""
         self.config = config
         self.log = config.parent / "daemon.log"
         full_env = {k: v for k, v in os.environ.items() if k != "TFRECORDD_CRASH_AT"}
         full_env |= {"PYTHONUNBUFFERED": "1"} | dict(env or {})
         self._log_start = self.log.stat().st_size if self.log.exists() else 0
+        argv = ["run", "--config", str(config)]
+        self.proc: subprocess.Popen[bytes] | LaunchedProcess
+        if not cold and "PYTEST_CURRENT_TEST" in os.environ and LAUNCHER.forkable(full_env):
+            self.log.touch()
+            self.proc = LAUNCHER.launch(argv, full_env, self.log, own_group=own_group)
+            return
         with self.log.open("ab") as logf:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tfrecordd", "run", "--config", str(config)],
+                [sys.executable, "-m", "tfrecordd", *argv],
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 env=full_env,

@@ -432,7 +432,7 @@ def kill_one(
     missed = figs.phases_missed
     point = missed[0] if armed and missed else None
     env = {"TFRECORDD_CRASH_AT": f"{point}:{rng.randint(1, 3)}"} if point else None
-    d = DaemonProcess(cfg, env=env)
+    d = DaemonProcess(cfg, env=env, cold=True)
     if point is None:
         time.sleep(rng.uniform(0.0, max_delay))
     else:

@@ -1,0 +1,89 @@
+"""The suite's daemons, forked from a warm interpreter (tests/launcher.py), behave as cold
+``python -m tfrecordd run`` processes do in everything the tests look at: exit statuses, signals,
+crash points armed from the environment, their own session, their log, their environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.launcher import LAUNCHER, LaunchedProcess, forkable
+from tests.support import (
+    DaemonProcess,
+    movie_event,
+    read_ids,
+    run_clean_until,
+    spool_drained,
+    spool_file,
+    wait_for,
+    write_config,
+)
+
+
+def test_what_is_read_at_import_time_decides_a_cold_start() -> None:
+    base = {"PATH": "/bin", "PYTHONPATH": "/x", "TFRECORDD_REQUIRE_SPEEDUPS": "1"}
+    assert forkable(base, base)
+    assert forkable(base | {"TFRECORDD_CRASH_AT": "after-intent:2", "NOTIFY_SOCKET": "/s"}, base)
+    assert forkable(base | {"PYTHONUNBUFFERED": "1"}, base)
+    assert not forkable(base | {"TFRECORDD_PURE_PYTHON": "1"}, base)
+    assert not forkable(base | {"PYTHONPATH": "/y"}, base)
+    assert not forkable(base | {"MALLOC_TOP_PAD_": "0"}, base)
+    assert not forkable({k: v for k, v in base.items() if k != "PYTHONPATH"}, base)
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["forked", "cold"])
+def test_a_daemon_runs_stops_and_crashes_as_a_cold_one_does(tmp_path: Path, cold: bool) -> None:
+    cfg = write_config(tmp_path, output={"max_shard_age": "100ms"})
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(50)])
+    d = DaemonProcess(cfg, cold=cold)
+    try:
+        assert isinstance(d.proc, LaunchedProcess) is not cold
+        d.wait_started()
+        wait_for(lambda: len(read_ids(tmp_path / "shards")) == 50, 60)
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
+    assert " started: " in d.output()
+
+    # The crash point comes from the environment of this start, not the template's.
+    spool_file(tmp_path / "spool", "b.jsonl", [movie_event(i) for i in range(50, 60)])
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-intent"}, cold=cold)
+    try:
+        assert d.wait(60) == 137, d.output()
+    finally:
+        d.kill()
+
+    d = DaemonProcess(cfg, own_group=True, cold=cold)
+    try:
+        d.wait_started()
+        assert os.getpgid(d.proc.pid) == d.proc.pid
+        assert os.getsid(d.proc.pid) == d.proc.pid
+        d.interrupt_group()
+        assert d.wait(60) == 0, d.output()
+    finally:
+        d.kill()
+
+    d = DaemonProcess(cfg, cold=cold)
+    try:
+        d.wait_started()
+        d.proc.send_signal(signal.SIGKILL)
+        assert d.wait(30) == -signal.SIGKILL
+        assert d.proc.returncode == -signal.SIGKILL
+    finally:
+        d.kill()
+    run_clean_until(cfg, lambda: spool_drained(tmp_path / "spool"))
+    ids = read_ids(tmp_path / "shards")
+    assert set(ids) == set(range(60))
+    assert set(ids.values()) == {1}
+
+
+def test_a_config_error_is_the_daemons_exit_status(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, output={"compression": "lz4"})
+    d = DaemonProcess(cfg)
+    assert isinstance(d.proc, LaunchedProcess)
+    assert d.wait(30) == 78
+    assert "output.compression" in d.output()
+    assert LAUNCHER.forkable(dict(os.environ))
