@@ -15,9 +15,10 @@ export TFRECORDD_REQUIRE_SPEEDUPS=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-# The suite runs on every core (pytest-xdist); the tests of one xdist_group share a worker.
-# TFRECORDD_TEST_WORKERS=0 runs it in this process, serially.
-workers="${TFRECORDD_TEST_WORKERS:-auto}"
+# The suite runs on every core (pytest-xdist), with one worker more than there are cores: a
+# good part of it waits on daemons, servers and timers. The tests of one xdist_group share a
+# worker. TFRECORDD_TEST_WORKERS=N sets the number; 0 runs it in this process, serially.
+workers="${TFRECORDD_TEST_WORKERS:-$(($(nproc) + 1))}"
 parallel=()
 if [ "$workers" != 0 ]; then
   parallel=(-n "$workers" --dist loadgroup)
