@@ -156,7 +156,17 @@ def test_crash_point_then_restart_is_exactly_once(tmp_path: Path, point: str, nt
     assert len(set(letters)) == len(expected) // 30
 
 
-@pytest.mark.parametrize("point", ["mid-write", "after-intent", "after-publish"])
+# 160,000 events a case: the rules (offsets past OFFSETS_IN_MEMORY wait in a file, a crash's
+# copy is replaced, a discarded shard leaves none) are unit-tested in test_shards; the daemon
+# proves them by default with a crash mid-write, and .ci/run after the intent and the publish.
+@pytest.mark.parametrize(
+    "point",
+    [
+        "mid-write",
+        pytest.param("after-intent", marks=pytest.mark.slow),
+        pytest.param("after-publish", marks=pytest.mark.slow),
+    ],
+)
 def test_a_crash_with_offsets_spilled_to_disk_then_restart(tmp_path: Path, point: str) -> None:
     """Shards past OFFSETS_IN_MEMORY records keep the older offsets in a file beside them: a
     crash leaves that file behind, the restart discards it, and every manifest is whole."""

@@ -80,6 +80,22 @@ def test_offsets_past_the_memory_limit_wait_in_a_file_and_come_back_in_order(
     assert not spill.exists()
 
 
+def test_an_offsets_file_a_crash_left_is_replaced_not_added_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash leaves a shard's offsets file behind, and a manifest rebuilt at recovery spills
+    under the same name: the rebuilt offsets start a file of their own."""
+    monkeypatch.setattr(shards, "OFFSETS_IN_MEMORY", 10)
+    spill = tmp_path / ".a_tfrecord_offsets.inprogress"
+    spill.write_bytes(array("Q", range(1000, 1040)).tobytes())
+    shard = OpenShard(str(tmp_path), "a.tfrecord", Compression.NONE, None, 1 << 30, LOCAL)
+    records = [b"y" * (i % 5) for i in range(35)]
+    shard.write(records)
+    finished = shard.finish()
+    assert array("Q", _offsets(finished)) == manifest.scan(finished.tmp_path)["record_offsets"]
+    assert spill.stat().st_size == 8 * (35 - finished.offsets.in_memory)
+
+
 def test_a_discarded_shard_leaves_no_offsets_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
