@@ -124,9 +124,17 @@ class Launcher:
         return forkable(env, self._env)
 
     def launch(
-        self, argv: Sequence[str], env: Mapping[str, str], log: Path, *, own_group: bool = False
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log: Path,
+        *,
+        own_group: bool = False,
+        stderr: Path | None = None,
+        cwd: Path | None = None,
     ) -> LaunchedProcess:
-        """Fork ``tfrecordd ARGV...`` from the template, appending its output to ``log``."""
+        """Fork ``tfrecordd ARGV...`` from the template, appending its output to ``log`` (its
+        standard error to ``stderr``, if given), in ``cwd`` (default: this process's)."""
         proc = self._start()
         assert proc.stdin is not None
         assert proc.stdout is not None
@@ -137,8 +145,9 @@ class Launcher:
         request = {
             "argv": list(argv),
             "env": dict(env),
-            "cwd": os.getcwd(),
+            "cwd": str(cwd or os.getcwd()),
             "log": str(log),
+            "stderr": str(stderr or log),
             "status": str(status),
             "own_group": own_group,
         }
@@ -180,10 +189,10 @@ def _child(request: dict[str, Any]) -> int:
     """In the forked child: become the daemon the request describes, and run it."""
     if request["own_group"]:
         os.setsid()
-    fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for target, path in ((1, request["log"]), (2, request["stderr"])):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, target)
+        os.close(fd)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from collections import Counter
@@ -216,6 +217,34 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
         time.sleep(interval)
+
+
+def run_tfrecordd(
+    *args: str,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m tfrecordd ARGS...`` run to its end, its output and errors captured (as
+    ``subprocess.run(..., capture_output=True, text=True)``); ``env`` is its whole environment
+    (default: this process's). In the suite it is forked from the warm interpreter, as a
+    :class:`DaemonProcess` is."""
+    full_env = dict(os.environ if env is None else env)
+    argv = [sys.executable, "-m", "tfrecordd", *args]
+    if "PYTEST_CURRENT_TEST" not in os.environ or not LAUNCHER.forkable(full_env):
+        return subprocess.run(
+            argv, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+        )
+    with tempfile.TemporaryDirectory(prefix="tfrecordd-cli-") as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        out.touch()
+        err.touch()
+        proc = LAUNCHER.launch(args, full_env, out, stderr=err, cwd=cwd)
+        try:
+            code = proc.wait(timeout)
+        finally:
+            proc.kill()
+        return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
 
 
 class DaemonProcess:

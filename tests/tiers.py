@@ -25,7 +25,7 @@ FIXTURE_MARKS: dict[str, str] = {
 
 SPAWNS = re.compile(
     r"^\s*(?:import|from) (?:subprocess|multiprocessing|pty)\b"
-    r"|\b(?:DaemonProcess|daemon_process|run_clean_until|sys\.executable)\b"
+    r"|\b(?:DaemonProcess|daemon_process|run_clean_until|run_tfrecordd|sys\.executable)\b"
     r"|^from tests\.reliability\.harness import"
     r"|^from tfrecordd\.pipeline(?:\.workers import| import workers)",
     re.MULTILINE,

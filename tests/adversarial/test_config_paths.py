@@ -4,14 +4,12 @@ refused at start-up (exit 78), each naming the keys involved; sound layouts stil
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import write_config
+from tests.support import run_tfrecordd, write_config
 from tfrecordd.config import parse_config
 from tfrecordd.errors import EXIT_CONFIG, ConfigError
 from tfrecordd.plugin import Registry
@@ -147,12 +145,7 @@ def test_check_config_exits_78_naming_every_key(tmp_path: Path) -> None:
         output={"dir": tmp_path / "spool"},
         source={"on_done": "move", "done_dir": tmp_path / "spool"},
     )
-    run = subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "check-config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_tfrecordd("check-config", str(config))
     assert run.returncode == EXIT_CONFIG, run.stdout + run.stderr
     assert "output.dir: is the same directory as sources[0].path" in run.stderr
     assert "sources[0].done_dir: is the same directory as sources[0].path" in run.stderr

@@ -15,6 +15,7 @@ from tests.support import (
     free_port,
     movie_event,
     run_clean_until,
+    run_tfrecordd,
     spool_drained,
     spool_file,
     wait_for,
@@ -27,9 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tfrecordd", *args], capture_output=True, text=True, timeout=120
-    )
+    return run_tfrecordd(*args)
 
 
 def test_the_demo_drains_on_ctrl_c(tmp_path: Path) -> None:

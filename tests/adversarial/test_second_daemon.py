@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -18,6 +17,7 @@ from tests.support import (
     movie_event,
     read_ids,
     run_clean_until,
+    run_tfrecordd,
     shard_files,
     spool_file,
     wait_for,
@@ -50,12 +50,7 @@ def _finish_claims(root: Path) -> None:
 
 
 def _run_second(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "run", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_tfrecordd("run", "--config", str(config), timeout=60)
 
 
 def test_second_daemon_on_a_running_state_dir_exits_and_the_first_loses_nothing(

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import write_config
+from tests.support import run_tfrecordd, write_config
 from tfrecordd.errors import EXIT_CONFIG, ConfigError
 from tfrecordd.redact import REDACTED, redact_options, redact_text, redact_url
 
@@ -16,12 +15,7 @@ SECRET = "hunter2-s3cr3t"
 
 
 def _check_config(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "check-config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_tfrecordd("check-config", str(config))
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import secrets
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ from tests.support import (
     DaemonProcess,
     assert_exactly_once,
     run_clean_until,
+    run_tfrecordd,
     spool_drained,
     spool_file,
     wait_for,
@@ -204,13 +203,7 @@ def test_a_missing_bucket_stops_the_daemon_without_acking(
 
 def test_check_config_never_prints_credentials(tmp_path: Path, s3_server: S3Server) -> None:
     cfg = config(tmp_path, s3_server, "any-bucket")
-    done = subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "check-config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_tfrecordd("check-config", str(cfg))
     assert done.returncode == 0, done.stderr
     assert "s3://any-bucket/shards" in done.stdout
     assert SECRET_KEY not in done.stdout + done.stderr

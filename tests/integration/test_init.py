@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from tests.support import (
     DaemonProcess,
     free_port,
     read_examples,
+    run_tfrecordd,
     shard_files,
     skip_or_fail,
     wait_for,
@@ -24,14 +24,7 @@ from tfrecordd.plugin import Registry
 
 
 def _init(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "init", *argv],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_tfrecordd("init", *argv, cwd=cwd)
 
 
 def _skip_unless_installed(source: str) -> None:
@@ -59,13 +52,7 @@ def test_starter_config_passes_check_config(tmp_path: Path, source: str) -> None
     assert result.returncode == EXIT_OK, result.stderr
     config = tmp_path / "tfrecordd.toml"
     assert "tfrecordd run --config tfrecordd.toml" in result.stdout
-    check = subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "check-config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    check = run_tfrecordd("check-config", str(config))
     assert check.returncode == EXIT_OK, check.stdout + check.stderr
     assert f"type {source}, encoder events" in check.stdout
     data = tomllib.loads(config.read_text())

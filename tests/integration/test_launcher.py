@@ -15,6 +15,7 @@ from tests.support import (
     DaemonProcess,
     movie_event,
     read_ids,
+    run_tfrecordd,
     run_clean_until,
     spool_drained,
     spool_file,
@@ -87,3 +88,19 @@ def test_a_config_error_is_the_daemons_exit_status(tmp_path: Path) -> None:
     assert d.wait(30) == 78
     assert "output.compression" in d.output()
     assert LAUNCHER.forkable(dict(os.environ))
+
+
+def test_a_command_runs_to_its_end_with_its_output_and_errors_apart(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    ok = run_tfrecordd("check-config", cfg.name, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert f"{cfg.name}: OK" in ok.stdout
+    assert ok.stderr == ""
+    missing = run_tfrecordd("check-config", "nowhere.toml", cwd=tmp_path)
+    assert missing.returncode == 78
+    assert "nowhere.toml" in missing.stderr
+    assert missing.stdout == ""
+    cold = run_tfrecordd(
+        "check-config", cfg.name, cwd=tmp_path, env=dict(os.environ) | {"PYTHONPATH": "/x"}
+    )
+    assert (cold.returncode, cold.stdout) == (ok.returncode, ok.stdout)

@@ -20,6 +20,7 @@ from tests.support import (
     DaemonProcess,
     free_port,
     movie_event,
+    run_tfrecordd,
     shard_files,
     spool_file,
     wait_for,
@@ -59,13 +60,7 @@ def _answers(port: int) -> bool:
 
 
 def _status(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "status", *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_tfrecordd("status", *argv)
 
 
 def _events(first: int, n: int, bad_every: int) -> list[Any]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import run_tfrecordd
 from tfrecordd.cli import main
 from tfrecordd.cli.tools import output_name
 from tfrecordd.errors import EXIT_DATA, EXIT_OK
@@ -280,13 +280,7 @@ def test_output_name(source: str, expected: str) -> None:
 
 
 def _subprocess(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tfrecordd", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_tfrecordd(*argv)
 
 
 def test_subprocess_verify_reports_a_truncated_gzip_file(tmp_path: Path) -> None:

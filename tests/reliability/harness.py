@@ -45,6 +45,7 @@ from tests.support import (
     movie_event,
     published_shards,
     read_shard,
+    run_tfrecordd,
     shard_suffix,
     split_records,
     spool_drained,
@@ -71,13 +72,8 @@ def tfrecordd_verify(paths: list[Path]) -> tuple[int, str]:
     """``tfrecordd verify`` on the given shards: exit code and output."""
     if not paths:
         return 0, ""
-    done = subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "verify", *map(str, paths)],
-        capture_output=True,
-        timeout=600,
-        check=False,
-    )
-    return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+    done = run_tfrecordd("verify", *map(str, paths), timeout=600)
+    return done.returncode, done.stdout + done.stderr
 
 
 @dataclass

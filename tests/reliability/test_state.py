@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e.test_daemon_process import drained, fill_spool
 from tests.reliability.harness import count_ids
-from tests.support import DaemonProcess, run_clean_until, write_config
+from tests.support import DaemonProcess, run_clean_until, run_tfrecordd, write_config
 from tfrecordd.plugin import Registry
 
 POINTS = Registry.from_entry_points().crash_points()
@@ -68,15 +68,7 @@ def _run_to_exit(cfg: Path, timeout: float = 60) -> tuple[int, str]:
 
 
 def _state(cfg: Path, *args: str) -> tuple[int, str]:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "state", *args[:1], "--config", str(cfg), *args[1:]],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = run_tfrecordd("state", *args[:1], "--config", str(cfg), *args[1:])
     return done.returncode, done.stdout + done.stderr
 
 
