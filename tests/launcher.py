@@ -13,8 +13,8 @@ children are real.
 What a fork cannot give falls back to a cold start (:func:`forkable`): an environment that
 differs from the template's in a variable read at import time (``TFRECORDD_*`` but the crash
 point, ``PYTHON*``, the allocator's), and callers that time kills against start-up itself (the
-crash harness starts cold, so its kills land in imports too). ``TFRECORDD_TEST_FORK=0`` turns
-the launcher off.
+crash harness's random kills start cold, so they land in imports too).
+``TFRECORDD_TEST_FORK=0`` turns the launcher off.
 
 The template is a child of the test process, the daemons are the template's children, so the
 template reaps them and writes each exit status to a file the test polls

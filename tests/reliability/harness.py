@@ -428,7 +428,9 @@ def kill_one(
     missed = figs.phases_missed
     point = missed[0] if armed and missed else None
     env = {"TFRECORDD_CRASH_AT": f"{point}:{rng.randint(1, 3)}"} if point else None
-    d = DaemonProcess(cfg, env=env, cold=True)
+    # A random kill may land in start-up itself, imports included: that run starts cold. An
+    # armed run dies at its crash point, however it started.
+    d = DaemonProcess(cfg, env=env, cold=point is None)
     if point is None:
         time.sleep(rng.uniform(0.0, max_delay))
     else:
