@@ -18,7 +18,13 @@ crash harness's random kills start cold, so they land in imports too).
 
 The template is a child of the test process, the daemons are the template's children, so the
 template reaps them and writes each exit status to a file the test polls
-(:class:`LaunchedProcess` has the part of :class:`subprocess.Popen` the tests use).
+(:class:`LaunchedProcess` has the part of :class:`subprocess.Popen` the tests use). It answers
+a request only once the child has taken its session, output, directory and environment (a
+failure there is raised in the test, as ``Popen`` raises it). Should the template die, a
+daemon's status is lost: polling it then raises, quoting what the template wrote.
+
+One difference stays: forked daemons share the template's string-hash seed, so a set's order
+is the same in each of them, where cold starts draw a seed each.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,31 +58,75 @@ WARM = (
 IMPORT_TIME_PREFIXES = ("TFRECORDD_", "PYTHON", "MALLOC_", "GLIBC_TUNABLES", "LD_")
 """Environment variables read while modules are imported: a daemon whose value differs from
 the template's is started cold."""
+IMPORT_TIME_NAMES = frozenset(
+    {
+        "HOME",
+        "TZ",
+        "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION",
+        "PROMETHEUS_MULTIPROC_DIR",
+        "OPENSSL_CONF",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+    }
+)
+"""More of them: the user's site-packages (and with it the plugins found), the time zone, the
+protobuf and Prometheus clients' modes, TLS set-up."""
 RUNTIME_ONLY = frozenset({"TFRECORDD_CRASH_AT", "PYTHONUNBUFFERED"})
 """Of those, the ones the child sets up itself (the crash point is armed again; stdout and
 stderr are the log file, unbuffered as the template's are)."""
+
+REPLY_TIMEOUT = 60.0
+"""How long a launch waits for the template's answer (its warm-up included)."""
 
 
 def forkable(env: Mapping[str, str], template_env: Mapping[str, str]) -> bool:
     """Whether a daemon with ``env`` may be forked from a template started with
     ``template_env``."""
-    keys = {k for k in (*env, *template_env) if k.startswith(IMPORT_TIME_PREFIXES)}
+    keys = {
+        k
+        for k in (*env, *template_env)
+        if k.startswith(IMPORT_TIME_PREFIXES) or k in IMPORT_TIME_NAMES
+    }
     return all(env.get(k) == template_env.get(k) for k in keys - RUNTIME_ONLY)
+
+
+def enabled() -> bool:
+    """Whether the suite forks its daemons (``TFRECORDD_TEST_FORK=0`` says no)."""
+    return os.environ.get("TFRECORDD_TEST_FORK", "1") != "0"
+
+
+class TemplateLost(RuntimeError):
+    """The template died: the exit statuses of the daemons it forked are lost."""
 
 
 class LaunchedProcess:
     """A daemon forked by the template: ``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``
     and ``returncode`` as :class:`subprocess.Popen` has them (a signal's death is ``-signum``)."""
 
-    def __init__(self, pid: int, status: Path) -> None:
+    def __init__(self, pid: int, status: Path, template: Template) -> None:
         self.pid = pid
         self._status = status
+        self._template = template
         self.returncode: int | None = None
 
+    def _read_status(self) -> int | None:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            self.returncode = int(self._status.read_text())
+        return self.returncode
+
     def poll(self) -> int | None:
-        if self.returncode is None:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                self.returncode = int(self._status.read_text())
+        """The exit status, or ``None`` while it runs; raises :class:`TemplateLost` if the
+        template died before reaping it."""
+        if (
+            self.returncode is None
+            and self._read_status() is None
+            and not self._template.alive()
+            and self._read_status() is None
+        ):
+            raise TemplateLost(
+                f"the template that forked pid {self.pid} died; its exit status is lost. "
+                f"The template said: {self._template.said()[-2000:]!r}"
+            )
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -95,33 +146,102 @@ class LaunchedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-class Launcher:
-    """The template interpreter of this test process, started on first use."""
+class Template:
+    """One running template interpreter: its process, its folder (exit statuses and what it
+    wrote to standard error) and the requests it answered."""
 
     def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._env: dict[str, str] = {}
-        self._count = 0
-        self._statuses: Path | None = None
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
-            self._env = dict(os.environ) | {"PYTHONUNBUFFERED": "1"}
-            self._env.pop("TFRECORDD_CRASH_AT", None)
-            self._proc = subprocess.Popen(
+        self.folder = Path(tempfile.mkdtemp(prefix="tfrecordd-launcher-"))
+        self.env = dict(os.environ) | {"PYTHONUNBUFFERED": "1"}
+        self.env.pop("TFRECORDD_CRASH_AT", None)
+        self._err = self.folder / "template.err"
+        with self._err.open("wb") as err:
+            self.proc = subprocess.Popen(
                 [sys.executable, "-c", "import tests.launcher as l; raise SystemExit(l.serve())"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=self._env,
+                stderr=err,
+                env=self.env,
                 cwd=Path(__file__).resolve().parent.parent,
             )
-        return self._proc
+        self._replies = b""
+        self._count = 0
+
+    @property
+    def pid(self) -> int:
+        """The template's process id."""
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def said(self) -> str:
+        """What the template wrote to its standard error."""
+        try:
+            return self._err.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def request(self, request: dict[str, Any]) -> LaunchedProcess:
+        """Send ``request`` and wait for its answer: the child's pid once it is set up."""
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self._count += 1
+        request |= {"id": self._count, "status": str(self.folder / str(self._count))}
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
+            while True:
+                while b"\n" in self._replies:
+                    line, _, self._replies = self._replies.partition(b"\n")
+                    reply = json.loads(line)
+                    if reply["id"] != self._count:
+                        continue  # the answer to a launch that was cut short
+                    if reply.get("error"):
+                        raise OSError(reply.get("errno") or 0, reply["error"])
+                    return LaunchedProcess(reply["pid"], Path(request["status"]), self)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no answer from the daemon template in {REPLY_TIMEOUT}s")
+                if selector.select(left):
+                    chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+                    if not chunk:
+                        raise TemplateLost(f"the daemon template exited: {self.said()[-2000:]}")
+                    self._replies += chunk
+
+    def close(self, *, kill: bool = False) -> None:
+        """Let the template end (its stdin closed), or kill it."""
+        if kill:
+            self.proc.kill()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Launcher:
+    """The template interpreter of this test process, started on first use (and again if it
+    died)."""
+
+    def __init__(self) -> None:
+        self._template: Template | None = None
+
+    def template(self) -> Template:
+        """The running template, started if there is none."""
+        if self._template is None or not self._template.alive():
+            if self._template is not None:
+                self._template.close()
+            self._template = Template()
+        return self._template
 
     def forkable(self, env: Mapping[str, str]) -> bool:
-        if os.environ.get("TFRECORDD_TEST_FORK", "1") == "0":
-            return False
-        self._start()
-        return forkable(env, self._env)
+        """Whether a daemon with the whole environment ``env`` is forked from the template."""
+        return enabled() and forkable(env, self.template().env)
 
     def launch(
         self,
@@ -135,36 +255,28 @@ class Launcher:
     ) -> LaunchedProcess:
         """Fork ``tfrecordd ARGV...`` from the template, appending its output to ``log`` (its
         standard error to ``stderr``, if given), in ``cwd`` (default: this process's)."""
-        proc = self._start()
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        self._count += 1
-        if self._statuses is None:
-            self._statuses = Path(tempfile.mkdtemp(prefix="tfrecordd-launcher-"))
-        status = self._statuses / str(self._count)
+        umask = os.umask(0o022)
+        os.umask(umask)
         request = {
             "argv": list(argv),
             "env": dict(env),
             "cwd": str(cwd or os.getcwd()),
-            "log": str(log),
-            "stderr": str(stderr or log),
-            "status": str(status),
+            "log": str(Path(log).absolute()),
+            "stderr": str(Path(stderr or log).absolute()),
             "own_group": own_group,
+            "umask": umask,
         }
-        proc.stdin.write(json.dumps(request).encode() + b"\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the daemon template exited ({proc.wait()})")
-        return LaunchedProcess(int(line), status)
+        template = self.template()
+        try:
+            return template.request(request)
+        except (TimeoutError, TemplateLost, KeyboardInterrupt):
+            # A template that did not answer in time is not trusted with the next request.
+            template.close(kill=True)
+            raise
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.stdin is not None:
-            self._proc.stdin.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(10)
-        if self._statuses is not None:
-            shutil.rmtree(self._statuses, ignore_errors=True)
+        if self._template is not None:
+            self._template.close()
 
 
 LAUNCHER = Launcher()
@@ -185,10 +297,12 @@ def _warm_up() -> None:
     dict(registry.sources), dict(registry.encoders)
 
 
-def _child(request: dict[str, Any]) -> int:
-    """In the forked child: become the daemon the request describes, and run it."""
+def _set_up(request: dict[str, Any]) -> None:
+    """In the forked child: take what a fresh start of this request would have."""
     if request["own_group"]:
         os.setsid()
+    os.umask(request["umask"])
+    os.chdir(request["cwd"])
     for target, path in ((1, request["log"]), (2, request["stderr"])):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(fd, target)
@@ -196,9 +310,12 @@ def _child(request: dict[str, Any]) -> int:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+
+
+def _run(request: dict[str, Any]) -> int:
+    """In the set-up child: run the command, as ``python -m tfrecordd`` would."""
     from tfrecordd import crashpoints
     from tfrecordd.cli import main
 
@@ -222,8 +339,35 @@ def _reap(statuses: dict[int, str]) -> None:
             os.replace(tmp, path)
 
 
+def _fork(request: dict[str, Any], statuses: dict[int, str]) -> tuple[int, dict[str, Any]]:
+    """Fork the child of ``request``; in the template, its pid (0 in the child) and the
+    answer to send once the child is set up (or failed to be)."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        try:
+            _set_up(request)
+        except BaseException as e:
+            errno = e.errno if isinstance(e, OSError) else None
+            os.write(ready_w, json.dumps([errno, traceback.format_exc()]).encode())
+            os._exit(70)
+        os.close(ready_w)
+        return 0, {}
+    os.close(ready_w)
+    failure = b""
+    while chunk := os.read(ready_r, 1 << 16):
+        failure += chunk
+    os.close(ready_r)
+    statuses[pid] = request["status"]
+    if failure:
+        errno, text = json.loads(failure)
+        return pid, {"id": request["id"], "error": text, "errno": errno}
+    return pid, {"id": request["id"], "pid": pid}
+
+
 def serve() -> int:
-    """The template's loop: fork a daemon per request line on stdin, answer its pid on stdout,
+    """The template's loop: fork a daemon per request line on stdin, answer once it is set up,
     write each one's exit status when it is reaped; return at EOF. In a child, return the
     daemon's exit status (the caller exits with it, through the interpreter's shutdown)."""
     _warm_up()
@@ -246,12 +390,11 @@ def serve() -> int:
         while b"\n" in pending:
             line, _, pending = pending.partition(b"\n")
             request = json.loads(line)
-            pid = os.fork()
+            pid, answer = _fork(request, statuses)
             if pid == 0:
                 selector.close()
-                return _child(request)
-            statuses[pid] = request["status"]
-            os.write(1, f"{pid}\n".encode())
+                return _run(request)
+            os.write(1, json.dumps(answer).encode() + b"\n")
 
 
 atexit.register(LAUNCHER.close)

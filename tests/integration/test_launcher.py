@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher import LAUNCHER, LaunchedProcess, forkable
+from tests.launcher import LAUNCHER, LaunchedProcess, TemplateLost, enabled, forkable
 from tests.support import (
     DaemonProcess,
     movie_event,
@@ -41,7 +41,7 @@ def test_a_daemon_runs_stops_and_crashes_as_a_cold_one_does(tmp_path: Path, cold
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(50)])
     d = DaemonProcess(cfg, cold=cold)
     try:
-        assert isinstance(d.proc, LaunchedProcess) is not cold
+        assert isinstance(d.proc, LaunchedProcess) is (enabled() and not cold)
         d.wait_started()
         wait_for(lambda: len(read_ids(tmp_path / "shards")) == 50, 60)
         assert d.stop() == 0, d.output()
@@ -81,6 +81,10 @@ def test_a_daemon_runs_stops_and_crashes_as_a_cold_one_does(tmp_path: Path, cold
     assert set(ids.values()) == {1}
 
 
+FORKING = pytest.mark.skipif(not enabled(), reason="TFRECORDD_TEST_FORK=0: nothing is forked")
+
+
+@FORKING
 def test_a_config_error_is_the_daemons_exit_status(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, output={"compression": "lz4"})
     d = DaemonProcess(cfg)
@@ -88,6 +92,35 @@ def test_a_config_error_is_the_daemons_exit_status(tmp_path: Path) -> None:
     assert d.wait(30) == 78
     assert "output.compression" in d.output()
     assert LAUNCHER.forkable(dict(os.environ))
+
+
+def test_what_a_start_cannot_set_up_is_raised_in_the_test(tmp_path: Path) -> None:
+    """As ``Popen`` raises it: the working directory that is not there, say."""
+    with pytest.raises(FileNotFoundError):
+        run_tfrecordd("--version", cwd=tmp_path / "nowhere")
+    # The template is still there for the next one.
+    assert run_tfrecordd("--version", cwd=tmp_path).returncode == 0
+
+
+@FORKING
+def test_a_dead_template_is_reported_not_waited_for(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        assert isinstance(d.proc, LaunchedProcess)
+        os.kill(LAUNCHER.template().pid, signal.SIGKILL)
+        with pytest.raises(TemplateLost, match=f"pid {d.proc.pid} died"):
+            wait_for(lambda: d.proc.poll() is not None, 10)
+    finally:
+        os.kill(d.proc.pid, signal.SIGKILL)
+    # The next start has a template of its own.
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
 
 
 def test_a_command_runs_to_its_end_with_its_output_and_errors_apart(tmp_path: Path) -> None:
