@@ -50,6 +50,13 @@ loadgroup``), so no two of them load the machine at once."""
 
 KILL_TIMING_GROUP = "kill-timing"
 
+TENSORFLOW_GROUP = "tensorflow"
+"""The group of the modules that import TensorFlow into the test process (it costs seconds of
+CPU and hundreds of MB in each worker that does): they share one worker."""
+IMPORTS_TENSORFLOW = re.compile(
+    r"""importorskip\(\s*["']tensorflow["']\s*\)|^\s*import tensorflow\b""", re.MULTILINE
+)
+
 
 UNIT = "unit"
 """The folder of the tests that need only Python and the package: no process, no server."""
@@ -79,4 +86,8 @@ def group_of(module: Path) -> str | None:
     module = module.resolve()
     if not module.is_relative_to(TESTS):
         return None
-    return KILL_TIMING_GROUP if module.relative_to(TESTS).as_posix() in KILL_TIMING else None
+    if module.relative_to(TESTS).as_posix() in KILL_TIMING:
+        return KILL_TIMING_GROUP
+    if module.suffix == ".py" and IMPORTS_TENSORFLOW.search(module.read_text()):
+        return TENSORFLOW_GROUP
+    return None

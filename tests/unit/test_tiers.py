@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiers import KILL_TIMING, KILL_TIMING_GROUP, SERVERS, TESTS, UNIT, group_of, spawns
+from tests.tiers import (
+    KILL_TIMING,
+    KILL_TIMING_GROUP,
+    SERVERS,
+    TENSORFLOW_GROUP,
+    TESTS,
+    UNIT,
+    group_of,
+    spawns,
+)
 
 UNIT_MODULES = sorted((TESTS / UNIT).glob("test_*.py"))
 
@@ -40,3 +49,7 @@ def test_the_group_is_found_from_a_module_path_as_a_node_id_gives_it() -> None:
         assert group_of(TESTS.parent / "tests" / module) == KILL_TIMING_GROUP
     assert group_of(TESTS / "unit" / "test_journal.py") is None
     assert group_of(TESTS.parent / "scripts" / "crash_harness.py") is None
+    # TensorFlow's in-process users share a worker; a kill-timing module stays in its group.
+    assert group_of(TESTS / "e2e" / "test_tf_interop_encoding.py") == TENSORFLOW_GROUP
+    assert group_of(TESTS / "unit" / "test_framing.py") == TENSORFLOW_GROUP
+    assert group_of(TESTS / "reliability" / "test_crash_harness.py") == KILL_TIMING_GROUP
