@@ -8,6 +8,7 @@ importing them."""
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -73,11 +74,20 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+@functools.cache
+def _cached_parser(command: str | None) -> argparse.ArgumentParser:
+    # Built once per command and process: argparse spends milliseconds on each build (its
+    # gettext look-ups), which callers of main() in a loop (the tests' in-process verify)
+    # paid on every call.
+    return parser(command)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     if argv is None:
         argv = sys.argv[1:]
-    cli = parser(_command_of(argv))
+    command = _command_of(argv)
+    cli = _cached_parser(command if command in COMMANDS else None)
     args = cli.parse_args(argv)
     func: Command | None = getattr(args, "func", None)
     if func is None:  # pragma: no cover - argparse enforces a command
