@@ -240,8 +240,12 @@ class Launcher:
         return self._template
 
     def forkable(self, env: Mapping[str, str]) -> bool:
-        """Whether a daemon with the whole environment ``env`` is forked from the template."""
-        return enabled() and forkable(env, self.template().env)
+        """Whether a daemon with the whole environment ``env`` is forked from the template: in
+        a running test (not in a script such as the crash harness's), with the launcher on, and
+        an environment that imports what the template's did."""
+        return (
+            "PYTEST_CURRENT_TEST" in os.environ and enabled() and forkable(env, self.template().env)
+        )
 
     def launch(
         self,

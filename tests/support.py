@@ -231,7 +231,7 @@ def run_tfrecordd(
     :class:`DaemonProcess` is."""
     full_env = dict(os.environ if env is None else env)
     argv = [sys.executable, "-m", "tfrecordd", *args]
-    if "PYTEST_CURRENT_TEST" not in os.environ or not LAUNCHER.forkable(full_env):
+    if not LAUNCHER.forkable(full_env):
         return subprocess.run(
             argv, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
         )
@@ -269,7 +269,7 @@ class DaemonProcess:
         self._log_start = self.log.stat().st_size if self.log.exists() else 0
         argv = ["run", "--config", str(config)]
         self.proc: subprocess.Popen[bytes] | LaunchedProcess
-        if not cold and "PYTEST_CURRENT_TEST" in os.environ and LAUNCHER.forkable(full_env):
+        if not cold and LAUNCHER.forkable(full_env):
             self.log.touch()
             self.proc = LAUNCHER.launch(argv, full_env, self.log, own_group=own_group)
             return

@@ -88,6 +88,11 @@ def group_of(module: Path) -> str | None:
         return None
     if module.relative_to(TESTS).as_posix() in KILL_TIMING:
         return KILL_TIMING_GROUP
-    if module.suffix == ".py" and IMPORTS_TENSORFLOW.search(module.read_text()):
-        return TENSORFLOW_GROUP
-    return None
+    return TENSORFLOW_GROUP if imports_tensorflow(module) else None
+
+
+@cache
+def imports_tensorflow(path: Path) -> bool:
+    """Whether the test module at ``path`` imports TensorFlow into the test process (read once:
+    the scheduler asks for every test's group)."""
+    return path.suffix == ".py" and IMPORTS_TENSORFLOW.search(path.read_text()) is not None
