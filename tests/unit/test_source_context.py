@@ -51,8 +51,14 @@ async def test_a_batch_the_pipeline_took_is_sent_even_if_cancelled_right_after(
     ctx.connect(send)
     batch = RawBatch("s", [RawEvent(b'{"id": 1}', "x"), RawEvent(b'{"id": 2}', "y")], None)
     returned = False
+    deliver = send.send_nowait
+
+    def then_cancel(item: RawBatch) -> None:
+        deliver(item)
+        scope.cancel()  # the daemon stops just as the pipeline took the batch
+
+    monkeypatch.setattr(send, "send_nowait", then_cancel)
     with anyio.CancelScope() as scope:
-        scope.cancel()
         await ctx.send(batch)
         returned = True
     assert returned, "send returned: the batch is the pipeline's"
@@ -61,5 +67,13 @@ async def test_a_batch_the_pipeline_took_is_sent_even_if_cancelled_right_after(
         "tfrecordd_events_received_total", {"source": "s"}
     )
     assert received == 2
+    # The next send of a cancelled source raises before the pipeline is touched (it may be
+    # closing already).
+    receive.close()
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await ctx.send(batch)
+        pytest.fail("a cancelled source's next send raised nothing")
+    assert scope.cancelled_caught
     send.close()
     receive.close()

@@ -83,6 +83,9 @@ class _SourceContext(SourceContext):
 
     async def send(self, batch: RawBatch) -> None:
         assert self._send is not None, "send before run"
+        # A source cancelled since its last send stops here, before the pipeline (which may be
+        # closing) is touched: its previous send returned without raising it (below).
+        await anyio.lowlevel.checkpoint_if_cancelled()
         try:
             self._send.send_nowait(batch)
         except anyio.WouldBlock:
@@ -95,7 +98,7 @@ class _SourceContext(SourceContext):
         # source with a big chunk of input holds the event loop for all of it. Shielded: the
         # batch is the pipeline's now, and a cancellation raised here would tell the source it
         # was not sent (the UDP source counted such events as dropped at shutdown, yet they
-        # were written). The source meets the cancellation at its next wait.
+        # were written). The source meets the cancellation at its next send or wait.
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
     async def _send_when_room(
