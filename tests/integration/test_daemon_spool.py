@@ -261,7 +261,7 @@ async def test_rotation_by_bytes_never_exceeds_the_cap(
     assert any(0 < written < offered for offered, written in write_runs)
 
 
-# 200,000 events per compressed case: the rule itself (OpenShard.fits) is unit-tested for every
+# 100,000 events per compressed case: the rule itself (OpenShard.fits) is unit-tested for every
 # compression in test_shards; the daemon proves it by default for none and gzip.
 @pytest.mark.parametrize(
     "compression",
@@ -275,7 +275,7 @@ async def test_rotation_by_bytes_never_exceeds_the_cap(
 async def test_packed_batches_keep_the_cap_too(
     tmp_path: Path, compression: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Batches of about 128 KiB (a quarter of the cap) are compressed as units of their own
+    # Batches of about 64 KiB (a quarter of the cap) are compressed as units of their own
     # before the writer sees them; the cap still holds, and shards are still filled.
     packed: list[int] = []
 
@@ -284,8 +284,8 @@ async def test_packed_batches_keep_the_cap_too(
         return pack(records, *args)
 
     monkeypatch.setattr(encoding, "pack", counting_pack)
-    cap = 512 << 10
-    n = 20_000 if compression == "none" else 200_000
+    cap = 256 << 10
+    n = 10_000 if compression == "none" else 100_000
     cfg = write_config(tmp_path, output={"max_shard_bytes": cap, "compression": compression})
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(n)])
     await run_until_drained(tmp_path, Daemon(load_config(cfg), handle_signals=False), n)
