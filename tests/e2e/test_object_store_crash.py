@@ -58,7 +58,7 @@ def config(
             "dir": f"s3://{bucket}/shards",
             "storage_options": server.storage_options(default_block_size=PART),
             "compression": "none",
-            "max_shard_bytes": 3 * PART,
+            "max_shard_bytes": 2 * PART,
             "max_shard_age": "1s",
         }
         | output,
@@ -121,7 +121,7 @@ def test_killed_around_an_upload_then_restarted_exactly_once(
 ) -> None:
     bucket = s3_server.create_bucket()
     cfg = config(tmp_path, s3_server, bucket)
-    expected = fill_spool(tmp_path, 4, 1500)
+    expected = fill_spool(tmp_path, 3, 1500)
     d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": point})
     try:
         assert d.wait(120) == 137, d.output()
@@ -153,7 +153,7 @@ def test_sigkill_during_uploads_never_shows_a_partial_object(
 ) -> None:
     bucket = s3_server.create_bucket()
     cfg = config(tmp_path, s3_server, bucket)
-    expected = fill_spool(tmp_path, 12, 1500)
+    expected = fill_spool(tmp_path, 8, 1500)
     logs = ""
     mid_upload_kills = 0
     for _ in range(4):
