@@ -12,9 +12,17 @@ export TFRECORDD_REQUIRE_SPEEDUPS=1
 # The suite starts hundreds of daemon processes; with PYTHONDONTWRITEBYTECODE set (as in many
 # containers) each would compile the whole package again (about 0.3 s of CPU per start).
 .venv/bin/python -m compileall -q daemon plugins tests >/dev/null
+# pytest keeps its rewritten test modules (assertions made to explain themselves) as bytecode
+# only where writing bytecode is allowed; else every worker rewrites and compiles each of them
+# again, about 5 s of CPU per worker. One collection writes them all, on the core that the
+# checks below (one process at a time) leave idle; its errors, if any, the suite reports.
+unset PYTHONDONTWRITEBYTECODE
+.venv/bin/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1 &
+collecting=$!
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+wait "$collecting" || true
 # The suite runs on every core (pytest-xdist), with one worker more than there are cores: a
 # good part of it waits on daemons, servers and timers. The tests of one xdist_group share a
 # worker. TFRECORDD_TEST_WORKERS=N sets the number; 0 runs it in this process, serially.

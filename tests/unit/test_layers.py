@@ -5,6 +5,7 @@ inside functions count: they are how cycles hide)."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,10 @@ def _layer(module: str) -> int:
     return best
 
 
+@cache
 def _imports(module: str) -> set[str]:
+    """The package's modules that ``module`` imports at run time (parsed when first asked: not
+    while the suite is collected, in every worker)."""
     tree = ast.parse(MODULES[module].read_text())
     package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
     typing_only = {
@@ -116,13 +120,14 @@ def _imports(module: str) -> set[str]:
     return out
 
 
-GRAPH = {m: _imports(m) for m in MODULES}
+def _graph() -> dict[str, set[str]]:
+    return {m: _imports(m) for m in MODULES}
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_a_module_imports_only_its_layer_and_the_ones_below(module: str) -> None:
     mine = _layer(module)
-    upward = sorted(d for d in GRAPH[module] if _layer(d) > mine and d != "tfrecordd")
+    upward = sorted(d for d in _imports(module) if _layer(d) > mine and d != "tfrecordd")
     assert upward == [], (
         f"{module} ({LAYERS[mine][0]}) imports from a layer above it: "
         + ", ".join(f"{d} ({LAYERS[_layer(d)][0]})" for d in upward)
@@ -167,13 +172,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_there_is_no_import_cycle() -> None:
-    assert _cycles(GRAPH) == []
+    assert _cycles(_graph()) == []
 
 
 def test_the_checks_can_fail() -> None:
     """An import from the cli into the format layer would be upward; modules importing each
     other, directly or around a loop, are a cycle."""
     assert _layer("tfrecordd.cli.tools") > _layer("tfrecordd.format.reader")
-    assert "tfrecordd.format.framing" in GRAPH["tfrecordd.format.reader"]
+    assert "tfrecordd.format.framing" in _imports("tfrecordd.format.reader")
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
