@@ -26,8 +26,8 @@ daemon's status is lost: polling it then raises, quoting what the template wrote
 Before it forks, the template moves everything it imported out of the garbage collector's
 reach (``gc.freeze()``, as the :mod:`gc` documentation advises for a pre-fork server): a child's
 collections, its final one at exit included, would otherwise walk the whole inherited heap and
-copy every page they touch. That was about two thirds of a forked daemon's CPU (0.25 s of a
-start and stop; 0.09 s frozen). A cold start keeps those objects alive for as long, as modules.
+copy every page they touch. That was over half of a forked daemon's CPU (0.28 s for a start
+and a stop, 0.12 s frozen). A cold start keeps those objects alive for as long, as modules.
 
 One difference stays: forked daemons share the template's string-hash seed, so a set's order
 is the same in each of them, where cold starts draw a seed each.
