@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import socket
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 from tests.support import (
     DaemonProcess,
     movie_event,
+    run_tfrecordd,
     shard_files,
     spool_file,
     wait_for,
@@ -129,12 +128,7 @@ def test_tensorflow_reads_shards_of_packed_and_running_units(
     if compression == "gzip":
         # Members: the three packed batches (1000, 1000, 500 events), then the running unit.
         assert _records_per_gzip_member(Path(files[0]).read_bytes()) == [1000, 1000, 500, 10]
-    result = subprocess.run(
-        [sys.executable, "-m", "tfrecordd", "verify", *files],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_tfrecordd("verify", *files, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

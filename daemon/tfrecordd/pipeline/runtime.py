@@ -90,8 +90,9 @@ class _SourceContext(SourceContext):
             self._send.send_nowait(batch)
         except anyio.WouldBlock:
             await self._send_when_room(batch, self._send)
-            self._received.inc(len(batch.events))
-            return
+            waited = True
+        else:
+            waited = False
         self._received.inc(len(batch.events))
         # A source that finds room keeps making batches without waiting: let the other stages
         # run between two batches (the workers' results, the writer's trips to its thread), or a
@@ -99,7 +100,8 @@ class _SourceContext(SourceContext):
         # batch is the pipeline's now, and a cancellation raised here would tell the source it
         # was not sent (the UDP source counted such events as dropped at shutdown, yet they
         # were written). The source meets the cancellation at its next send or wait.
-        await anyio.lowlevel.cancel_shielded_checkpoint()
+        if not waited:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
 
     async def _send_when_room(
         self, batch: RawBatch, stream: MemoryObjectSendStream[RawBatch]
