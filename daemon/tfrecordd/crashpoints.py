@@ -23,6 +23,11 @@ POINTS = (
 )
 """Every crash point the daemon itself passes, in protocol order."""
 
+STATE_POINTS = ("state-staged", "state-committed", "state-step", "state-finished")
+"""Every crash point the writing ``tfrecordd state`` commands pass, in order: the new files
+written aside, the change committed, each step of it done (``state-step:n`` for the n-th), the
+change finished. The daemon never passes them."""
+
 _target: str | None = None
 _countdown = 0
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from tfrecordd import crashpoints
 from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
 from tfrecordd.errors import (
@@ -47,6 +48,7 @@ from tfrecordd.state.records import CHECKPOINT, JOURNAL, Checkpoint, Intent, new
 def _exclusive(state_dir: str) -> Iterator[None]:
     """Hold the daemon's lock on ``state_dir`` while the command changes it: no daemon runs on
     it now (:class:`~tfrecordd.errors.StateInUseError`, exit 75) and none starts meanwhile."""
+    crashpoints.check_armed(crashpoints.STATE_POINTS)
     if not os.path.isdir(state_dir):
         yield
         return
@@ -193,6 +195,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
                 )
                 return EXIT_DATA
             print(f"{ckpt_path}: damaged; set aside as {_set_aside(ckpt_path)}")
+            crashpoints.reached("state-step")
         scan = scan_journal(journal_path)
         if scan.newer is not None:
             raise newer_format_error(journal_path, scan.newer)
@@ -200,6 +203,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             kept = scan.records + scan.salvage
             aside = f"{journal_path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
             os.link(journal_path, aside, follow_symlinks=False)
+            crashpoints.reached("state-step")
             _write_journal(state_dir, kept)
             print(
                 f"{journal_path}: rebuilt from {len(kept)} sound record(s) (the damaged record "
@@ -245,10 +249,13 @@ def _rewrite_source(state_dir: str, old: str, new: str | None) -> None:
         for part in (ckpt.sources, ckpt.types, ckpt.unfolded):
             _rename_in(part, old, new)
         write_atomically(LOCAL, ckpt_path, orjson.dumps(ckpt.to_json()))
+        crashpoints.reached("state-step")
     _write_journal(state_dir, scan.records)
+    crashpoints.reached("state-step")
     own = os.path.join(state_dir, "sources", old)
     if new is not None and os.path.isdir(own):
         os.rename(own, os.path.join(state_dir, "sources", new))
+        crashpoints.reached("state-step")
 
 
 def cmd_rename_source(args: argparse.Namespace) -> int:
