@@ -18,7 +18,8 @@ types it re-exports what plugins need from the core:
 
 - the errors a plugin raises: :class:`TfrecorddError` (its ``exit_code`` is the daemon's exit
   status when it stops the daemon), :class:`ConfigError`, :class:`EncodeError`,
-  :class:`CompressionError`, :class:`ListenError`, :class:`SourceLostError`,
+  :class:`CompressionError`, :class:`DurabilityError` (a failed fsync: it stops the daemon),
+  :class:`ListenError`, :class:`SourceLostError`,
   :class:`StateInUseError`, and the exit statuses ``EXIT_CONFIG``, ``EXIT_IO``;
 - the config field types :data:`Duration` (``"30s"`` → seconds) and :data:`Size`
   (``"64MiB"`` → bytes), and :func:`split_host_port` for ``host:port`` keys;
@@ -28,6 +29,9 @@ types it re-exports what plugins need from the core:
   :func:`write_atomically`, a small file replaced whole and durably through a ``FileSystem``;
 - ``descriptors``: the process's file-descriptor budget (``take``, ``release``, ``Backoff``),
   which a source that accepts connections shares with the daemon;
+- :class:`InputBoundary` and :func:`refusable`: the boundary around one input (a file, a stream
+  entry, a connection), so that whatever one input raises refuses that input and never stops
+  the source (DESIGN invariant 13);
 - :class:`Backoff` and :func:`retrying`, the backoff schedule and retry loop of a source that
   reconnects; :func:`token_version` and :class:`TokenVersionError`, for tokens that carry a
   version (``"v"``) so that one of a newer release is refused, never misread.
@@ -51,12 +55,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tfrecordd import crashpoints, descriptors
+from tfrecordd.boundary import InputBoundary, refusable
 from tfrecordd.endpoints import split_host_port
 from tfrecordd.errors import (
     EXIT_CONFIG,
     EXIT_IO,
     CompressionError,
     ConfigError,
+    DurabilityError,
     EncodeError,
     ListenError,
     SourceLostError,
@@ -85,6 +91,7 @@ __all__ = [
     "CompressionError",
     "ConfigError",
     "DirectoryUse",
+    "DurabilityError",
     "Duration",
     "EncodeError",
     "EncodeResult",
@@ -94,6 +101,7 @@ __all__ = [
     "Failure",
     "FailureReason",
     "FileSystem",
+    "InputBoundary",
     "Lines",
     "ListenError",
     "RawBatch",
@@ -109,6 +117,7 @@ __all__ = [
     "Token",
     "TokenVersionError",
     "descriptors",
+    "refusable",
     "retrying",
     "split_host_port",
     "token_version",

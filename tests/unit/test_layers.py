@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "plugin toolkit and config",
         {
             "tfrecordd.plugin",
+            "tfrecordd.boundary",
             "tfrecordd.events",
             "tfrecordd.testing",
             "tfrecordd.config",

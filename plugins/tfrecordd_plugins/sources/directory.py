@@ -18,8 +18,9 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import anyio
 from pydantic import Field, field_validator
@@ -27,6 +28,8 @@ from pydantic import Field, field_validator
 from tfrecordd.plugin import (
     DirectoryUse,
     Duration,
+    InputBoundary,
+    RawBatch,
     Size,
     Source,
     SourceConfig,
@@ -36,7 +39,7 @@ from tfrecordd.plugin import (
 from tfrecordd_plugins.sources import spool_positions
 from tfrecordd_plugins.sources.spool_claims import Claims
 from tfrecordd_plugins.sources.spool_folders import SpoolError
-from tfrecordd_plugins.sources.spool_formats import FormatReaders
+from tfrecordd_plugins.sources.spool_formats import FormatReaders, reject
 from tfrecordd_plugins.sources.spool_names import (
     CLAIM_DIR,
     NAME_MAX,
@@ -165,6 +168,9 @@ class DirectorySource(Source):
         self.positions = Positions()
         """What of each claim is committed, and which claims were sent to their end."""
         self._formats = FormatReaders(config, Path(self.claims.spool).resolve().name)
+        self._counter: _Counted = _Uncounted(config.name)
+        """Where refusals outside ``run`` (in ``ack`` and ``recover``) are counted: the
+        context, once attached."""
 
     @staticmethod
     def fold(state: Any, tokens: Sequence[Token]) -> Any:
@@ -174,13 +180,14 @@ class DirectorySource(Source):
 
     def attach(self, ctx: SourceContext) -> None:
         self.claims.attach(ctx)
+        self._counter = ctx
 
     async def recover(self, state: Any, pending: Sequence[Token]) -> None:
         tokens = self._read_tokens(pending)
         await anyio.to_thread.run_sync(self.claims.open)
         for t in tokens:
             if t["eof"]:
-                await anyio.to_thread.run_sync(self.claims.finish, t["f"], _rejected(t))
+                await self._finish(t)
         self.positions.recovered(state, tokens)
 
     async def aclose(self) -> None:
@@ -189,8 +196,16 @@ class DirectorySource(Source):
     async def ack(self, tokens: Sequence[Token]) -> None:
         for t in self._read_tokens(tokens):
             if t["eof"]:
-                await anyio.to_thread.run_sync(self.claims.finish, t["f"], _rejected(t))
+                await self._finish(t)
             self.positions.acked(t)
+
+    async def _finish(self, t: SpoolToken) -> None:
+        """Finish the file of an ``eof`` token (:meth:`.Claims.finish`) inside the input's
+        boundary: an error finishing one file is counted and logged, and never stops an ack,
+        a recovery or the start (a failed fsync excepted)."""
+        finish = self.claims.finish
+        with InputBoundary(self._counter, f"finishing {t['f']}", "unfinished"):
+            await anyio.to_thread.run_sync(finish, t["f"], _rejected(t), t.get("st"), t["o"])
 
     def _read_tokens(self, tokens: Sequence[Token]) -> list[SpoolToken]:
         """All the tokens, each version checked, before any is acted on."""
@@ -245,8 +260,15 @@ class DirectorySource(Source):
                 claims.refuse, ctx, claims.claims_fd, claim, rel, label, reason
             )
             return False
+        tracked = _Tracking(ctx, start)
         try:
-            await self._formats.read(ctx, key, rel, reader, start, lambda: self._reader(key, rel))
+            with InputBoundary(ctx, f"file {rel}", "read_error") as boundary:
+                await self._formats.read(
+                    tracked, key, rel, reader, start, lambda: self._reader(key, rel)
+                )
+            if boundary.error is not None:
+                # Whatever was sent before stays sent; the file is set aside whole.
+                await reject(ctx, key, rel, boundary.reason, tracked.offset)
         finally:
             with anyio.CancelScope(shield=True):
                 await reader.close()
@@ -260,6 +282,50 @@ class DirectorySource(Source):
                 )
         self.positions.sent_eof.add(key)
         return True
+
+
+class _Counted(Protocol):
+    name: str
+
+    def count_refused(self, reason: str, n: int = 1) -> None: ...
+
+
+@dataclass
+class _Uncounted:
+    """Refusals before a context is attached (a source used without a daemon): logged only."""
+
+    name: str
+
+    def count_refused(self, reason: str, n: int = 1) -> None:
+        del reason, n
+
+
+class _Tracking(SourceContext):
+    """A source context that passes everything on to ``ctx`` and remembers the offset of the
+    last batch sent: where a file whose reading failed was left."""
+
+    def __init__(self, ctx: SourceContext, offset: int) -> None:
+        self._ctx = ctx
+        self.offset = offset
+        self.name = ctx.name
+        self.node_id = ctx.node_id
+        self.state_dir = ctx.state_dir
+        self.max_batch_events = ctx.max_batch_events
+        self.max_batch_bytes = ctx.max_batch_bytes
+        self.fs = ctx.fs
+
+    def crash_point(self, point: str) -> None:
+        self._ctx.crash_point(point)
+
+    async def send(self, batch: RawBatch) -> None:
+        await self._ctx.send(batch)
+        self.offset = int(batch.token["o"])
+
+    def count_dropped(self, reason: str, n: int = 1) -> None:
+        self._ctx.count_dropped(reason, n)
+
+    def count_refused(self, reason: str, n: int = 1) -> None:
+        self._ctx.count_refused(reason, n)
 
 
 def _rejected(t: SpoolToken) -> str | None:

@@ -19,20 +19,30 @@ node folders are adopted, under their names, by the first daemon to start.
 from __future__ import annotations
 
 import errno
+import fcntl
 import fnmatch
 import hashlib
 import json
 import logging
 import os
+import signal
 import stat
+import sys
 import time
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from tfrecordd.plugin import FileSystem, SourceContext, StateInUseError, TfrecorddError, try_lock
+from tfrecordd.plugin import (
+    DurabilityError,
+    FileSystem,
+    SourceContext,
+    StateInUseError,
+    TfrecorddError,
+    try_lock,
+)
 from tfrecordd_plugins.sources.spool_folders import (
     DIR_FLAGS,
     SpoolError,
@@ -49,12 +59,16 @@ from tfrecordd_plugins.sources.spool_names import (
     claim_name,
     original,
     printable,
+    resumed_name,
     valid_key,
 )
 
 log = logging.getLogger("tfrecordd_plugins.sources.directory")  # the source's one logger
 
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHECK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_F_SETSIG = 10
+"""Linux's ``F_SETSIG`` (the :mod:`fcntl` module does not name it)."""
 _HELD_FOLDERS = 64
 """Spool folders held open at once while claiming (each is fsynced when closed)."""
 
@@ -72,6 +86,8 @@ class ClaimSettings(Protocol):
     def recursive(self) -> bool: ...
     @property
     def on_done(self) -> str: ...
+    @property
+    def format(self) -> str: ...
     @property
     def done_dir(self) -> Path | None: ...
 
@@ -102,7 +118,10 @@ class Claims:
         """Spool paths refused (left in place, not looked at again), and claims (``node/claim``)
         whose open failed in a way that may pass (logged once)."""
         self._stuck: set[str] = set()
-        """Claims that could neither be read nor moved aside: not tried again by this process."""
+        """Claim names that could neither be read nor moved aside: not tried again by this
+        process."""
+        self._waiting: set[str] = set()
+        """Claims read to their end that a writer still holds open (logged once)."""
         self._node: str | None = None
         self._fds: dict[str, int] = {}
         """Folders held open since start: ``spool``, ``root`` (the claim folders' parent),
@@ -226,34 +245,181 @@ class Claims:
             return self._fds["claims"], name, False
         return open_dir(node, self._fds["root"]), name, True
 
-    def finish(self, key: str, rejected: str | None) -> None:
+    def finish(
+        self,
+        key: str,
+        rejected: str | None,
+        read: Sequence[int] | None = None,
+        offset: int = 0,
+    ) -> None:
         """Delete the claimed file ``key`` (``node/claim``) whose records are all published, or
         move it into ``done_dir``, or (``rejected``: why) into the rejected folder; durably.
-        Idempotent: a file already gone is done."""
+        Idempotent: a file already gone is done.
+
+        ``read`` is the file's size and modification time when its end was read (``offset`` in
+        its decompressed stream). The file is checked against it at the moment of finishing,
+        under a read lease where the kernel grants one (so no process has it open for writing
+        until it is gone): one that changed since, or is still open for writing, is not
+        finished but renamed to be read on from ``offset`` (:meth:`_read_on`). A finish that
+        cannot be done as configured is done another way (:meth:`_finish_otherwise`); only a
+        failed fsync (:class:`DurabilityError`) is raised."""
         if not valid_key(key):
             log.error("%s: a token names %r, not a claim: ignored", self.spool, key)
             return
         self.open()  # acks may come after close (redone, say)
         try:
             folder, claim, opened = self._folder(key)
-        except FileNotFoundError:
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError):
+                log.error("%s: cannot open the claim folder of %s: %s", self.spool, key, e)
             return
         try:
-            try:
-                os.stat(claim, dir_fd=folder, follow_symlinks=False)
-            except FileNotFoundError:
-                return
-            if rejected is not None:
-                self._set_aside(folder, claim, printable(original(claim)), rejected)
-            elif self.config.on_done == "delete":
-                os.unlink(claim, dir_fd=folder)
-            else:
-                self._move_done(folder, claim)
-            self.fs.fsync_dir_fd(folder)
+            self._finish_in(folder, claim, rejected, read, offset)
         finally:
             if opened:
                 os.close(folder)
         self._crash_point("after-spool-ack")
+
+    def _finish_in(
+        self,
+        folder: int,
+        claim: str,
+        rejected: str | None,
+        read: Sequence[int] | None,
+        offset: int,
+    ) -> None:
+        shown = printable(original(claim))
+        try:
+            fd = os.open(claim, _CHECK_FLAGS, dir_fd=folder)
+        except FileNotFoundError:
+            return
+        except OSError:
+            fd = -1  # a symlink or a FIFO planted under a claim name, say: finished unread
+        try:
+            writers = _lease(fd) if fd >= 0 else None
+            try:
+                st = (
+                    os.fstat(fd)
+                    if fd >= 0
+                    else os.stat(claim, dir_fd=folder, follow_symlinks=False)
+                )
+            except FileNotFoundError:
+                return
+            if rejected is None and read is not None:
+                why = _changed(st, read, writers)
+                if why:
+                    self._read_on(folder, claim, shown, st, read, offset, why)
+                    return
+            try:
+                if rejected is not None:
+                    self._set_aside(folder, claim, shown, rejected)
+                elif self.config.on_done == "delete":
+                    os.unlink(claim, dir_fd=folder)
+                else:
+                    self._move_done(folder, claim)
+            except DurabilityError:
+                raise
+            except OSError as e:
+                self._finish_otherwise(folder, claim, shown, e)
+                return
+            self._sync(folder)
+        finally:
+            if fd >= 0:
+                if writers is not None:
+                    with suppress(OSError):
+                        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+                os.close(fd)
+
+    def _read_on(
+        self,
+        folder: int,
+        claim: str,
+        shown: str,
+        st: os.stat_result,
+        read: Sequence[int],
+        offset: int,
+        why: str,
+    ) -> None:
+        """Keep a claim that changed after its end was read: renamed to be read on from
+        ``offset`` (:func:`.spool_names.resumed_name`), or, where reading on cannot give what
+        the producer meant (a file cut shorter, a whole-file event), set aside whole."""
+        if self._ctx is not None and claim not in self._waiting:
+            self._ctx.count_refused("grew_after_publish")
+        if st.st_size < read[0]:
+            reason = f"cut from {read[0]} to {st.st_size} bytes after it was read and published"
+        elif self.config.format == "whole-file":
+            reason = f"{why} (a whole-file event was published before the change)"
+        else:
+            resumed = resumed_name(claim, offset)
+            if resumed == claim:
+                if claim not in self._waiting:
+                    self._waiting.add(claim)
+                    log.warning("%s: %s %s: not finished, read on", self.spool, shown, why)
+                return
+            try:
+                os.rename(claim, resumed, src_dir_fd=folder, dst_dir_fd=folder)
+            except OSError as e:
+                reason = f"{why}, and it cannot be renamed to be read on ({e.strerror})"
+            else:
+                self._waiting.discard(claim)
+                self._sync(folder)
+                log.warning(
+                    "%s: %s %s: read on from byte %d (producers must write elsewhere and "
+                    "rename the finished file into the spool)",
+                    self.spool,
+                    shown,
+                    why,
+                    offset,
+                )
+                return
+        self._waiting.discard(claim)
+        self._finish_otherwise(folder, claim, shown, None, reason)
+
+    def _finish_otherwise(
+        self,
+        folder: int,
+        claim: str,
+        shown: str,
+        error: OSError | None,
+        reason: str = "",
+    ) -> None:
+        """A finished claim that cannot be deleted or moved as configured (``error``), or must
+        be kept (``reason``): set aside into the rejected folder with why; failing that, renamed
+        in its claim folder to a hidden name no scan reads (``.unfinished-<claim>``); failing
+        that too, left and not tried again by this process (logged, counted)."""
+        if error is not None:
+            reason = f"read and published, but could not be {self._done_verb()}: {error}"
+        if self._ctx is not None:
+            self._ctx.count_refused("unfinished")
+        try:
+            if self._set_aside(folder, claim, shown, reason):
+                log.warning("%s: %s %s: kept in %s", self.spool, shown, reason, REJECT_DIR)
+                return
+        except DurabilityError:
+            raise
+        except OSError as e:
+            log.error("%s: %s: cannot set it aside either (%s)", self.spool, shown, e)
+        hidden = f".unfinished-{claim}"[:NAME_MAX]
+        try:
+            os.rename(claim, hidden, src_dir_fd=folder, dst_dir_fd=folder)
+        except OSError as e:
+            self._stuck.add(claim)
+            log.error(
+                "%s: %s (%s) cannot be renamed either (%s): left", self.spool, shown, reason, e
+            )
+            return
+        self._sync(folder)
+        log.error("%s: %s (%s): kept in the claim folder as %s", self.spool, shown, reason, hidden)
+
+    def _done_verb(self) -> str:
+        return "deleted" if self.config.on_done == "delete" else "moved into done_dir"
+
+    def _sync(self, fd: int) -> None:
+        """fsync a folder; a failure stops the daemon (:class:`DurabilityError`), never retried."""
+        try:
+            self.fs.fsync_dir_fd(fd)
+        except OSError as e:
+            raise DurabilityError(f"{self.spool}: fsync of a spool folder failed: {e}") from e
 
     def _move_done(self, folder: int, claim: str) -> None:
         *parents, name = original(claim).split("/")
@@ -263,17 +429,23 @@ class Claims:
                 os.stat(name, dir_fd=dst, follow_symlinks=False)
                 name = f"{name}.{claim.split('-', 1)[0]}"
             os.rename(claim, name, src_dir_fd=folder, dst_dir_fd=dst)
-            self.fs.fsync_dir_fd(dst)
+            self._sync(dst)
         finally:
             os.close(dst)
 
     def _set_aside(
         self, folder: int, name: str, shown: str, reason: str, as_name: str = ""
     ) -> bool:
-        """Move ``name`` from ``folder`` into the rejected folder (as ``as_name``, if given) and
-        record why; ``False`` if it was gone."""
+        """Move ``name`` from ``folder`` into the rejected folder (as ``as_name``, if given; a
+        name taken there gets a numbered suffix) and record why; ``False`` if it was gone."""
         target = as_name or name
         rejected = self._fds["rejected"]
+        for n in range(1, 1000):
+            try:
+                os.stat(target, dir_fd=rejected, follow_symlinks=False)
+            except FileNotFoundError:
+                break
+            target = f"{as_name or name}"[: NAME_MAX - 8] + f".{n}"
         try:
             os.rename(name, target, src_dir_fd=folder, dst_dir_fd=rejected)
         except FileNotFoundError:
@@ -294,8 +466,8 @@ class Claims:
                 os.close(fd)
         except OSError as e:
             log.error("%s: cannot record why %s was rejected: %s", self.reject_dir, shown, e)
-        self.fs.fsync_dir_fd(rejected)
-        self.fs.fsync_dir_fd(folder)
+        self._sync(rejected)
+        self._sync(folder)
         return True
 
     def check_spool(self) -> None:
@@ -324,7 +496,7 @@ class Claims:
             return []
         for claim in sorted(names):
             key = f"{self._node}/{claim}"
-            if key in skip or key in self._stuck:
+            if key in skip or claim in self._stuck or claim.startswith("."):
                 continue
             try:
                 claim.encode()
@@ -351,7 +523,7 @@ class Claims:
         try:
             moved = self._set_aside(folder, name, shown, reason, as_name)
         except OSError as e:
-            self._stuck.add(f"{self._node}/{name}")
+            self._stuck.add(name)
             ctx.count_refused(label)
             log.error("%s: %s: %s; cannot move it aside either (%s)", ctx.name, shown, reason, e)
             return False
@@ -470,3 +642,36 @@ class Claims:
         finally:
             _close_synced(self.fs, folders)
         return claimed
+
+
+def _lease(fd: int) -> bool | None:
+    """Take a read lease on ``fd``: ``True`` if taken (no process has the file open for
+    writing, and none can open it so until the lease is released), ``False`` if a writer has
+    it open, ``None`` where leases are not to be had (another user's file without
+    ``CAP_LEASE``, a file system without them, not Linux): then the size and modification time
+    are all that is checked. A writer that opens the file while the lease is held waits for its
+    release; the kernel tells the holder with ``SIGURG`` (ignored by default) instead of
+    ``SIGIO`` (which would end the process)."""
+    if sys.platform != "linux":
+        return None
+    try:
+        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EBUSY):
+            return False
+        return None
+    return True
+
+
+def _changed(st: os.stat_result, read: Sequence[int], writers: bool | None) -> str:
+    """Why a claim is not finished as it is: what changed since its end was read (``read``:
+    size and modification time then), or a writer that still has it open; ``""`` if neither."""
+    size, mtime = int(read[0]), int(read[1])
+    if st.st_size != size:
+        return f"changed after its end was read ({size} bytes then, {st.st_size} now)"
+    if st.st_mtime_ns != mtime:
+        return "was modified after its end was read"
+    if writers is False:
+        return "is still open for writing"
+    return ""

@@ -88,7 +88,9 @@ class FormatReaders:
         label = parts[-2] if len(parts) > 1 else self._spool_name
         value = {"filename": parts[-1], "label": label, "path": rel}
         event = RawEvent(data, rel, value=value, format="file")
-        await ctx.send(RawBatch(ctx.name, [event], _token(claim, len(data), True)))
+        await ctx.send(
+            RawBatch(ctx.name, [event], _token(claim, len(data), True, seen=reader.last_seen))
+        )
 
     async def _read_lines(
         self, ctx: SourceContext, claim: str, rel: str, reader: FileReader, offset: int
@@ -122,7 +124,9 @@ class FormatReaders:
             if held is not None:
                 batch, end = held
                 held = None
-                await ctx.send(RawBatch(ctx.name, [], _token(claim, end, last), batch))
+                await ctx.send(
+                    RawBatch(ctx.name, [], _token(claim, end, last, seen=reader.last_seen), batch)
+                )
 
         try:
             await reader.seek(offset)
@@ -150,7 +154,8 @@ class FormatReaders:
                     offset += at
                     event = too_long(rel, head_at, head, max_line)
                     last = eof and at == n
-                    await ctx.send(RawBatch(ctx.name, [event], _token(claim, offset, last)))
+                    token = _token(claim, offset, last, seen=reader.last_seen)
+                    await ctx.send(RawBatch(ctx.name, [event], token))
                     head = None
                     if last:
                         return
@@ -179,7 +184,9 @@ class FormatReaders:
                 # A line longer than a read grew it: back to its usual size for the next file.
                 self._work = bytearray(work_size(self.config))
         if not lines:
-            await ctx.send(RawBatch(ctx.name, [], _token(claim, offset, True)))
+            await ctx.send(
+                RawBatch(ctx.name, [], _token(claim, offset, True, seen=reader.last_seen))
+            )
 
     async def _read_csv(
         self,
@@ -266,7 +273,8 @@ class FormatReaders:
             events, held = held.events, None
         if held is not None:
             await ctx.send(held)
-        await ctx.send(RawBatch(ctx.name, events, _token(claim, offset, True)))
+        end = _token(claim, offset, True, seen=reader.last_seen)
+        await ctx.send(RawBatch(ctx.name, events, end))
 
     async def _csv_header(self, reader: FileReader) -> list[str] | None:
         """The header row of a CSV file being resumed past its start (``reader`` not open yet)."""

@@ -1,7 +1,8 @@
 """Naming in a spool: the daemon's folder names and the claim names that encode a file's path.
 
-A claimed file is renamed into its node's claim folder under a claim name: the claim's time,
-then the file's path relative to the spool, percent-encoded where it would not be one valid
+A claimed file is renamed into its node's claim folder under a claim name: the claim's time
+(and, for a file that grew after its end was read, ``@`` and the offset its reading resumes
+from), then the file's path relative to the spool, percent-encoded where it would not be one valid
 UTF-8 path component. Decoding a claim name gives the path back (for logs, dead letters, events
 and ``done_dir``), except that a name planted by someone else that would not decode to a plain
 relative path is kept as one component. Names shown to people keep bytes that are not UTF-8
@@ -39,6 +40,20 @@ def claim_name(ns: int, rel: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def resumed_name(claim: str, offset: int) -> str:
+    """The name ``claim`` takes when it is to be read on from ``offset`` (in its decompressed
+    stream): the offset travels with the file, so it holds whatever the journal has folded."""
+    stamp, _, rest = claim.partition("-")
+    return f"{stamp.partition('@')[0]}@{offset}-{rest}"
+
+
+def resume_offset(claim: str) -> int:
+    """The offset a claim renamed by :func:`resumed_name` is read on from; 0 for any other."""
+    stamp = claim.partition("-")[0]
+    _, at, offset = stamp.partition("@")
+    return int(offset) if at and offset.isdigit() else 0
 
 
 def original(claim: str) -> str:

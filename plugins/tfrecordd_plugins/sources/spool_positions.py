@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NotRequired, TypedDict, cast
 
 from tfrecordd.plugin import Token, token_version
+from tfrecordd_plugins.sources.spool_names import resume_offset
 
 TOKEN_VERSION = 1
 """The version of the tokens this release writes, and the newest it reads."""
@@ -36,15 +37,29 @@ class SpoolToken(TypedDict):
     """The rest of the file was refused: it is moved aside when finished."""
     why: NotRequired[str]
     """With ``bad``: why."""
+    st: NotRequired[list[int]]
+    """With ``eof``: the file's size and modification time (ns) when its end was read. The
+    file is finished (deleted or moved) only if it is still so; one that changed since is read
+    on from ``o`` instead (tokens written before this field are finished as they are)."""
 
 
-def token(claim: str, offset: int, eof: bool, *, bad: str = "") -> SpoolToken:
+def token(
+    claim: str,
+    offset: int,
+    eof: bool,
+    *,
+    bad: str = "",
+    seen: tuple[int, int] | None = None,
+) -> SpoolToken:
     """The token of a batch of ``claim`` (``node/claim``) that ends at ``offset``; ``bad``: why
-    the rest of the file was refused."""
+    the rest of the file was refused; ``seen``: with ``eof``, the file's size and modification
+    time when its end was read."""
     out: SpoolToken = {"v": TOKEN_VERSION, "f": claim, "o": offset, "eof": eof}
     if bad:
         out["bad"] = True
         out["why"] = bad
+    elif eof and seen is not None:
+        out["st"] = list(seen)
     return out
 
 
@@ -83,9 +98,11 @@ class Positions:
 
     def start(self, key: str) -> int:
         """Where reading ``key`` (``node/claim``) starts: its committed offset (a claim adopted
-        from the layout before node folders has its offsets under its bare name)."""
+        from the layout before node folders has its offsets under its bare name), or the
+        offset in its name (:func:`.spool_names.resumed_name`) if that is further."""
         claim = key.rpartition("/")[2]
-        return max(self.committed.get(key, 0), self.committed.get(claim, 0))
+        resumed = resume_offset(claim)
+        return max(self.committed.get(key, 0), self.committed.get(claim, 0), resumed)
 
     def acked(self, t: SpoolToken) -> None:
         """Take in an acknowledged token (after the file of an ``eof`` one was finished)."""

@@ -108,6 +108,12 @@ class FileReader:
         self._fd = fd
         self._seen = self.seen or (st.st_size, st.st_mtime_ns)
 
+    @property
+    def last_seen(self) -> tuple[int, int]:
+        """The file's size and modification time (ns) at the last look: at the end of what was
+        read, what finishing the file checks it against."""
+        return self._seen
+
     def _open_raw(self) -> Any:
         return open(self.name, "rb", buffering=0, opener=self._opener)
 

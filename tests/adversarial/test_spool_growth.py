@@ -1,0 +1,309 @@
+"""A producer that keeps appending to a file it published into the spool: nothing it wrote is
+deleted unread.
+
+The daemon finishes a file (deletes it, or moves it into ``done_dir``) only if it is still
+exactly what was read: the size and modification time its end was read at, and, where the
+kernel grants a read lease, no writer holding it open. A file that changed is renamed to be
+read on from where its published records end. The model test below generates producers that
+append at any moment between the daemon's steps (reading, committing, acking, a crash), and
+the threaded test a writer racing a running daemon; both check every line arrives exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support import claimed_files, read_ids, write_config
+from tfrecordd.config import load_config
+from tfrecordd.pipeline.runtime import Daemon
+from tfrecordd.plugin import Token
+from tfrecordd.testing import RecordingContext
+from tfrecordd_plugins.sources.directory import (
+    CLAIM_DIR,
+    REJECT_DIR,
+    DirectorySource,
+    DirectorySourceConfig,
+)
+
+
+def _lines(first: int, n: int) -> bytes:
+    return b"".join(json.dumps({"id": i}).encode() + b"\n" for i in range(first, first + n))
+
+
+def _ids(batches: Sequence[Any]) -> list[int]:
+    out: list[int] = []
+    for b in batches:
+        for e in b.expand():
+            if e.error is None:
+                out.append(json.loads(e.payload)["id"])
+    return out
+
+
+class _Model:
+    """The daemon's side, step by step: a source, the batches it sent, what is committed (its
+    tokens folded into the state, the records published), and the acks still owed."""
+
+    def __init__(self, spool: Path, **settings: Any) -> None:
+        self.config = DirectorySourceConfig.model_validate(
+            {"name": "spool", "encoder": "e", "path": spool, "poll_interval": 0.01}
+            | {"read_size": 4096}
+            | settings
+        )
+        self.state: Any = None
+        self.owed: list[Token] = []
+        self.published: list[Any] = []
+        self.source: DirectorySource | None = None
+        self.ctx = RecordingContext(name="spool", node_id="n1", max_batch_events=16)
+        self.taken = 0  # ctx.batches[:taken] are committed
+
+    async def start(self) -> None:
+        self.source = self.config.build()
+        self.ctx = RecordingContext(name="spool", node_id="n1", max_batch_events=16)
+        self.source.attach(self.ctx)
+        self.taken = 0
+        await self.source.recover(self.state, self.owed)
+        self.owed = []
+
+    async def pump(self) -> None:
+        """Run the source until it has sent all it can for now."""
+        assert self.source is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.source.run, self.ctx)
+            seen, still = -1, 0
+            with anyio.fail_after(10):
+                while still < 4:
+                    await anyio.sleep(0.01)
+                    n = len(self.ctx.batches)
+                    still = still + 1 if n == seen else 0
+                    seen = n
+            tg.cancel_scope.cancel()
+
+    def commit(self) -> None:
+        """Everything sent so far is published; its acks are owed."""
+        new = self.ctx.batches[self.taken :]
+        self.taken = len(self.ctx.batches)
+        tokens = [b.token for b in new]
+        self.published += new
+        self.state = DirectorySource.fold(self.state, tokens)
+        self.owed += tokens
+
+    async def ack(self) -> None:
+        assert self.source is not None
+        owed, self.owed = self.owed, []
+        await self.source.ack(owed)
+
+    async def crash(self) -> None:
+        """The process dies: what was sent but not committed is gone, owed acks are redone by
+        the next start's recovery."""
+        assert self.source is not None
+        await self.source.aclose()
+        await self.start()
+
+
+_STEP = st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 40)),
+    st.tuples(st.sampled_from(["pump", "commit", "ack", "crash", "close"]), st.just(0)),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(_STEP, min_size=1, max_size=24),
+    on_done=st.sampled_from(["delete", "move"]),
+    first=st.integers(0, 30),
+)
+def test_a_producer_appending_at_any_moment_loses_nothing(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]], on_done: str, first: int
+) -> None:
+    """A producer publishes a file and keeps its descriptor, appending whole lines between any
+    two of the daemon's steps (read, commit, ack, crash) until it closes it. Every line ends up
+    published exactly once, and the file is finished only once it is read to its real end."""
+    spool = tmp_path_factory.mktemp("growth") / "spool"
+    spool.mkdir()
+
+    async def run() -> tuple[list[int], int]:
+        model = _Model(spool, on_done=on_done)
+        await model.start()
+        tmp = spool / ".f.tmp"
+        writer = tmp.open("ab")
+        writer.write(_lines(0, first))
+        writer.flush()
+        os.rename(tmp, spool / "f.jsonl")
+        written = first
+        try:
+            for action, n in steps:
+                if action == "append" and not writer.closed:
+                    writer.write(_lines(written, n))
+                    writer.flush()
+                    written += n
+                elif action == "close":
+                    writer.close()
+                elif action == "pump":
+                    await model.pump()
+                elif action == "commit":
+                    model.commit()
+                elif action == "ack":
+                    await model.ack()
+                elif action == "crash":
+                    await model.crash()
+            writer.close()
+            for _ in range(20):  # the producer is done: the daemon catches up and finishes
+                await model.pump()
+                model.commit()
+                await model.ack()
+                if not claimed_files(spool) and not list(spool.glob("*.jsonl")):
+                    break
+            assert model.source is not None
+            await model.source.aclose()
+        finally:
+            writer.close()
+        return _ids(model.published), written
+
+    published, written = anyio.run(run)
+    counts = Counter(published)
+    assert sorted(counts) == list(range(written)), "lines lost"
+    assert max(counts.values(), default=1) == 1, "lines written twice"
+    assert not claimed_files(spool)
+    rejected = spool / REJECT_DIR
+    assert not rejected.exists() or not [p for p in rejected.iterdir() if p.name[0] != "."]
+    if on_done == "move":
+        [done] = list((spool / "done").iterdir())
+        assert done.read_bytes() == _lines(0, written)
+
+
+@pytest.mark.anyio
+async def test_appends_after_the_end_was_read_are_read_on_not_deleted(tmp_path: Path) -> None:
+    """The case found by hand: the file is read to its end, the producer appends (and closes
+    it) before that end is published; the ack reads the tail on instead of deleting it."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "f.jsonl").write_bytes(_lines(0, 200))
+    model = _Model(spool)
+    await model.start()
+    await model.pump()
+    [claim] = list((spool / CLAIM_DIR / "n1").iterdir())
+    with claim.open("ab") as f:
+        f.write(_lines(200, 2900))
+    model.commit()
+    await model.ack()
+    assert claimed_files(spool), "the grown file was finished with its tail unread"
+    await model.pump()
+    model.commit()
+    await model.ack()
+    assert _ids(model.published) == list(range(3100))
+    assert not claimed_files(spool)
+    assert model.ctx.refused == {"grew_after_publish": 1}
+
+
+@pytest.mark.anyio
+async def test_a_file_still_open_for_writing_is_not_finished(tmp_path: Path) -> None:
+    """A writer that holds the file open without writing: the daemon has read and published
+    all of it, but does not delete it while the writer could still add to it (a read lease
+    tells); once the writer appends and closes, the rest is read and the file finished."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    path = spool / "f.jsonl"
+    path.write_bytes(_lines(0, 10))
+    writer = path.open("ab")
+    try:
+        model = _Model(spool)
+        await model.start()
+        await model.pump()
+        model.commit()
+        await model.ack()
+        assert claimed_files(spool), "finished while a writer still held it open"
+        writer.write(_lines(10, 5))
+    finally:
+        writer.close()
+    for _ in range(3):
+        await model.pump()
+        model.commit()
+        await model.ack()
+    assert _ids(model.published) == list(range(15))
+    assert not claimed_files(spool)
+
+
+@pytest.mark.anyio
+async def test_a_file_cut_after_it_was_read_is_kept(tmp_path: Path) -> None:
+    """A producer that truncates and rewrites a published file after its end was read: what
+    is there now is not what was published, so it is kept (set aside), never deleted."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "f.jsonl").write_bytes(_lines(0, 50))
+    model = _Model(spool)
+    await model.start()
+    await model.pump()
+    [claim] = list((spool / CLAIM_DIR / "n1").iterdir())
+    claim.write_bytes(_lines(1000, 3))
+    model.commit()
+    await model.ack()
+    [kept] = [p for p in (spool / REJECT_DIR).iterdir() if not p.name.startswith(".")]
+    assert kept.read_bytes() == _lines(1000, 3)
+    assert not claimed_files(spool)
+
+
+def test_a_racing_writer_against_the_running_daemon_loses_nothing(tmp_path: Path) -> None:
+    """The daemon itself, shards published every 100 ms, while a producer that renamed its
+    file in keeps appending at random moments (seeded) for about two seconds: every line is in
+    a shard exactly once, and the spool is empty at the end."""
+    spool = tmp_path / "spool"
+    rng = random.Random(23)
+    written = [0]
+    stop = threading.Event()
+
+    def produce() -> None:
+        tmp = spool / ".f.tmp"
+        with tmp.open("ab") as out:
+            out.write(_lines(0, 100))
+            out.flush()
+            written[0] = 100
+            os.rename(tmp, spool / "f.jsonl")
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and written[0] < 20_000:
+                n = rng.randint(1, 60)
+                out.write(_lines(written[0], n))
+                out.flush()
+                written[0] += n
+                time.sleep(rng.choice([0.0, 0.001, 0.01, 0.05, 0.15]))
+        stop.set()
+
+    cfg = write_config(  # makes the spool
+        tmp_path,
+        output={"max_shard_age": "100ms"},
+        source={"poll_interval": "50ms"},
+        features={"id": {"type": "int64"}},
+    )
+    daemon = Daemon(load_config(cfg), handle_signals=False)
+    writer = threading.Thread(target=produce)
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            writer.start()
+            with anyio.fail_after(30):
+                while not stop.is_set() or claimed_files(spool) or list(spool.glob("*.jsonl")):
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.3)
+            daemon.request_stop()
+
+    try:
+        anyio.run(run)
+    finally:
+        stop.set()
+        writer.join()
+    ids = read_ids(tmp_path / "shards")
+    assert sorted(ids) == list(range(written[0]))
+    assert max(ids.values()) == 1
