@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -355,7 +356,11 @@ def check_names(config: DaemonConfig) -> list[str]:
     for name in state_names():
         errors += _fits("daemon.state_dir", state / name, "the state file")
     for i, source in enumerate(config.sources):
-        errors += _fits(f"sources[{i}].name", state / "sources" / source.name, "the source state")
+        errors += _fits(
+            f"daemon.state_dir and sources[{i}].name",
+            state / "sources" / source.name,
+            "the source state",
+        )
     for o in outputs(config):
         published = shard_names(o.prefix, node, o.compression, o.manifests)
         keys = f"{o.key}.prefix and daemon.node_id"
@@ -379,6 +384,13 @@ def check_names(config: DaemonConfig) -> list[str]:
     return list(dict.fromkeys(errors))
 
 
+def _not_a_folder(path: Path) -> bool:
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:  # absent, or a name too long to look up (reported with the names)
+        return False
+
+
 def _named_first(inner: _Use, a: int, outer: _Use, b: int) -> bool:
     """Which of two uses of one path a message names first: not the spool (the thing put
     there is the mistake), else the later key."""
@@ -393,7 +405,7 @@ def check_paths(config: DaemonConfig) -> list[str]:
     uses = _uses(config)
     errors: list[str] = []
     for use in uses:
-        if use.kind != "socket" and use.path.exists() and not use.path.is_dir():
+        if use.kind != "socket" and _not_a_folder(use.path):
             errors.append(f"{use.key}: {use.path} exists and is not a directory")
     reported: set[frozenset[int]] = set()
     for a, inner in enumerate(uses):
