@@ -16,6 +16,7 @@ from tfrecordd.schema.json_values import (
     compile_feature,
     exact_event,
     not_an_object,
+    wide_event,
 )
 from tfrecordd.schema.specs import FeatureSpec, parse_features
 
@@ -66,10 +67,19 @@ class ExampleSchema:
         again keeping each number's text: ``1.0`` is 1 and ``9007199254740993.0`` is
         9007199254740993, ``1.0000000000000001`` is refused, and ``1700000000.123456789``
         seconds is exact to the nanosecond. A ``parsed`` value whose payload is not JSON text
-        is taken as :meth:`encode` takes it. Raises ``orjson.JSONDecodeError`` for a payload
-        that is not JSON, else as :meth:`encode`.
+        is taken as :meth:`encode` takes it. A number beyond a double's range (``1e400``),
+        which JSON allows and orjson refuses, is ignored where no feature reads it and refused as
+        out of range where one does. Raises ``orjson.JSONDecodeError`` for a payload that is not
+        JSON, else as :meth:`encode`.
         """
-        event = orjson.loads(payload) if parsed is None else parsed
+        if parsed is not None:
+            event = parsed
+        else:
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError as e:
+                # Only what orjson refuses is read again: the fast path stays as it was.
+                return self._encode(wide_event(payload, e), self._plan)
         try:
             return self._encode(event, self._json_plan)
         except NeedsText:

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from tfrecordd.errors import EncodeError
 from tfrecordd.format.wire import INT64_MAX, INT64_MIN, FeatureType, clipped, describe
 from tfrecordd.schema.numtext import (
@@ -30,6 +32,7 @@ __all__ = [
     "default_values",
     "exact_event",
     "not_an_object",
+    "wide_event",
 ]
 
 
@@ -44,6 +47,19 @@ class _TextFloat(float):
         self = super().__new__(cls, text)
         self.text = text
         return self
+
+
+class _WideNumber(str):
+    """A JSON number beyond a double's range (``1e400``, an integer of 310 digits), as its text:
+    JSON allows it, orjson refuses it, and no feature type can hold it."""
+
+    __slots__ = ()
+
+
+def _out_of_range(kind: str, x: _WideNumber) -> EncodeError:
+    """The refusal of a number beyond a double's range, worded as the writer words its own."""
+    where = "float out of float32 range" if kind == "float" else f"{kind} out of range"
+    return EncodeError(f"{where}: {clip_text(x)}")
 
 
 class NeedsText(Exception):
@@ -66,6 +82,8 @@ def _int64_element(x: Any) -> int:
         raise EncodeError("nested list: declare a shape")
     if isinstance(x, int) and cls is not bool:
         return int(x)
+    if cls is _WideNumber:
+        raise _out_of_range("int64", x)
     raise EncodeError(f"expected int64, got {describe(x)}")
 
 
@@ -85,6 +103,8 @@ def _float_element(x: Any) -> float | int:
         raise EncodeError("nested list: declare a shape")
     if isinstance(x, int | float) and cls is not bool:
         return float(x)
+    if cls is _WideNumber:
+        raise _out_of_range("float", x)
     raise EncodeError(f"expected float, got {describe(x)}")
 
 
@@ -94,6 +114,8 @@ def _bytes_element(x: Any) -> str | bytes:
         return x  # type: ignore[no-any-return]
     if cls is list:
         raise EncodeError("nested list: declare a shape")
+    if cls is _WideNumber:
+        raise EncodeError(f"expected bytes, got number {clip_text(x)}")
     raise EncodeError(f"expected bytes, got {describe(x)}")
 
 
@@ -120,6 +142,8 @@ def _timestamp_element(unit: TimeUnit, from_json: bool) -> Callable[[Any], int]:
             return timestamp_int(repr(x), digits_scale)
         if cls is str:
             return parse_rfc3339(x, per_second)
+        if cls is _WideNumber:
+            raise _out_of_range("int64", x)
         if cls is list:
             raise EncodeError("nested list: declare a shape")
         raise EncodeError(f"expected a timestamp, got {describe(x)}")
@@ -270,6 +294,72 @@ def exact_event(payload: bytes, parsed: Any) -> Any:
     if isinstance(parsed, dict) and isinstance(event, dict):
         for key, value in parsed.items():
             event.setdefault(key, value)
+    return event
+
+
+def _wide_int(text: str) -> int | _WideNumber:
+    # Past 330 digits no int is a finite double: not worth int() (which refuses 4301 digits).
+    if len(text) > 330:
+        return _WideNumber(text)
+    value = int(text)
+    try:
+        float(value)
+    except OverflowError:
+        return _WideNumber(text)
+    return value
+
+
+def _wide_float(text: str) -> _TextFloat | _WideNumber:
+    value = _TextFloat(text)
+    return _WideNumber(text) if math.isinf(value) else value
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+_WIDE_JSON = json.JSONDecoder(
+    parse_float=_wide_float, parse_int=_wide_int, parse_constant=_no_constant
+)
+
+
+def wide_event(payload: bytes, refusal: orjson.JSONDecodeError) -> Any:
+    """``payload``, which orjson refused with ``refusal``, read as JSON allows it: a number
+    beyond a double's range (which orjson refuses wherever it is) is kept as its text, and the
+    event encodes if no feature reads it; one that does is refused as out of range. Numbers
+    are read as :func:`exact_event` reads them. Raises ``orjson.JSONDecodeError`` for a payload
+    that is not JSON for another reason (``NaN``, a lone surrogate, a syntax error)."""
+    # orjson stops at the first number out of range: what is wrong after it is told here.
+    wide_first = "infinity" in str(refusal)
+    try:
+        text = payload.decode("utf-8")
+        event = _WIDE_JSON.decode(text)
+    except json.JSONDecodeError as e:
+        raise (orjson.JSONDecodeError(e.msg, e.doc, e.pos) if wide_first else refusal) from None
+    except (ValueError, RecursionError):
+        raise refusal from None
+    wide = False
+    stack = [event]
+    while stack:  # a stack, not recursion: JSON nests deeper than Python recurses
+        x = stack.pop()
+        cls = x.__class__
+        if cls is dict:
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif cls is list:
+            stack.extend(x)
+        elif cls is _WideNumber:
+            wide = True
+        elif cls is str and not x.isascii():
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                if not wide_first:
+                    raise refusal from None
+                reason = "a string holds an escaped lone surrogate (not Unicode text)"
+                raise orjson.JSONDecodeError(reason, text, 0) from None
+    if not wide:
+        raise refusal
     return event
 
 

@@ -15,6 +15,7 @@ from tfrecordd.schema.json_values import (
     compile_feature,
     exact_event,
     not_an_object,
+    wide_event,
 )
 from tfrecordd.schema.paths import PathStep, getter, parse_path
 from tfrecordd.schema.specs import FeatureSpec, parse_features
@@ -83,7 +84,14 @@ class SequenceSchema:
     def encode_json(self, payload: bytes, parsed: Any = None) -> bytes:
         """Serialize the ``SequenceExample`` for one JSON text, every number taken exactly as
         written (as :meth:`ExampleSchema.encode_json` does)."""
-        event = orjson.loads(payload) if parsed is None else parsed
+        if parsed is not None:
+            event = parsed
+        else:
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError as e:
+                # Only what orjson refuses is read again: the fast path stays as it was.
+                return self._encode(wide_event(payload, e), self._context, self._lists)
         try:
             return self._encode(event, self._json_context, self._json_lists)
         except NeedsText:
