@@ -11,6 +11,12 @@ journal, ``sources/OLD``) to NEW; ``forget-source NAME`` drops them (its half-re
 be read from their start if it is configured again).
 
 Every command but ``check`` refuses to run while a daemon holds ``state_dir/lock``.
+
+The commands that write are atomic: each makes its files aside and commits them at once as one
+:class:`~tfrecordd.state.change.Change` (``state_dir/change.json``). Killed at any point, a
+command has changed nothing, or its change is committed: then the next ``state`` command, or
+the daemon's start, finishes it, and ``check`` reads the state as it will be. A command rerun
+after a kill gives what an uninterrupted run gives.
 """
 
 from __future__ import annotations
@@ -36,11 +42,11 @@ from tfrecordd.errors import (
     StateFormatError,
 )
 from tfrecordd.format.framing import frame
-from tfrecordd.fsys import LOCAL, is_url, local_path, write_atomically
+from tfrecordd.fsys import is_url, local_path
 from tfrecordd.outputs.shards import staged_path, staging_dir
-from tfrecordd.state import statelock
+from tfrecordd.state import change, statelock
 from tfrecordd.state.journal import check_sources
-from tfrecordd.state.reading import read_checkpoint, scan_journal
+from tfrecordd.state.reading import Scan, read_checkpoint, scan_journal
 from tfrecordd.state.records import CHECKPOINT, JOURNAL, Checkpoint, Intent, newer_format_error
 
 
@@ -111,7 +117,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     journal_path = os.path.join(state_dir, JOURNAL)
     code = EXIT_OK
     try:
-        ckpt = read_checkpoint(ckpt_path)
+        pending = change.pending(state_dir) if os.path.isdir(state_dir) else None
+    except StateError as e:
+        print(f"{e.path}: {e.detail}")
+        return EXIT_DATA
+    if pending is not None:
+        print(
+            f"{os.path.join(state_dir, change.MARKER)}: `{pending.text}` was interrupted after "
+            "its change was committed: the next start (or a rerun) finishes it; the state "
+            "below is as it leaves it"
+        )
+    ckpt_file = ckpt_path if pending is None else pending.view(state_dir, CHECKPOINT)
+    journal_file = journal_path if pending is None else pending.view(state_dir, JOURNAL)
+    try:
+        ckpt = None if ckpt_file is None else read_checkpoint(ckpt_file)
         print(f"{ckpt_path}: " + ("absent" if ckpt is None else "OK"))
     except StateFormatError as e:
         print(f"{ckpt_path}: {e.detail}")
@@ -121,7 +140,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("  repair: `tfrecordd state repair --discard-checkpoint` (its positions are lost)")
         ckpt, code = None, EXIT_DATA
     try:
-        scan = scan_journal(journal_path)
+        scan = Scan([], 0, 0) if journal_file is None else scan_journal(journal_file)
     except StateError as e:
         print(f"{journal_path}: {e.detail}")
         return EXIT_DATA
@@ -165,15 +184,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     return code
 
 
-def _write_journal(state_dir: str, records: list[dict[str, Any]]) -> None:
-    data = b"".join(frame(orjson.dumps(r)) for r in records)
-    write_atomically(LOCAL, os.path.join(state_dir, JOURNAL), data)
+def _journal(records: list[dict[str, Any]]) -> bytes:
+    return b"".join(frame(orjson.dumps(r)) for r in records)
 
 
-def _set_aside(path: str) -> str:
-    aside = f"{path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
-    os.rename(path, aside)
+def _aside(state_dir: str, name: str) -> str:
+    """A name to keep the damaged file ``name`` under, not taken yet."""
+    stem = f"{name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
+    aside, n = stem, 1
+    while os.path.lexists(os.path.join(state_dir, aside)):
+        n += 1
+        aside = f"{stem}-{n}"
     return aside
+
+
+def _finish_interrupted(state_dir: str, command: list[str]) -> bool:
+    """Finish a change an interrupted ``state`` command committed; whether it was ``command``'s
+    (then this run has nothing left to do)."""
+    done = change.finish(state_dir)
+    if done is None:
+        return False
+    print(f"{state_dir}: finished the interrupted `{done.text}`")
+    return done.command == command
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
@@ -181,7 +213,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
     state_dir, _, _ = _state_dir(args)
     ckpt_path = os.path.join(state_dir, CHECKPOINT)
     journal_path = os.path.join(state_dir, JOURNAL)
+    command = ["repair", *(["--discard-checkpoint"] if args.discard_checkpoint else [])]
     with _exclusive(state_dir):
+        if _finish_interrupted(state_dir, command):
+            return EXIT_OK
+        repair = change.Change(command)
+        said: list[str] = []
         try:
             read_checkpoint(ckpt_path)
         except StateFormatError:
@@ -194,26 +231,29 @@ def cmd_repair(args: argparse.Namespace) -> int:
                     "again from their start (their events are written twice)"
                 )
                 return EXIT_DATA
-            print(f"{ckpt_path}: damaged; set aside as {_set_aside(ckpt_path)}")
-            crashpoints.reached("state-step")
+            aside = _aside(state_dir, CHECKPOINT)
+            repair.rename(CHECKPOINT, aside)
+            said.append(f"{ckpt_path}: damaged; set aside as {os.path.join(state_dir, aside)}")
         scan = scan_journal(journal_path)
         if scan.newer is not None:
             raise newer_format_error(journal_path, scan.newer)
         if scan.damage is not None:
             kept = scan.records + scan.salvage
-            aside = f"{journal_path}.damaged-{time.strftime('%Y%m%dT%H%M%S')}"
-            os.link(journal_path, aside, follow_symlinks=False)
-            crashpoints.reached("state-step")
-            _write_journal(state_dir, kept)
-            print(
+            aside = _aside(state_dir, JOURNAL)
+            repair.link(JOURNAL, aside)
+            repair.write(JOURNAL, _journal(kept))
+            said.append(
                 f"{journal_path}: rebuilt from {len(kept)} sound record(s) (the damaged record "
-                f"at byte {scan.damage.offset} is left out); the damaged file is kept as {aside}"
+                f"at byte {scan.damage.offset} is left out); the damaged file is kept as "
+                f"{os.path.join(state_dir, aside)}"
             )
         elif scan.torn:
-            _write_journal(state_dir, scan.records)
-            print(f"{journal_path}: torn tail at byte {scan.good_end} cut off")
+            repair.write(JOURNAL, _journal(scan.records))
+            said.append(f"{journal_path}: torn tail at byte {scan.good_end} cut off")
         else:
-            print(f"{journal_path}: sound, nothing to repair")
+            said.append(f"{journal_path}: sound, nothing to repair")
+        repair.apply(state_dir)
+        print("\n".join(said))
     return EXIT_OK
 
 
@@ -224,45 +264,75 @@ def _rename_in(value: dict[str, Any], old: str, new: str | None) -> None:
             value[new] = moved
 
 
-def _rewrite_source(state_dir: str, old: str, new: str | None) -> None:
-    """Move (or, with ``new`` ``None``, drop) ``old``'s state everywhere it is kept."""
+def _holders(ckpt: Checkpoint | None, records: list[dict[str, Any]]) -> set[str]:
+    """The sources with anything in the checkpoint or the journal."""
+    held = set(ckpt.sources) | set(ckpt.types) | set(ckpt.unfolded) if ckpt is not None else set()
+    for rec in records:
+        if rec["t"] == "intent":
+            held.update(rec["positions"])
+        elif rec["t"] == "sources":
+            held.update(rec["types"])
+    return held
+
+
+def _rewrite_source(state_dir: str, command: list[str], old: str, new: str | None) -> bool:
+    """Move (or, with ``new`` ``None``, drop) ``old``'s state everywhere it is kept, as one
+    change; ``False`` if ``old`` has none (nothing is changed)."""
     ckpt_path = os.path.join(state_dir, CHECKPOINT)
+    journal_path = os.path.join(state_dir, JOURNAL)
     ckpt = read_checkpoint(ckpt_path)
-    scan = scan_journal(os.path.join(state_dir, JOURNAL))
+    scan = scan_journal(journal_path)
     if scan.newer is not None:
-        raise newer_format_error(os.path.join(state_dir, JOURNAL), scan.newer)
+        raise newer_format_error(journal_path, scan.newer)
     if scan.damage is not None:
-        raise StateError(os.path.join(state_dir, JOURNAL), "is damaged", "run `state repair`")
+        raise StateError(journal_path, "is damaged", "run `state repair`")
+    own, new_own = f"sources/{old}", f"sources/{new}"
+    # A forgotten source's own folder stays (as its name's files outside the journal do).
+    has_own = new is not None and os.path.isdir(os.path.join(state_dir, own))
+    if old not in _holders(ckpt, scan.records) and not has_own:
+        return False
     if new is not None:
         finished, unfinished = _intents(scan.records)
-        holders = set(ckpt.sources) | set(ckpt.unfolded) if ckpt is not None else set()
+        positions = set(ckpt.sources) | set(ckpt.unfolded) if ckpt is not None else set()
         for intent in [*finished, *unfinished]:
-            holders.update(intent.positions)
-        if new in holders:
+            positions.update(intent.positions)
+        taken = os.path.join(state_dir, new_own)
+        if new in positions or (has_own and os.path.lexists(taken) and _not_empty(taken)):
             raise ConfigError([f"state rename-source: {new!r} already has state of its own"])
     for rec in scan.records:
         if rec["t"] == "intent":
             _rename_in(rec["positions"], old, new)
         elif rec["t"] == "sources":
             _rename_in(rec["types"], old, new)
+    rewrite = change.Change(command)
     if ckpt is not None:
         for part in (ckpt.sources, ckpt.types, ckpt.unfolded):
             _rename_in(part, old, new)
-        write_atomically(LOCAL, ckpt_path, orjson.dumps(ckpt.to_json()))
-        crashpoints.reached("state-step")
-    _write_journal(state_dir, scan.records)
-    crashpoints.reached("state-step")
-    own = os.path.join(state_dir, "sources", old)
-    if new is not None and os.path.isdir(own):
-        os.rename(own, os.path.join(state_dir, "sources", new))
-        crashpoints.reached("state-step")
+        rewrite.write(CHECKPOINT, orjson.dumps(ckpt.to_json()))
+    rewrite.write(JOURNAL, _journal(scan.records))
+    if has_own:
+        rewrite.rename(own, new_own)
+    rewrite.apply(state_dir)
+    return True
+
+
+def _not_empty(path: str) -> bool:
+    if not os.path.isdir(path) or os.path.islink(path):
+        return True
+    with os.scandir(path) as entries:
+        return any(True for _ in entries)
 
 
 def cmd_rename_source(args: argparse.Namespace) -> int:
     """Give source OLD's committed positions to NEW."""
     state_dir, _, _ = _state_dir(args)
+    command = ["rename-source", args.old, args.new]
     with _exclusive(state_dir):
-        _rewrite_source(state_dir, args.old, args.new)
+        if not _finish_interrupted(state_dir, command) and not _rewrite_source(
+            state_dir, command, args.old, args.new
+        ):
+            print(f"{state_dir}: source {args.old!r} has no state: nothing to move")
+            return EXIT_OK
     print(f"{state_dir}: the positions of source {args.old!r} are now {args.new!r}'s")
     return EXIT_OK
 
@@ -272,8 +342,13 @@ def cmd_forget_source(args: argparse.Namespace) -> int:
     state_dir, configured, _ = _state_dir(args)
     if args.name in configured:
         raise ConfigError([f"state forget-source: {args.name!r} is still configured"])
+    command = ["forget-source", args.name]
     with _exclusive(state_dir):
-        _rewrite_source(state_dir, args.name, None)
+        if not _finish_interrupted(state_dir, command) and not _rewrite_source(
+            state_dir, command, args.name, None
+        ):
+            print(f"{state_dir}: source {args.name!r} has no state: nothing to forget")
+            return EXIT_OK
     print(f"{state_dir}: the positions of source {args.name!r} are forgotten")
     return EXIT_OK
 

@@ -22,6 +22,9 @@ recovery time does not grow with uptime. The checkpoint also keeps the type of e
 state, and the tokens of finished commits of sources no longer configured (folded when the
 source is configured again), so a renamed or removed ``[[sources]]`` entry never loses positions.
 
+A ``tfrecordd state`` command interrupted after committing its change
+(:mod:`tfrecordd.state.change`) is finished before anything is read.
+
 While the daemon runs, each commit checks that the journal and the checkpoint are still the
 files it holds: one removed or replaced under it (``state_dir`` deleted, a backup restored)
 stops the daemon with :class:`~tfrecordd.errors.DurabilityError` (exit 74).
@@ -44,6 +47,7 @@ import orjson
 from tfrecordd.errors import ConfigError, DurabilityError, StateError
 from tfrecordd.format.framing import frame
 from tfrecordd.fsys import FileSystem, write_atomically
+from tfrecordd.state import change
 from tfrecordd.state.reading import read_checkpoint, scan_journal
 from tfrecordd.state.records import (
     CHECKPOINT,
@@ -126,7 +130,8 @@ class Journal:
         return self._file is not None
 
     def recover(self) -> Recovered:
-        """Read the checkpoint and the journal; cut a torn tail; open for appending.
+        """Finish an interrupted ``state`` command's change; read the checkpoint and the
+        journal; cut a torn tail; open for appending.
 
         Raises:
             StateError: the checkpoint or the journal is damaged (not torn by a crash).
@@ -134,6 +139,12 @@ class Journal:
                 would lose or replay it (see :func:`check_sources`).
         """
         os.makedirs(self.state_dir, exist_ok=True)
+        try:
+            interrupted = change.finish(self.state_dir)
+        except OSError as e:
+            raise _state_write_error(os.path.join(self.state_dir, change.MARKER), e) from e
+        if interrupted is not None:
+            log.warning("state: finished the interrupted `%s`", interrupted.text)
         ckpt = read_checkpoint(self.checkpoint_path) or Checkpoint()
         self._next_seq = ckpt.next_seq
         self._types = dict(ckpt.types)
