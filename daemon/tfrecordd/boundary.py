@@ -21,7 +21,7 @@ from typing import Protocol
 
 from tfrecordd.errors import DurabilityError, StateInUseError, TokenVersionError
 
-__all__ = ["FATAL", "InputBoundary", "refusable"]
+__all__ = ["FATAL", "InputBoundary", "describe", "refusable"]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,10 @@ class _Counter(Protocol):
 
 def refusable(error: BaseException) -> bool:
     """Whether ``error``, raised while handling one input, refuses that input (``True``) or
-    must stop the daemon (cancellation, :data:`FATAL`)."""
+    must stop the daemon (cancellation, :data:`FATAL`; a group of errors, as a task group
+    raises, only if each of them is refusable)."""
+    if isinstance(error, BaseExceptionGroup):
+        return isinstance(error, Exception) and all(map(refusable, error.exceptions))
     return isinstance(error, Exception) and not isinstance(error, FATAL)
 
 

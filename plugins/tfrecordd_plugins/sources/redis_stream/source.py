@@ -24,6 +24,8 @@ from tfrecordd.plugin import (
     SourceContext,
     SourceLostError,
     Token,
+    describe,
+    refusable,
     retrying,
 )
 from tfrecordd_plugins.sources.redis_stream import ranges
@@ -426,7 +428,20 @@ class RedisStreamSource(Source):
         await ctx.send(RawBatch(ctx.name, batch, ranges.token([ranges.item_of(s) for s in spans])))
 
     def _events(self, entries: list[Entry]) -> list[RawEvent | None]:
-        return [self.event_of(entry) for entry in entries]
+        return [self._guarded(entry) for entry in entries]
+
+    def _guarded(self, entry: Entry) -> RawEvent | None:
+        """:meth:`event_of` inside the entry's boundary: whatever making its event raises
+        dead-letters that entry (its payload kept) and never stops the source."""
+        try:
+            return self.event_of(entry)
+        except Exception as e:
+            if not refusable(e):
+                raise
+            log.error("%s: entry %s: %s", self.config.name, entry.id, describe(e), exc_info=e)
+            where = f"{self.config.stream}:{entry.id}"
+            payload = entry.payload if isinstance(entry.payload, bytes) else b""
+            return RawEvent(payload, where, error=f"unexpected error: {describe(e)}")
 
     def event_of(self, entry: Entry) -> RawEvent | None:
         """The event of one entry; ``None`` for an entry deleted from the stream (its ID is

@@ -7,6 +7,7 @@ graceful stop, acking what the drain published before closing.
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import socket
 import time
@@ -15,13 +16,22 @@ from typing import Any, cast
 
 import anyio
 
-from tfrecordd.plugin import Source, SourceContext, Token, descriptors, token_version
+from tfrecordd.plugin import (
+    Source,
+    SourceContext,
+    Token,
+    describe,
+    descriptors,
+    refusable,
+    token_version,
+)
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
 from tfrecordd_plugins.sources.socket.connection import (
     TOKEN_VERSION,
     Connection,
     ConnectionToken,
 )
+from tfrecordd_plugins.sources.socket.framing import reject_reply
 
 __all__ = ["ACCEPT_BACKLOG", "FINAL_ACK_TIMEOUT", "StreamSource"]
 
@@ -214,6 +224,17 @@ class StreamSource(Source):
             # so it stays open until aclose() has written their acks.
             keep = self.config.ack and self._conns.get(conn.id) is conn
             raise
+        except Exception as e:
+            # The connection's boundary: whatever serving one client raises closes that
+            # connection (its unacked frames are resent by the client), never the source.
+            if not refusable(e):
+                raise
+            ctx.count_refused("connection_error")
+            log.error("%s: connection %s: %s; closed", ctx.name, conn.peer, describe(e), exc_info=e)
+            if self.config.ack:
+                with contextlib.suppress(OSError):
+                    reply = reject_reply(self.config.framing, conn.seq + 1, "internal error")
+                    conn.sock.send(reply)
         finally:
             if not keep:
                 self._close(conn)

@@ -1,0 +1,261 @@
+"""The boundary around one input: whatever reading or finishing one file, entry or connection
+raises refuses that input, is counted, and the rest flows; only a failed fsync stops the daemon.
+
+The failures are injected into our own layers (the format readers, the file reader), any
+exception at any point of any format; the cases found in the field (a folder whose name is a
+file in ``done_dir``) are built for real.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support import claimed_files
+from tfrecordd.boundary import InputBoundary, refusable
+from tfrecordd.errors import DurabilityError, StateInUseError
+from tfrecordd.testing import RecordingContext
+from tfrecordd_plugins.sources import spool_reading
+from tfrecordd_plugins.sources.directory import (
+    CLAIM_DIR,
+    REASONS,
+    REJECT_DIR,
+    DirectorySource,
+    DirectorySourceConfig,
+)
+
+
+def _lines(first: int, n: int) -> bytes:
+    return b"".join(json.dumps({"id": i}).encode() + b"\n" for i in range(first, first + n))
+
+
+def _csv(first: int, n: int) -> bytes:
+    return b"id\r\n" + b"".join(f"{i}\r\n".encode() for i in range(first, first + n))
+
+
+def _ids(ctx: RecordingContext) -> list[int]:
+    out = []
+    for b in ctx.batches:
+        for e in b.expand():
+            if e.error is None:
+                value = e.value if e.value is not None else json.loads(e.payload)
+                out.append(int(value["id"]))
+    return out
+
+
+def _reasons(spool: Path) -> list[dict[str, Any]]:
+    path = spool / REJECT_DIR / REASONS
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _kept(spool: Path) -> list[Path]:
+    folder = spool / REJECT_DIR
+    return [p for p in folder.iterdir() if not p.name.startswith(".")] if folder.exists() else []
+
+
+async def _run(source: DirectorySource, ctx: RecordingContext, seconds: float) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.run, ctx)
+        await anyio.sleep(seconds)
+        tg.cancel_scope.cancel()
+
+
+_ERRORS = [
+    ValueError("bad value"),
+    KeyError("k"),
+    RuntimeError("boom"),
+    csv.Error("new-line character seen in unquoted field"),
+    UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+    OSError(errno.EIO, "Input/output error"),
+    ZeroDivisionError("division by zero"),
+]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    fmt=st.sampled_from(["jsonl", "csv", "whole-file"]),
+    error=st.sampled_from(_ERRORS),
+    after=st.integers(0, 6),
+    size=st.integers(0, 400),
+)
+def test_any_error_reading_one_file_sets_that_file_aside_and_the_rest_flows(
+    tmp_path_factory: pytest.TempPathFactory,
+    fmt: str,
+    error: Exception,
+    after: int,
+    size: int,
+) -> None:
+    """An exception of any kind, raised by the file reader after any number of reads of one
+    file (``bad``), in every format: that file is set aside whole with the error as its reason,
+    counted, and the other file is read as usual. Every id is published or in the kept file."""
+    spool = tmp_path_factory.mktemp("boundary") / "spool"
+    spool.mkdir()
+    make = _csv if fmt == "csv" else _lines
+    suffix = "csv" if fmt == "csv" else "jsonl"
+    (spool / f"bad.{suffix}").write_bytes(make(0, size))
+    (spool / f"good.{suffix}").write_bytes(make(10_000, 50))
+    calls = {"n": 0}
+    real = spool_reading.FileReader.read_into, spool_reading.FileReader.read
+
+    def failing(i: int) -> Any:
+        async def wrapper(self: spool_reading.FileReader, *args: Any) -> Any:
+            if self.name.endswith(f"-bad.{suffix}"):
+                calls["n"] += 1
+                if calls["n"] > after:
+                    raise error
+            return await real[i](self, *args)
+
+        return wrapper
+
+    config = DirectorySourceConfig.model_validate(
+        {"name": "spool", "encoder": "e", "path": spool, "poll_interval": 0.01}
+        | {"format": fmt, "pattern": f"*.{suffix}", "read_size": 4096}
+    )
+
+    async def run() -> RecordingContext:
+        source = config.build()
+        ctx = RecordingContext(name="spool", node_id="n1", max_batch_events=16)
+        source.attach(ctx)
+        await source.recover(None, [])
+        await _run(source, ctx, 0.3)
+        await source.ack([b.token for b in ctx.batches])
+        await source.aclose()
+        return ctx
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spool_reading.FileReader, "read_into", failing(0))
+        patch.setattr(spool_reading.FileReader, "read", failing(1))
+        ctx = anyio.run(run)
+    good = [i for i in _ids(ctx) if i >= 10_000] if fmt != "whole-file" else []
+    if fmt != "whole-file":
+        assert good == list(range(10_000, 10_050)), "the other file did not flow"
+    assert not claimed_files(spool)
+    if calls["n"] > after:
+        assert ctx.refused.get("read_error") == 1
+        [kept] = _kept(spool)
+        assert kept.read_bytes() == make(0, size), "the refused file was not kept whole"
+        [why] = _reasons(spool)
+        assert type(error).__name__ in why["reason"]
+    else:  # the file was read before the error's turn came
+        assert not _kept(spool)
+
+
+@pytest.mark.anyio
+async def test_a_fatal_error_is_not_swallowed_by_the_boundary(tmp_path: Path) -> None:
+    """A failed fsync (or a second daemon's lock) raised while handling one input stops the
+    source: refusing the input would not make it pass."""
+    ctx = RecordingContext(name="spool")
+    for fatal in (DurabilityError("fsync failed"), StateInUseError("in use")):
+        assert not refusable(fatal)
+        with pytest.raises(type(fatal)), InputBoundary(ctx, "file x", "read_error"):
+            raise fatal
+    assert not refusable(ExceptionGroup("g", [ValueError("v"), DurabilityError("d")]))
+    assert refusable(ExceptionGroup("g", [ValueError("v"), KeyError("k")]))
+    assert ctx.refused == {}
+
+
+def _move_config(spool: Path) -> DirectorySourceConfig:
+    return DirectorySourceConfig.model_validate(
+        {"name": "spool", "encoder": "e", "path": spool, "poll_interval": 0.01}
+        | {"recursive": True, "on_done": "move"}
+    )
+
+
+@pytest.mark.anyio
+async def test_a_folder_named_like_a_file_in_done_dir_is_finished_another_way(
+    tmp_path: Path,
+) -> None:
+    """``recursive`` + ``on_done = "move"``: a producer once wrote ``cam01``, which is now in
+    ``done/``; now it writes ``cam01/a.jsonl``. The move cannot be done as configured
+    (``done/cam01`` is a file): the file is read, published, and set aside with why; the ack
+    does not raise, and the other files are moved as usual."""
+    spool = tmp_path / "spool"
+    (spool / "done").mkdir(parents=True)
+    (spool / "done" / "cam01").write_bytes(_lines(0, 1))
+    (spool / "cam01").mkdir()
+    (spool / "cam01" / "a.jsonl").write_bytes(_lines(100, 10))
+    (spool / "b.jsonl").write_bytes(_lines(200, 10))
+    source = _move_config(spool).build()
+    ctx = RecordingContext(name="spool", node_id="n1")
+    source.attach(ctx)
+    await source.recover(None, [])
+    await _run(source, ctx, 0.3)
+    await source.ack([b.token for b in ctx.batches])
+    await source.aclose()
+    assert sorted(_ids(ctx)) == list(range(100, 110)) + list(range(200, 210))
+    assert (spool / "done" / "b.jsonl").read_bytes() == _lines(200, 10)
+    [kept] = _kept(spool)
+    assert kept.read_bytes() == _lines(100, 10)
+    assert "could not be moved into done_dir" in _reasons(spool)[0]["reason"]
+    assert ctx.refused == {"unfinished": 1}
+    assert not claimed_files(spool)
+
+
+@pytest.mark.anyio
+async def test_a_failing_finish_in_recovery_never_stops_the_start(tmp_path: Path) -> None:
+    """The same ack redone by recovery (the daemon died after the commit, before the ack):
+    the start goes on, and the file is set aside once, not retried at every start."""
+    spool = tmp_path / "spool"
+    (spool / "done").mkdir(parents=True)
+    (spool / "done" / "cam01").write_bytes(b"x")
+    (spool / "cam01").mkdir()
+    (spool / "cam01" / "a.jsonl").write_bytes(_lines(0, 5))
+    config = _move_config(spool)
+    first = config.build()
+    ctx = RecordingContext(name="spool", node_id="n1")
+    first.attach(ctx)
+    await first.recover(None, [])
+    await _run(first, ctx, 0.3)
+    await first.aclose()
+    tokens = [b.token for b in ctx.batches]
+    state = DirectorySource.fold(None, tokens)
+    for _ in range(2):
+        again = config.build()
+        ctx2 = RecordingContext(name="spool", node_id="n1")
+        again.attach(ctx2)
+        await again.recover(state, tokens)  # must not raise
+        await _run(again, ctx2, 0.1)
+        await again.aclose()
+        assert ctx2.batches == []
+    [kept] = _kept(spool)
+    assert kept.read_bytes() == _lines(0, 5)
+    assert len(_reasons(spool)) == 1
+    assert not list((spool / CLAIM_DIR / "n1").iterdir())
+
+
+def test_an_error_making_one_stream_entry_dead_letters_that_entry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis Streams: whatever making one entry's event raises dead-letters that entry, its
+    payload kept and its ID still acked with the batch; the other entries are events."""
+    from tfrecordd_plugins.sources.redis_stream.config import RedisStreamSourceConfig
+    from tfrecordd_plugins.sources.redis_stream.scripts import Entry
+    from tfrecordd_plugins.sources.redis_stream.source import RedisStreamSource
+
+    source = RedisStreamSourceConfig(name="r", encoder="e", stream="s").build()
+    assert isinstance(source, RedisStreamSource)
+    real = RedisStreamSource.event_of
+
+    def event_of(self: RedisStreamSource, entry: Entry) -> Any:
+        if entry.payload == b"bad":
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return real(self, entry)
+
+    monkeypatch.setattr(RedisStreamSource, "event_of", event_of)
+    entries = [Entry(f"1-{i}", 0, p, len(p), [], False) for i, p in enumerate([b"{}", b"bad"])]
+    good, bad = source._events(entries)
+    assert good is not None
+    assert good.error is None
+    assert bad is not None
+    assert bad.payload == b"bad"
+    assert bad.where == "s:1-1"
+    assert bad.error is not None
+    assert "UnicodeDecodeError" in bad.error
