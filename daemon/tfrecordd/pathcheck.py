@@ -269,6 +269,10 @@ def _same(a: _Use, b: _Use) -> str:
         return "two sources cannot listen on one socket"
     if "socket" in kinds:
         return "one path cannot be a folder and a socket"
+    if "done" in kinds:
+        return "finished input files would sit among the daemon's own files"
+    if kinds == {"output"}:
+        return "two outputs would share one staging folder and mix their shards"
     return "shards would sit beside the journal and dead letters, where shard globs match them"
 
 
