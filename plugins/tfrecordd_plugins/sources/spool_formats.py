@@ -75,15 +75,19 @@ class FormatReaders:
         self, ctx: SourceContext, claim: str, rel: str, reader: FileReader
     ) -> None:
         limit = self.config.max_file_bytes
-        data = b""
+        reads: list[bytes] = []  # joined once: adding each read to the rest is quadratic
+        size = 0
         try:
             async for chunk in reader.chunks(0):
-                data += chunk
-                if len(data) > limit:
+                reads.append(chunk)
+                size += len(chunk)
+                if size > limit:
                     raise Rejected(f"file larger than max_file_bytes ({limit})")
         except Rejected as e:
-            await reject(ctx, claim, rel, str(e), len(data))
+            await reject(ctx, claim, rel, str(e), size)
             return
+        data = b"".join(reads)
+        del reads
         parts = Path(rel).parts
         label = parts[-2] if len(parts) > 1 else self._spool_name
         value = {"filename": parts[-1], "label": label, "path": rel}
@@ -200,22 +204,30 @@ class FormatReaders:
         """Send the file's CSV records from ``offset`` in batches whose tokens sit on record
         ends (the header row first, or read again when resuming past it). A record longer than
         ``max_line_bytes`` is dead-lettered whole (its first bytes kept) while the scanner reads
-        on through it, so the next record starts exactly where the long one ends."""
+        on through it, so the next record starts exactly where the long one ends. A header row
+        that cannot be read (:func:`.csvrecords.header`, or longer than ``max_line_bytes``) has
+        the file refused whole: its columns are unknown."""
         cfg = self.config
-        header = await self._csv_header(reopen()) if offset > 0 else None
         max_line = cfg.max_line_bytes
         max_events, max_bytes = ctx.max_batch_events, ctx.max_batch_bytes
         delimiter = cfg.csv_delimiter
+        sep = ord(delimiter)
+        header: list[str] | None = None
         events: list[RawEvent] = []
         batch_bytes = 0
-        buf = b""  # unread bytes, starting at stream position `offset`
+        # Unread bytes from stream position `offset`, grown and cut in place: a record over
+        # many reads costs its length, not its length times the reads.
+        buf = bytearray()
+        scanned = 0  # buf[:scanned] was scanned already, ending in `state`
+        state = csvrecords.State.FIELD_START
         head: bytes | None = None  # first bytes of an overlong record still being skipped
         head_at = 0
-        state = csvrecords.State.FIELD_START  # the scanner's, at buf[0]
         # The last full batch waits for the next one: if none comes, it carries the file's end
         # (as the JSON-lines reader's last batch does), not an empty batch of its own.
         held: RawBatch | None = None
         try:
+            if offset > 0:
+                header = await self._csv_header(reopen())
             async with aclosing(reader.chunks(offset)) as chunks:
                 while True:
                     chunk = await anext(chunks, b"")
@@ -224,20 +236,24 @@ class FormatReaders:
                         if len(buf) < len(csvrecords.BOM) and chunk:
                             continue
                         if buf.startswith(csvrecords.BOM):
-                            buf, offset = buf[len(csvrecords.BOM) :], len(csvrecords.BOM)
-                    found = csvrecords.split(buf, not chunk, state, ord(delimiter))
+                            del buf[: len(csvrecords.BOM)]
+                            offset = len(csvrecords.BOM)
+                    found = csvrecords.split(buf, not chunk, state, sep, scanned)
                     at = offset
                     for record, nxt in zip(found.records, found.ends, strict=True):
                         n = len(record)
                         if head is not None:
                             events.append(too_long(rel, head_at, head, max_line))
                             head = None
+                        elif header is None:
+                            if n > max_line:
+                                raise Rejected(self._long_header())
+                            if n and not record.isspace():
+                                header = self._header(record)
                         elif n > max_line:
                             events.append(too_long(rel, at, record[:max_line], max_line))
                         elif not n or record.isspace():
                             pass
-                        elif header is None:
-                            header = csvrecords.row(record, delimiter)
                         else:
                             events.append(
                                 csvrecords.event(record, f"{rel}:{at}", header, delimiter)
@@ -249,19 +265,24 @@ class FormatReaders:
                                 await ctx.send(held)
                             held = RawBatch(ctx.name, events, _token(claim, at, False))
                             events, batch_bytes = [], 0
-                    buf, offset = buf[found.consumed :], offset + found.consumed
-                    state = csvrecords.State.FIELD_START if found.records else state
+                    del buf[: found.consumed]
+                    offset += found.consumed
+                    state, scanned = found.state, len(buf)
                     if not chunk:
                         if head is not None:  # the input ended inside the over-long record
                             events.append(too_long(rel, head_at, head, max_line))
                         break
-                    if len(buf) > max_line:
+                    # A carriage return at the end may be the record's end: not counted yet.
+                    if len(buf) - (state is csvrecords.State.AFTER_CR) > max_line:
+                        if header is None:
+                            raise Rejected(self._long_header())
                         # Over-long: keep its first bytes for the dead letter and drop the rest,
                         # carrying the scanner's state across so its end is found exactly.
                         if head is None:
-                            head, head_at = buf[:max_line], offset
-                        state = found.state
-                        offset, buf = offset + len(buf), b""
+                            head, head_at = bytes(buf[:max_line]), offset
+                        offset += len(buf)
+                        buf.clear()
+                        scanned = 0
         except Rejected as e:
             if held is not None:
                 await ctx.send(held)
@@ -276,27 +297,48 @@ class FormatReaders:
         end = _token(claim, offset, True, seen=reader.last_seen)
         await ctx.send(RawBatch(ctx.name, events, end))
 
-    async def _csv_header(self, reader: FileReader) -> list[str] | None:
-        """The header row of a CSV file being resumed past its start (``reader`` not open yet)."""
+    def _header(self, record: bytes) -> list[str]:
+        """The column names of a header row, or :class:`Rejected` saying why it has none."""
+        try:
+            return csvrecords.header(record, self.config.csv_delimiter)
+        except csvrecords.BadHeader as e:
+            raise Rejected(str(e)) from None
+
+    def _long_header(self) -> str:
+        return f"the header row is longer than max_line_bytes ({self.config.max_line_bytes})"
+
+    async def _csv_header(self, reader: FileReader) -> list[str]:
+        """The header row of a CSV file being resumed past its start (``reader`` not open yet);
+        :class:`Rejected` if it cannot be read (or is gone: the file was replaced)."""
         with anyio.CancelScope(shield=True):
             await reader.open()
-        delimiter = ord(self.config.csv_delimiter)
+        sep, max_line = ord(self.config.csv_delimiter), self.config.max_line_bytes
         try:
-            buf = b""
-            final = False
+            buf = bytearray()
+            scanned, state = 0, csvrecords.State.FIELD_START
+            start = True
             async with aclosing(reader.chunks(0)) as chunks:
-                while not final:
+                while True:
                     chunk = await anext(chunks, b"")
                     buf += chunk
-                    final = not chunk
-                    start = len(csvrecords.BOM) if buf.startswith(csvrecords.BOM) else 0
-                    found = csvrecords.split(
-                        buf[start:], final, csvrecords.State.FIELD_START, delimiter
-                    )
+                    if start:
+                        if len(buf) < len(csvrecords.BOM) and chunk:
+                            continue
+                        start = False
+                        if buf.startswith(csvrecords.BOM):
+                            del buf[: len(csvrecords.BOM)]
+                    found = csvrecords.split(buf, not chunk, state, sep, scanned)
                     for record in found.records:
+                        if len(record) > max_line:
+                            raise Rejected(self._long_header())
                         if record.strip():
-                            return csvrecords.row(record, self.config.csv_delimiter)
-            return None
+                            return self._header(record)
+                    del buf[: found.consumed]
+                    state, scanned = found.state, len(buf)
+                    if not chunk:
+                        raise Rejected("the header row it was read with is gone")
+                    if len(buf) - (state is csvrecords.State.AFTER_CR) > max_line:
+                        raise Rejected(self._long_header())
         finally:
             with anyio.CancelScope(shield=True):
                 await reader.close()
