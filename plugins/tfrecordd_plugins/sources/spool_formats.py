@@ -137,8 +137,9 @@ class FormatReaders:
             while not eof:
                 if len(work) < kept + read_size:
                     # A new buffer, never a resize: a view of the old one may still be held by
-                    # the thread that read into it.
-                    grown = bytearray(kept + read_size)
+                    # the thread that read into it. Doubled, so a long line is copied a few
+                    # times, not once per read.
+                    grown = bytearray(max(kept + read_size, 2 * len(work)))
                     grown[:kept] = work[:kept]
                     work = self._work = grown
                 with memoryview(work) as view:
@@ -163,7 +164,8 @@ class FormatReaders:
                     head = None
                     if last:
                         return
-                whole = n if eof else work.rfind(b"\n", at, n) + 1 or at
+                # work[:kept] is the end of a line from the reads before: no newline there.
+                whole = n if eof else work.rfind(b"\n", max(at, kept), n) + 1 or at
                 lines = whole > at
                 start = at
                 with memoryview(work) as view:
@@ -175,7 +177,8 @@ class FormatReaders:
                 if eof:
                     await send_held(True)
                 offset, kept = offset + whole - at, n - whole
-                work[:kept] = work[whole:n]
+                if whole:  # else the line goes on where it is
+                    work[:kept] = work[whole:n]
                 if kept > max_line:
                     head, head_at = bytes(work[:max_line]), offset
                     offset, kept = offset + kept, 0

@@ -1,0 +1,51 @@
+"""What reading a long line or a whole file costs grows with its length, not with its length
+times the reads it takes: counted (bytes allocated and scanned), never timed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tfrecordd.testing import RecordingContext
+from tfrecordd_plugins.sources import spool_formats
+from tfrecordd_plugins.sources.directory import DirectorySourceConfig
+
+pytestmark = pytest.mark.anyio
+
+
+async def _read(spool: Path, **options: Any) -> RecordingContext:
+    config = DirectorySourceConfig(
+        name="spool", type="directory", path=spool, encoder="e", poll_interval=0.02, **options
+    )
+    source = config.build()
+    ctx = RecordingContext(name="spool", max_batch_events=100)
+    await source.recover(None, [])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.run, ctx)
+        with anyio.fail_after(30):
+            while not any(b.token["eof"] for b in ctx.batches):
+                await anyio.sleep(0.005)
+        tg.cancel_scope.cancel()
+    await source.aclose()
+    return ctx
+
+
+async def test_a_long_json_line_is_copied_a_few_times(tmp_path: Path, monkeypatch: Any) -> None:
+    allocated = 0
+
+    def counting(size: int = 0) -> bytearray:
+        nonlocal allocated
+        allocated += size
+        return bytearray(size)
+
+    monkeypatch.setattr(spool_formats, "bytearray", counting, raising=False)
+    line = b'{"x": "' + b"y" * (1 << 20) + b'"}'
+    (tmp_path / "a.jsonl").write_bytes(b'{"a": 1}\n' + line + b'\n{"b": 2}\n')
+    ctx = await _read(tmp_path, read_size=4096, max_line_bytes=4 << 20)
+    payloads = [p for b in ctx.batches if b.lines is not None for p in b.lines.split()[0]]
+    assert payloads == [b'{"a": 1}', line, b'{"b": 2}']
+    # 256 reads of 4 KiB: a buffer one read longer each time would allocate 128 MiB.
+    assert allocated <= 8 * len(line)
