@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 
 from tests.support import MOVIES_FEATURES, claimed_files, movie_event, read_ids, spool_file
@@ -99,21 +100,26 @@ def _done(source: DirectorySourceConfig) -> str:
     return str(source.done_dir or Path(source.path) / "done")
 
 
-def _writes(config: DaemonConfig) -> list[str]:
-    """Every folder the daemon or a source writes files into, made as the daemon makes it."""
-    out = [str(config.daemon.state_dir), os.path.join(config.output.dir, ".unpublished", NODE)]
-    out.append(config.output.dir)
+def _writes(config: DaemonConfig) -> list[tuple[str, bool]]:
+    """Every folder the daemon or a source writes files into, made as the daemon makes it, and
+    whether it writes into folders below it too (the done folder of a recursive spool:
+    finished files keep the folders they were found in); the others take files at their top."""
+    out = os.path.join(config.output.dir, ".unpublished", NODE)
+    writes = [(str(config.daemon.state_dir), False), (out, False), (config.output.dir, False)]
     for s in _spools(config):
         spool = str(s.path)
-        out += [os.path.join(spool, ".tfrecordd-claimed", NODE), f"{spool}/.tfrecordd-rejected"]
+        writes += [
+            (os.path.join(spool, ".tfrecordd-claimed", NODE), False),
+            (f"{spool}/.tfrecordd-rejected", False),
+        ]
         if s.on_done == "move":
-            out.append(_done(s))
-    for folder in out:
+            writes.append((_done(s), s.recursive))
+    for folder, _ in writes:
         os.makedirs(folder, exist_ok=True)
-    return out
+    return writes
 
 
-def _files_below(top: str) -> list[str]:
+def _folders_below(top: str) -> list[str]:
     """Every folder at or below ``top``, symlinks below it not followed."""
     return [here for here, _, _ in os.walk(top)]
 
@@ -144,13 +150,13 @@ def _reads(source: DirectorySourceConfig) -> set[tuple[int, int]]:
 def _model_violations(root: Path, config: DaemonConfig) -> list[str]:
     counter = itertools.count()
     written: dict[tuple[int, int], str] = {}
-    for folder in _writes(config):
-        for here in _files_below(folder):
+    for folder, below in _writes(config):
+        for here in _folders_below(folder) if below else [folder]:
             path = os.path.join(here, f"w{next(counter)}.jsonl")
             Path(path).write_text("{}\n")
             st_file = os.stat(path)
             written[(st_file.st_dev, st_file.st_ino)] = f"written into {folder}"
-    for here in _files_below(str(root)):
+    for here in _folders_below(str(root)):
         Path(here, f"p{next(counter)}.jsonl").write_text("{}\n")
     problems = []
     reads = [_reads(s) for s in _spools(config)]
@@ -167,14 +173,14 @@ _source = st.fixed_dictionaries(
         "path": st.sampled_from(("a", "a/b", "d", "d/e", "a/.h", "lb", "ld") * 2 + CANDIDATES),
         "recursive": st.booleans(),
         "on_done": st.sampled_from(["delete", "move"]),
-        "done": st.sampled_from((None,) * 8 + CANDIDATES),
+        "done": st.sampled_from((None,) * 6 + ("a/b/c", "d/e", "a/done", "lb") * 2 + CANDIDATES),
         "pattern": st.sampled_from(["*.jsonl", "*.csv"]),
     }
 )
 
 
 @settings(
-    max_examples=2000 if LONG else 400,
+    max_examples=3000 if LONG else 400,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -184,6 +190,14 @@ _source = st.fixed_dictionaries(
     # and go through the model; anywhere now and then.
     output=st.sampled_from(("state/shards", "ls/shards", "o") * 4 + CANDIDATES),
     state=st.sampled_from(("state", "ls") * 6 + CANDIDATES),
+)
+@example(  # the case found by hand: a done folder inside another, recursive, spool
+    sources=[
+        {"path": "a", "recursive": True, "on_done": "delete", "done": None, "pattern": "*.jsonl"},
+        {"path": "d", "recursive": False, "on_done": "move", "done": "a/b", "pattern": "*.jsonl"},
+    ],
+    output="state/shards",
+    state="state",
 )
 def test_an_accepted_layout_has_no_source_read_what_another_part_writes(
     tmp_path: Path, sources: list[dict[str, Any]], output: str, state: str
@@ -197,8 +211,11 @@ def test_an_accepted_layout_has_no_source_read_what_another_part_writes(
         for error in e.errors:
             assert error.startswith(("sources[", "output.", "daemon.")), error
         return
-    event("accepted")
-    problems = _model_violations(root, config)
+    else:
+        event("accepted")
+        problems = _model_violations(root, config)
+    finally:
+        shutil.rmtree(root)
     note(f"accepted: {sources}, output {output}, state {state}")
     assert problems == []
 
