@@ -93,6 +93,19 @@ MUTATIONS = (
         r'\1    return f"{\2}.inprogress"\n',
         (KILLS,),
     ),
+    Mutation(
+        "done-dir-in-recursive-spool-accepted",
+        "check-config lets a source's done_dir sit where another source reads recursively",
+        "daemon/tfrecordd/pathcheck.py",
+        r"^(\s*)if _reads\(outer, parts, inner\.path\):\n",
+        r'\1if inner.kind == "input" and _reads(outer, parts, inner.path):\n',
+        (
+            "tests/adversarial/test_config_layouts.py::"
+            "test_an_accepted_layout_has_no_source_read_what_another_part_writes",
+            "tests/adversarial/test_config_overlaps.py::"
+            "test_a_done_dir_inside_another_recursive_spool_is_refused",
+        ),
+    ),
 )
 
 IGNORE = shutil.ignore_patterns(
