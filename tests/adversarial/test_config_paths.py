@@ -149,3 +149,17 @@ def test_check_config_exits_78_naming_every_key(tmp_path: Path) -> None:
     assert run.returncode == EXIT_CONFIG, run.stdout + run.stderr
     assert "output.dir: is the same directory as sources[0].path" in run.stderr
     assert "sources[0].done_dir: is the same directory as sources[0].path" in run.stderr
+
+
+def test_check_config_refuses_a_done_dir_read_by_another_recursive_spool(tmp_path: Path) -> None:
+    config = write_config(tmp_path, source={"recursive": True})
+    archive = tmp_path / "spool" / "archive"
+    with config.open("a") as f:
+        f.write(
+            "[[sources]]\n"
+            'name = "other"\ntype = "directory"\nencoder = "movies"\n'
+            f'path = "{tmp_path / "other"}"\non_done = "move"\ndone_dir = "{archive}"\n'
+        )
+    run = run_tfrecordd("check-config", str(config))
+    assert run.returncode == EXIT_CONFIG, run.stdout + run.stderr
+    assert f"sources[1].done_dir: {archive} is inside sources[0].path (recursive)" in run.stderr
