@@ -193,6 +193,23 @@ class Metrics:
         self.up = Gauge(
             "tfrecordd_up", "1 while the pipeline runs, 0 while starting or stopping.", registry=r
         )
+        self.watch_repairs = Counter(
+            "tfrecordd_watch_repairs_total",
+            "Files the daemon keeps open that were removed or replaced while it ran and were "
+            "made again at their path, by what: dead_letters (later dead letters go to the new "
+            "file, those that may have gone to the old one are copied), state_lock (the lock "
+            "taken again on the new file).",
+            ["what"],
+            registry=r,
+        )
+        for what in ("dead_letters", "state_lock"):
+            self.watch_repairs.labels(what)
+        self.watch_checked = Gauge(
+            "tfrecordd_watch_last_check_timestamp_seconds",
+            "Unix time of the last check that every file and folder the daemon keeps open is "
+            "still the one its path names (once a second; 0 before the first).",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The metrics in Prometheus text format."""

@@ -33,7 +33,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from tfrecordd import crashpoints
 from tfrecordd.config import DaemonConfig
 from tfrecordd.endpoints import split_host_port
-from tfrecordd.errors import DurabilityError
+from tfrecordd.errors import DurabilityError, StateInUseError
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.metrics import Metrics, serve
 from tfrecordd.notify import SystemdNotifier
@@ -57,7 +57,12 @@ PAUSE_LOG_AFTER = 5.0
 STATE_CHECK_INTERVAL = 1.0
 """Seconds between checks that the journal and checkpoint are still the files this daemon writes:
 one removed or replaced (``state_dir`` deleted, a backup put back) stops the daemon (exit 74)
-within about this long, even when no commit comes."""
+within about this long, even when no commit comes. The same check covers everything else the
+daemon keeps open (:meth:`Daemon.check_held`)."""
+
+CHECK_STALE_AFTER = 30.0
+"""``/healthz`` answers 503 once the periodic check has not finished for this long (a ``stat``
+hanging on a lost network file system, say)."""
 
 
 class _SourceContext(SourceContext):
@@ -169,7 +174,11 @@ class Daemon:
             types={s.name: s.type for s in config.sources},
         )
         self.dead_letters = DeadLetters(
-            self.state_dir, fs, config.daemon.dead_letter_max_bytes, fsync=self.fsync
+            self.state_dir,
+            fs,
+            config.daemon.dead_letter_max_bytes,
+            fsync=self.fsync,
+            on_repair=self.metrics.watch_repairs.labels("dead_letters").inc,
         )
         schemas = {s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources}
         self.committer = Committer(
@@ -193,6 +202,9 @@ class Daemon:
         self._pipeline_scope: anyio.CancelScope | None = None
         self._stopping = False
         self._running = False
+        self._state_lock = -1
+        self._node_lock = -1
+        self._checked_at = time.monotonic()
 
     # -- control ---------------------------------------------------------------------------
 
@@ -216,8 +228,14 @@ class Daemon:
         self.write.request_flush()
 
     def healthy(self) -> bool:
-        """True while the pipeline runs and the writer loop is not stuck."""
-        return self._running and time.monotonic() - self.write.beat < 120
+        """True while the pipeline runs, the writer loop is not stuck and the periodic check of
+        what the daemon keeps open finishes."""
+        now = time.monotonic()
+        return (
+            self._running
+            and now - self.write.beat < 120
+            and now - self._checked_at < CHECK_STALE_AFTER
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -228,21 +246,21 @@ class Daemon:
         if self._stopping:
             self._sources_scope.cancel()
         os.makedirs(self.state_dir, exist_ok=True)
-        lock = statelock.acquire(self.state_dir)
+        self._state_lock = statelock.acquire(self.state_dir)
         try:
             await self._run_locked(self._pipeline_scope, task_status)
         finally:
-            os.close(lock)
+            os.close(self._state_lock)
 
     async def _run_locked(
         self, pipeline_scope: anyio.CancelScope, task_status: TaskStatus[None]
     ) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
-        node_lock = statelock.acquire_folder(self.out_dir, self.config.daemon.node_id)
+        self._node_lock = statelock.acquire_folder(self.out_dir, self.config.daemon.node_id)
         try:
             await self._run_pipeline(pipeline_scope, task_status)
         finally:
-            os.close(node_lock)
+            os.close(self._node_lock)
 
     async def _run_pipeline(
         self, pipeline_scope: anyio.CancelScope, task_status: TaskStatus[None]
@@ -284,6 +302,7 @@ class Daemon:
                     await services.start(self._signals)
                 services.start_soon(self._watchdog)
                 services.start_soon(self._watch_state)
+                self._checked_at = time.monotonic()
                 self._running = True
                 self.metrics.up.set(1)
                 self.notifier.ready(f"running {len(self.sources)} source(s)")
@@ -350,7 +369,47 @@ class Daemon:
         # until the next commit, which may be hours away (or never, before a SIGKILL).
         while True:
             await anyio.sleep(STATE_CHECK_INTERVAL)
-            await anyio.to_thread.run_sync(self.journal.check_files)
+            await anyio.to_thread.run_sync(self.check_held)
+            self._checked_at = time.monotonic()
+            self.metrics.watch_checked.set(time.time())
+
+    def check_held(self) -> None:
+        """Check that every file and folder the daemon keeps open is still the one its path
+        names (blocking; run once a second). The journal and checkpoint removed or replaced,
+        and the staging folder, stop the daemon (:class:`DurabilityError`, exit 74); the
+        dead-letter file and the state lock are made again at their path."""
+        self.journal.check_files()
+        self.dead_letters.check()
+        self._check_state_lock()
+        self._check_staging()
+
+    def _check_state_lock(self) -> None:
+        path = os.path.join(self.state_dir, statelock.LOCK)
+        what = _changed(self._state_lock, path)
+        if what is None:
+            return
+        try:
+            fd = statelock.acquire(self.state_dir)
+        except StateInUseError as e:
+            raise DurabilityError(
+                f"{path} was {what} while the daemon ran, and another tfrecordd has locked "
+                "state_dir since: one daemon per state_dir; stopping"
+            ) from e
+        old, self._state_lock = self._state_lock, fd
+        os.close(old)
+        log.warning("%s was %s while the daemon ran: locked again", path, what)
+        self.metrics.watch_repairs.labels("state_lock").inc()
+
+    def _check_staging(self) -> None:
+        what = _changed(self._node_lock, self.out_dir, follow=True)
+        if what is not None:
+            # Not made again: the open shard is in the old folder, and the node's lock with it.
+            raise DurabilityError(
+                f"{self.out_dir}: the staging folder was {what} while the daemon ran (the "
+                "output directory moved or deleted?); no shard can be published from it; "
+                "stopping. Nothing of the open shard was acknowledged: it replays at the next "
+                "start"
+            )
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval()  # already half of WatchdogSec
@@ -379,3 +438,15 @@ class Daemon:
             ctx.connect(send)
             await src.run(ctx)
         log.info("source %s: finished", name)
+
+
+def _changed(fd: int, path: str, *, follow: bool = False) -> str | None:
+    """``"removed"`` or ``"replaced"`` if ``path`` no longer names the file open as ``fd``."""
+    held = os.fstat(fd)
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "removed"
+    if (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino):
+        return "replaced"
+    return None

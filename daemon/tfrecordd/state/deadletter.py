@@ -6,6 +6,12 @@ One JSON object per line in ``state_dir/dead-letters.jsonl``: ``time``, ``source
 events it holds, so a dead letter is never acknowledged without being durable. When the file
 passes its size cap it becomes ``dead-letters.jsonl.1`` (replacing the previous one, whose
 lines are counted as discarded).
+
+The path is watched like the journal: before each write, before each fsync and at the daemon's
+periodic check, it must still name the open file. An operator who removes the file (after
+replaying it) or puts another in its place gets a file at the path again at once, and the dead
+letters written since the last check, which may have gone to the file no longer there, are
+copied into it: no later dead letter is written only to a file nobody can read.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import orjson
@@ -24,6 +32,8 @@ from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import FileSystem, read_nofollow
 
 NAME = "dead-letters.jsonl"
+
+log = logging.getLogger(__name__)
 
 
 def dead_letter_error(path: str, e: OSError) -> DurabilityError:
@@ -65,8 +75,18 @@ class DeadLetters:
     """Appends dead letters; :meth:`sync` makes them durable. Safe to call from several threads
     (a commit syncs while the next batches' dead letters are written)."""
 
-    def __init__(self, state_dir: str, fs: FileSystem, max_bytes: int, *, fsync: bool = True):
+    def __init__(
+        self,
+        state_dir: str,
+        fs: FileSystem,
+        max_bytes: int,
+        *,
+        fsync: bool = True,
+        on_repair: Callable[[], None] | None = None,
+    ):
         self.path = os.path.join(state_dir, NAME)
+        self.on_repair = on_repair
+        """Called each time the file was found removed or replaced and made again."""
         self.fs = fs
         self.max_bytes = max_bytes
         self.fsync_enabled = fsync
@@ -76,6 +96,10 @@ class DeadLetters:
         self._dirty = False
         self._created = False
         self._failed = False
+        self._identity: tuple[int, int] | None = None
+        self._unchecked: list[bytes] = []
+        """Lines written since the path was last seen to name the open file: they may be in a
+        file removed from under the daemon, and are copied into the one made in its place."""
         self._lock = threading.RLock()
 
     def _open(self) -> BinaryIO:
@@ -84,9 +108,70 @@ class DeadLetters:
         if self._file is None:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._file, self._created = self.fs.open_append(self.path)
+            st = os.fstat(self._file.fileno())
+            self._identity = (st.st_dev, st.st_ino)
             self._size = _whole_lines(self._file)
             self._lines = 0
         return self._file
+
+    def check(self) -> None:
+        """Make sure the path still names the file being written: a file removed or replaced
+        since the last check is made again (or the new one opened), and the dead letters
+        written since the last check are copied into it. Raises :class:`DurabilityError` if no
+        file can be had at the path (``state_dir`` removed, a symlink or FIFO put there)."""
+        with self._lock:
+            try:
+                self._check()
+            except OSError as e:
+                raise dead_letter_error(self.path, e) from e
+
+    def _check(self) -> None:
+        if self._file is None:
+            return  # the next write opens whatever the path names then
+        held = os.fstat(self._file.fileno())
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == self._identity:
+            if held.st_size < self._size:
+                # Emptied in place (``: > dead-letters.jsonl``): appends land at its new end.
+                self._size = held.st_size
+            self._unchecked.clear()
+            return
+        self._reopen("removed" if st is None else "replaced")
+
+    def _reopen(self, what: str) -> None:
+        if self._failed:
+            raise OSError(errno.EIO, "the dead-letter file failed an fsync earlier", self.path)
+        old, self._file = self._file, None
+        assert old is not None
+        with contextlib.suppress(OSError):
+            old.close()
+        # Not through _open: a state_dir removed is not made again here (the journal's check
+        # stops the daemon on it).
+        self._file, self._created = self.fs.open_append(self.path)
+        st = os.fstat(self._file.fileno())
+        self._identity = (st.st_dev, st.st_ino)
+        self._size = _whole_lines(self._file)
+        copied = b"".join(self._unchecked)
+        if copied:
+            try:
+                self.fs.write(self._file, copied)
+            except OSError:
+                self._undo_partial(self._file)
+                raise
+            self._size += len(copied)
+            self._dirty = True
+        log.warning(
+            "%s was %s while the daemon ran: writing to a new file at its path (%d dead "
+            "letter(s) written since the last check copied into it)",
+            self.path,
+            what,
+            len(self._unchecked),
+        )
+        if self.on_repair is not None:
+            self.on_repair()
 
     def write(self, source: str, where: str, reason: str, detail: str, raw: bytes) -> int:
         """Append one dead letter; returns the number of older dead letters discarded by rotation
@@ -106,6 +191,7 @@ class DeadLetters:
         discarded = 0
         with self._lock:
             try:
+                self._check()
                 f = self._open()
                 if self._size and self._size + len(line) > self.max_bytes:
                     discarded = self._rotate()
@@ -120,6 +206,7 @@ class DeadLetters:
             self._size += len(line)
             self._lines += 1
             self._dirty = True
+            self._unchecked.append(line)
         return discarded
 
     def _undo_partial(self, f: BinaryIO) -> None:
@@ -149,6 +236,11 @@ class DeadLetters:
         never fsynced again (what it held may be gone), and later writes fail."""
         with self._lock:
             if self._dirty and self._file is not None:
+                # What is acknowledged after this returns must be in the file the path names.
+                try:
+                    self._check()
+                except OSError as e:
+                    raise dead_letter_error(self.path, e) from e
                 self._dirty = False
                 if self.fsync_enabled:
                     try:
