@@ -1,5 +1,12 @@
 """The ``unix`` source: the stream server listening on a Unix socket file, which it replaces
 only if stale, sets the permissions of, and removes on shutdown only if it is still its own.
+
+The path is watched while the source runs: no client can connect to a socket file once it is
+removed (a cleaner of ``/run`` or ``/tmp``, an operator), so a new socket is bound at the path
+within :data:`PATH_CHECK_INTERVAL`, the connections being served stay open, and the removal is
+counted (``tfrecordd_inputs_refused_total{reason="socket_removed"}``). Another file put at the
+path is not the daemon's to remove: the source stops the daemon (:class:`SocketLostError`,
+exit 74).
 """
 
 from __future__ import annotations
@@ -11,17 +18,28 @@ import socket
 import stat
 import struct
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
+import anyio
 from pydantic import BeforeValidator, Field
 
-from tfrecordd.plugin import ListenError
+from tfrecordd.plugin import EXIT_IO, ListenError, SourceContext
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
 from tfrecordd_plugins.sources.socket.server import ACCEPT_BACKLOG, StreamSource
 
-__all__ = ["UnixSource", "UnixSourceConfig"]
+__all__ = ["PATH_CHECK_INTERVAL", "SocketLostError", "UnixSource", "UnixSourceConfig"]
 
 log = logging.getLogger(__package__)
+
+PATH_CHECK_INTERVAL = 1.0
+"""Seconds between two checks that the socket's path still names the socket listening."""
+
+
+class SocketLostError(ListenError):
+    """The socket's path was taken by another file while the source listened: clients no
+    longer reach the daemon, and the file is not its to remove."""
+
+    exit_code = EXIT_IO
 
 
 def _octal(value: Any) -> Any:
@@ -58,6 +76,11 @@ class UnixSource(StreamSource):
         self._inode: tuple[int, int] | None = None
 
     def _bind(self) -> socket.socket:
+        # The server's accept loop keeps the object it is given: a swappable one, so that the
+        # path watch can put a new socket behind it (see _Listener).
+        return cast(socket.socket, _Listener(self._listen()))
+
+    def _listen(self) -> socket.socket:
         path = str(self.config.path)
         _clear_stale(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,6 +105,45 @@ class UnixSource(StreamSource):
                 return f"unix:pid={pid},uid={uid}"
         return "unix"
 
+    async def run(self, ctx: SourceContext) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_path, ctx)
+            await super().run(ctx)
+            tg.cancel_scope.cancel()
+
+    async def _watch_path(self, ctx: SourceContext) -> None:
+        path = str(self.config.path)
+        while True:
+            await anyio.sleep(PATH_CHECK_INTERVAL)
+            listener = cast(_Listener | None, self._listener)
+            if listener is None:
+                continue
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                st = None
+            if st is not None and (st.st_dev, st.st_ino) == self._inode:
+                continue
+            if st is not None:
+                raise SocketLostError(
+                    path,
+                    "another file was put at the socket's path while the daemon listened: "
+                    "clients no longer reach it, and that file is not the daemon's to remove; "
+                    "stopping. Remove the file (or set another path) and start again",
+                )
+            try:
+                listener.replace(self._listen())
+            except ListenError as e:
+                raise SocketLostError(
+                    path, f"removed, and cannot be bound again: {e.detail}"
+                ) from e
+            log.warning(
+                "%s: the socket file %s was removed while the daemon listened: bound again",
+                ctx.name,
+                path,
+            )
+            ctx.count_refused("socket_removed")
+
     async def aclose(self) -> None:
         await super().aclose()
         if self._inode is not None:
@@ -94,6 +156,41 @@ class UnixSource(StreamSource):
             except FileNotFoundError:
                 pass
             self._inode = None
+
+
+class _Listener:
+    """The source's listening socket as the accept loop sees it: :meth:`replace` puts a new
+    socket behind it, and the one replaced is served until its backlog is empty, then closed."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._retired: list[socket.socket] = []
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if not self._retired else self._retired[0].fileno()
+
+    def replace(self, sock: socket.socket) -> None:
+        old, self.sock = self.sock, sock
+        self._retired.append(old)
+        # Wakes an accept loop waiting on the old socket (a Unix socket shut down for reading
+        # polls readable): its next accept() reaches the new one.
+        with contextlib.suppress(OSError):
+            old.shutdown(socket.SHUT_RD)
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        while self._retired:
+            old = self._retired[0]
+            try:
+                return old.accept()  # a client queued before the path was removed
+            except OSError:
+                self._retired.pop(0)
+                old.close()
+        return self.sock.accept()
+
+    def close(self) -> None:
+        for sock in (*self._retired, self.sock):
+            sock.close()
+        self._retired.clear()
 
 
 def _clear_stale(path: str) -> None:
