@@ -33,6 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 POWER_CUTS = "tests/reliability/test_power_loss.py::test_power_cuts_lose_nothing_acked"
 CRASH_POINTS = "tests/e2e/test_daemon_process.py::test_crash_point_then_restart_is_exactly_once"
 KILLS = "tests/reliability/test_crash_harness.py::test_sigkill_spool_directory"
+WATCHED = "tests/reliability/test_watched_files.py"
+DEAD_LETTERS_REMOVED = (
+    f"{WATCHED}::test_dead_letters_written_after_the_file_is_removed_are_in_the_file_at_its_path",
+    f"{WATCHED}::test_dead_letters_taken_away_while_they_are_written_are_never_lost",
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,22 @@ MUTATIONS = (
             "tests/adversarial/test_config_overlaps.py::"
             "test_a_done_dir_inside_another_recursive_spool_is_refused",
         ),
+    ),
+    Mutation(
+        "no-dead-letter-identity-check",
+        "the dead-letter file is never checked to still be the one its path names",
+        "daemon/tfrecordd/state/deadletter.py",
+        r"^(\s*)def _check\(self\) -> None:\n",
+        r"\1def _check(self) -> None:\n\1    return\n",
+        DEAD_LETTERS_REMOVED,
+    ),
+    Mutation(
+        "dead-letters-not-copied",
+        "a dead-letter file made again does not get the lines that may have gone to the old one",
+        "daemon/tfrecordd/state/deadletter.py",
+        r'^(\s*)copied = b"".join\(self\._unchecked\)\n',
+        r'\1copied = b""\n',
+        (f"{WATCHED}::test_a_dead_letter_written_as_the_file_goes_is_copied_into_the_new_one",),
     ),
 )
 

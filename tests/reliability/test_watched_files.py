@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 import pytest
@@ -28,9 +28,11 @@ from tests.support import (
 )
 from tfrecordd.config import DaemonConfig, load_config, parse_config
 from tfrecordd.errors import EXIT_IO, find_error
+from tfrecordd.fsys import FileSystem
 from tfrecordd.pipeline.runtime import STATE_CHECK_INTERVAL, Daemon
 from tfrecordd.plugin import Registry
 from tfrecordd.state import statelock
+from tfrecordd.state.deadletter import NAME, DeadLetters
 
 WITHIN = 10 * STATE_CHECK_INTERVAL
 """How long a change may go unnoticed in these tests (the check runs once a second)."""
@@ -176,6 +178,46 @@ def test_a_dead_letter_path_that_cannot_be_a_file_again_stops_the_daemon(tmp_pat
     error = _run(daemon, body)
     assert _exit_status(error) == EXIT_IO, error
     assert "dead-letters.jsonl" in _message(error)
+
+
+class _RemovedBeforeWrite(FileSystem):
+    """Removes (or renames away) the dead-letter file right before chosen writes: the operator
+    acting between the daemon's check of the path and its write."""
+
+    def __init__(self, path: Path, at: set[int], *, rename: bool = False) -> None:
+        self.path, self.at, self.rename, self.writes = path, at, rename, 0
+
+    def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
+        self.writes += 1
+        if self.writes in self.at:
+            if self.rename:
+                self.path.rename(self.path.with_name(f"taken-{self.writes}"))
+            else:
+                self.path.unlink()
+        super().write(f, data)
+
+
+@pytest.mark.parametrize("rename", [False, True], ids=["removed", "renamed"])
+def test_a_dead_letter_written_as_the_file_goes_is_copied_into_the_new_one(
+    tmp_path: Path, rename: bool
+) -> None:
+    """The file goes between the check of the path and the write: the line lands in the old
+    file. The next check (the fsync before its ack, here) copies it into the file at the path."""
+    path = tmp_path / NAME
+    fs = _RemovedBeforeWrite(path, {2, 5}, rename=rename)  # the copy into a new file is #3
+    repairs: list[int] = []
+    dl = DeadLetters(str(tmp_path), fs, 1 << 20, on_repair=lambda: repairs.append(1))
+    dl.write("s", "w", "malformed", "", b"first")
+    dl.sync()
+    dl.write("s", "w", "malformed", "", b"second")  # into the file just removed
+    dl.sync()
+    assert _raws(path) == ["second"]
+    dl.write("s", "w", "malformed", "", b"third")
+    dl.write("s", "w", "malformed", "", b"fourth")  # removed again (with "second", "third")
+    dl.check()  # the periodic check, with no fsync to come
+    dl.close()
+    assert _raws(path) == ["fourth"]
+    assert len(repairs) == 2
 
 
 # -- state lock and staging folder -------------------------------------------------------------
