@@ -115,13 +115,15 @@ def test_dead_letters_written_after_the_file_is_removed_are_in_the_file_at_its_p
 
 
 def test_dead_letters_taken_away_while_they_are_written_are_never_lost(tmp_path: Path) -> None:
-    """An operator takes the file away again and again while bad events flow (rename, read,
-    delete: the recipe done in a loop). Every dead letter is in a file the operator read or in
-    the file at the path at the end: none went only to a file nobody could read."""
+    """An operator takes the file away again and again while bad events flow, as the README
+    says (move it away, wait for the daemon to make it again, replay and delete the moved
+    file). Every dead letter is in a file the operator read or in the file at the path at the
+    end: none went only to a file nobody could read."""
     cfg = write_config(tmp_path, output={"max_shard_age": "50ms"}, daemon={"max_batch_events": 8})
     spool, path = tmp_path / "spool", tmp_path / "state" / "dead-letters.jsonl"
     daemon = Daemon(load_config(cfg), handle_signals=False)
     taken: list[str] = []
+    rounds = [0]
     stop = threading.Event()
     rng = random.Random(7)
 
@@ -135,6 +137,10 @@ def test_dead_letters_taken_away_while_they_are_written_are_never_lost(tmp_path:
             except FileNotFoundError:
                 continue
             n += 1
+            rounds[0] = n
+            deadline = time.monotonic() + 3 * STATE_CHECK_INTERVAL
+            while not path.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)  # the README: until the daemon has made the file again
             taken.extend(_raws(moved))
             moved.unlink()
 
@@ -144,10 +150,12 @@ def test_dead_letters_taken_away_while_they_are_written_are_never_lost(tmp_path:
         worker = threading.Thread(target=operator)
         worker.start()
         try:
-            for k in range(15):
+            k, until = 0, time.monotonic() + WITHIN
+            while (k < 15 or rounds[0] < 5) and time.monotonic() < until:
                 lines = _bad(f"f{k}", 40)
                 expected.extend(lines)
                 spool_file(spool, f"f{k}.jsonl", lines)
+                k += 1
                 await anyio.sleep(0.02)
             await _until(lambda: spool_drained(spool), 30)
         finally:
@@ -158,6 +166,7 @@ def test_dead_letters_taken_away_while_they_are_written_are_never_lost(tmp_path:
     assert _run(daemon, body) is None
     missing = set(expected) - set(taken) - set(_raws(path))
     assert not missing, f"{len(missing)} dead letter(s) lost, e.g. {sorted(missing)[:5]}"
+    assert rounds[0] >= 5, "the daemon made the file again each time it was moved away"
 
 
 def test_a_dead_letter_path_that_cannot_be_a_file_again_stops_the_daemon(tmp_path: Path) -> None:
@@ -181,43 +190,52 @@ def test_a_dead_letter_path_that_cannot_be_a_file_again_stops_the_daemon(tmp_pat
 
 
 class _RemovedBeforeWrite(FileSystem):
-    """Removes (or renames away) the dead-letter file right before chosen writes: the operator
-    acting between the daemon's check of the path and its write."""
+    """Removes (or renames away) the dead-letter file right before the next write once armed:
+    the operator acting between the daemon's check of the path and its write."""
 
-    def __init__(self, path: Path, at: set[int], *, rename: bool = False) -> None:
-        self.path, self.at, self.rename, self.writes = path, at, rename, 0
+    def __init__(self, path: Path, *, rename: bool) -> None:
+        self.path, self.rename, self.armed, self.taken = path, rename, False, 0
 
     def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
-        self.writes += 1
-        if self.writes in self.at:
+        if self.armed:
+            self.armed = False
+            self.taken += 1
             if self.rename:
-                self.path.rename(self.path.with_name(f"taken-{self.writes}"))
+                self.path.rename(self.path.with_name(f"taken-{self.taken}"))
             else:
                 self.path.unlink()
         super().write(f, data)
 
 
-@pytest.mark.parametrize("rename", [False, True], ids=["removed", "renamed"])
+@pytest.mark.parametrize("rename", [False, True], ids=["removed", "moved-away"])
 def test_a_dead_letter_written_as_the_file_goes_is_copied_into_the_new_one(
     tmp_path: Path, rename: bool
 ) -> None:
     """The file goes between the check of the path and the write: the line lands in the old
-    file. The next check (the fsync before its ack, here) copies it into the file at the path."""
+    file. The next check (the fsync before its ack, or the periodic one) copies it into the
+    file at the path if the old one was removed; one moved away keeps it, for the operator."""
     path = tmp_path / NAME
-    fs = _RemovedBeforeWrite(path, {2, 5}, rename=rename)  # the copy into a new file is #3
+    fs = _RemovedBeforeWrite(path, rename=rename)
     repairs: list[int] = []
     dl = DeadLetters(str(tmp_path), fs, 1 << 20, on_repair=lambda: repairs.append(1))
     dl.write("s", "w", "malformed", "", b"first")
     dl.sync()
-    dl.write("s", "w", "malformed", "", b"second")  # into the file just removed
+    fs.armed = True
+    dl.write("s", "w", "malformed", "", b"second")  # into the file going away
     dl.sync()
-    assert _raws(path) == ["second"]
+    assert _raws(path) == ([] if rename else ["second"])
     dl.write("s", "w", "malformed", "", b"third")
-    dl.write("s", "w", "malformed", "", b"fourth")  # removed again (with "second", "third")
+    fs.armed = True
+    dl.write("s", "w", "malformed", "", b"fourth")  # goes with "third" (and "second")
     dl.check()  # the periodic check, with no fsync to come
     dl.close()
-    assert _raws(path) == ["fourth"]
     assert len(repairs) == 2
+    if rename:
+        assert _raws(path) == []
+        assert _raws(tmp_path / "taken-1") == ["first", "second"]
+        assert _raws(tmp_path / "taken-2") == ["third", "fourth"]
+    else:
+        assert _raws(path) == ["fourth"]
 
 
 # -- state lock and staging folder -------------------------------------------------------------

@@ -9,9 +9,10 @@ lines are counted as discarded).
 
 The path is watched like the journal: before each write, before each fsync and at the daemon's
 periodic check, it must still name the open file. An operator who removes the file (after
-replaying it) or puts another in its place gets a file at the path again at once, and the dead
-letters written since the last check, which may have gone to the file no longer there, are
-copied into it: no later dead letter is written only to a file nobody can read.
+replaying it) or puts another in its place gets a file at the path again at once. The dead
+letters written since the last check may have gone to the old file: if it was removed, they are
+copied into the new one, so that none is written only to a file nobody can read; if it was
+moved away (still linked), they stay in it, where the operator reads them.
 """
 
 from __future__ import annotations
@@ -146,8 +147,15 @@ class DeadLetters:
             raise OSError(errno.EIO, "the dead-letter file failed an fsync earlier", self.path)
         old, self._file = self._file, None
         assert old is not None
-        with contextlib.suppress(OSError):
-            old.close()
+        # A file still linked somewhere (moved away to be replayed) keeps its lines where the
+        # operator reads them; only those of a file removed are copied, or they would be lost.
+        try:
+            linked = os.fstat(old.fileno()).st_nlink > 0
+            if linked and self._unchecked and self.fsync_enabled:
+                self.fs.fsync(old)  # their events may be acknowledged once this returns
+        finally:
+            with contextlib.suppress(OSError):
+                old.close()
         # Not through _open: a state_dir removed is not made again here (the journal's check
         # stops the daemon on it).
         self._file, self._created = self.fs.open_append(self.path)
@@ -155,7 +163,7 @@ class DeadLetters:
         self._identity = (st.st_dev, st.st_ino)
         self._size = _whole_lines(self._file)
         copied = b"".join(self._unchecked)
-        if copied:
+        if copied and not linked:
             try:
                 self.fs.write(self._file, copied)
             except OSError:
@@ -165,11 +173,14 @@ class DeadLetters:
             self._dirty = True
         log.warning(
             "%s was %s while the daemon ran: writing to a new file at its path (%d dead "
-            "letter(s) written since the last check copied into it)",
+            "letter(s) written since the last check %s)",
             self.path,
             what,
             len(self._unchecked),
+            "left in the file moved away" if linked else "copied into it",
         )
+        if linked:
+            self._unchecked.clear()
         if self.on_repair is not None:
             self.on_repair()
 
