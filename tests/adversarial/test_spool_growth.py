@@ -78,18 +78,39 @@ class _Model:
         self.owed = []
 
     async def pump(self) -> None:
-        """Run the source until it has sent all it can for now."""
+        """Run the source until it has sent all it can for now: nothing left to claim, every
+        claim read to its end, and no batch sent for a few polls."""
         assert self.source is not None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.source.run, self.ctx)
             seen, still = -1, 0
             with anyio.fail_after(10):
-                while still < 4:
+                while still < 3 or not self._idle():
                     await anyio.sleep(0.01)
                     n = len(self.ctx.batches)
                     still = still + 1 if n == seen else 0
                     seen = n
             tg.cancel_scope.cancel()
+
+    def _idle(self) -> bool:
+        assert self.source is not None
+        spool, node = self.config.path, self.source.claims.node
+        if node is None:
+            return False
+        claims = spool / CLAIM_DIR / node
+        sent = self.source.positions.sent_eof
+        if any(f"{node}/{p.name}" not in sent for p in claims.iterdir() if p.name[0] != "."):
+            return False
+        pattern = self.config.pattern
+        found = spool.rglob(pattern) if self.config.recursive else spool.glob(pattern)
+        return not [
+            p
+            for p in found
+            if not any(
+                part.startswith(".") or part == "done" for part in p.relative_to(spool).parts
+            )
+            and p.is_file()
+        ]
 
     def commit(self) -> None:
         """Everything sent so far is published; its acks are owed."""
@@ -307,3 +328,26 @@ def test_a_racing_writer_against_the_running_daemon_loses_nothing(tmp_path: Path
     ids = read_ids(tmp_path / "shards")
     assert sorted(ids) == list(range(written[0]))
     assert max(ids.values()) == 1
+
+
+@pytest.mark.anyio
+async def test_a_file_rewritten_to_the_same_size_is_kept(tmp_path: Path) -> None:
+    """Found by the model: a producer cuts the file it holds open and writes as many bytes
+    again, within the file system's timestamp granularity (same size, same modification time
+    here, set back by hand). The bytes the reading ended on are gone: the file is kept whole,
+    not deleted as if it were what was read."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "f.jsonl").write_bytes(_lines(0, 5))
+    model = _Model(spool)
+    await model.start()
+    await model.pump()
+    [claim] = list((spool / CLAIM_DIR / "n1").iterdir())
+    before = claim.stat()
+    claim.write_bytes(_lines(5, 5))
+    os.utime(claim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    model.commit()
+    await model.ack()
+    [kept] = [p for p in (spool / REJECT_DIR).iterdir() if not p.name.startswith(".")]
+    assert kept.read_bytes() == _lines(5, 5)
+    assert not claimed_files(spool)

@@ -62,6 +62,7 @@ from tfrecordd_plugins.sources.spool_names import (
     resumed_name,
     valid_key,
 )
+from tfrecordd_plugins.sources.spool_reading import tail_digest
 
 log = logging.getLogger("tfrecordd_plugins.sources.directory")  # the source's one logger
 
@@ -307,8 +308,11 @@ class Claims:
                 return
             if rejected is None and read is not None:
                 why = _changed(st, read, writers)
+                rewritten = _rewritten(fd, st, read)
+                if rewritten:
+                    why = "was rewritten after its end was read (the bytes it ended on differ)"
                 if why:
-                    self._read_on(folder, claim, shown, st, read, offset, why)
+                    self._read_on(folder, claim, shown, st, read, offset, why, rewritten)
                     return
             try:
                 if rejected is not None:
@@ -339,14 +343,18 @@ class Claims:
         read: Sequence[int],
         offset: int,
         why: str,
+        rewritten: bool,
     ) -> None:
         """Keep a claim that changed after its end was read: renamed to be read on from
         ``offset`` (:func:`.spool_names.resumed_name`), or, where reading on cannot give what
-        the producer meant (a file cut shorter, a whole-file event), set aside whole."""
+        the producer meant (a file cut shorter or ``rewritten``, a whole-file event), set aside
+        whole."""
         if self._ctx is not None and claim not in self._waiting:
             self._ctx.count_refused("grew_after_publish")
         if st.st_size < read[0]:
             reason = f"cut from {read[0]} to {st.st_size} bytes after it was read and published"
+        elif rewritten:
+            reason = why
         elif self.config.format == "whole-file":
             reason = f"{why} (a whole-file event was published before the change)"
         else:
@@ -662,6 +670,16 @@ def _lease(fd: int) -> bool | None:
             return False
         return None
     return True
+
+
+def _rewritten(fd: int, st: os.stat_result, read: Sequence[int]) -> bool:
+    """Whether the bytes the reading ended on (``read``: size, modification time and
+    :func:`.spool_reading.tail_digest` then) are gone from a file at least that long: a file
+    rewritten, not appended to (one of the same size, too, within the file system's timestamp
+    granularity)."""
+    if len(read) < 3 or fd < 0 or st.st_size < read[0]:
+        return False
+    return tail_digest(fd, int(read[0])) != int(read[2])
 
 
 def _changed(st: os.stat_result, read: Sequence[int], writers: bool | None) -> str:

@@ -38,9 +38,10 @@ class SpoolToken(TypedDict):
     why: NotRequired[str]
     """With ``bad``: why."""
     st: NotRequired[list[int]]
-    """With ``eof``: the file's size and modification time (ns) when its end was read. The
-    file is finished (deleted or moved) only if it is still so; one that changed since is read
-    on from ``o`` instead (tokens written before this field are finished as they are)."""
+    """With ``eof``: the file's size, modification time (ns) and tail digest
+    (:func:`.spool_reading.tail_digest`) when its end was read. The file is finished (deleted
+    or moved) only if it is still so; one appended to since is read on from ``o``, one rewritten
+    is set aside (tokens written before this field are finished as they are)."""
 
 
 def token(
@@ -49,11 +50,11 @@ def token(
     eof: bool,
     *,
     bad: str = "",
-    seen: tuple[int, int] | None = None,
+    seen: tuple[int, ...] | None = None,
 ) -> SpoolToken:
     """The token of a batch of ``claim`` (``node/claim``) that ends at ``offset``; ``bad``: why
-    the rest of the file was refused; ``seen``: with ``eof``, the file's size and modification
-    time when its end was read."""
+    the rest of the file was refused; ``seen``: with ``eof``, the file's size, modification time
+    and tail digest when its end was read."""
     out: SpoolToken = {"v": TOKEN_VERSION, "f": claim, "o": offset, "eof": eof}
     if bad:
         out["bad"] = True

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import aiofiles
 import anyio
 
+from tfrecordd.format import compiled
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.decompress import open_decompressed
 from tfrecordd.plugin import CompressionError
@@ -29,6 +30,18 @@ GROW_POLLS = 10
 rest refused."""
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SUFFIX_COMPRESSION = {".gz": Compression.GZIP, ".zst": Compression.ZSTD, ".zstd": Compression.ZSTD}
+
+
+TAIL_BYTES = 4096
+"""How many of a file's last bytes (as read) :func:`tail_digest` covers."""
+
+
+def tail_digest(fd: int, size: int) -> int:
+    """CRC-32C of the ``TAIL_BYTES`` before offset ``size`` of the file ``fd``: whether the
+    bytes a reading ended on are still there (an append keeps them, a rewrite rarely does, even
+    one of the same size within the file system's timestamp granularity)."""
+    start = max(0, size - TAIL_BYTES)
+    return compiled.crc32c(os.pread(fd, size - start, start)) if size else 0
 
 
 class ReadSettings(Protocol):
@@ -82,6 +95,7 @@ class FileReader:
         self._fd = -1
         self._pos = 0  # of a plain file: where the next read starts
         self._seen = (0, 0)  # size and modification time at the last look
+        self._tail = 0  # tail_digest at the end of reading
         self._grew_at = 0.0
         self._still = False  # looked again after a poll interval: nothing changed
 
@@ -109,10 +123,10 @@ class FileReader:
         self._seen = self.seen or (st.st_size, st.st_mtime_ns)
 
     @property
-    def last_seen(self) -> tuple[int, int]:
-        """The file's size and modification time (ns) at the last look: at the end of what was
-        read, what finishing the file checks it against."""
-        return self._seen
+    def last_seen(self) -> tuple[int, int, int]:
+        """The file's size, modification time (ns) and :func:`tail_digest` at the end of what
+        was read: what finishing the file checks it against."""
+        return (*self._seen, self._tail)
 
     def _open_raw(self) -> Any:
         return open(self.name, "rb", buffering=0, opener=self._opener)
@@ -178,7 +192,12 @@ class FileReader:
             now = (st.st_size, st.st_mtime_ns)
             if now == self._seen:
                 if not self.grew or self._still:
-                    return False
+                    # What the end of reading saw, for finishing to compare the file with.
+                    self._tail = await anyio.to_thread.run_sync(tail_digest, self._fd, now[0])
+                    st = os.fstat(self._fd)
+                    if (st.st_size, st.st_mtime_ns) == now:
+                        return False
+                    continue
                 # It changed before: let a writer that is still at it show itself.
                 await anyio.sleep(self.config.poll_interval)
                 self._still = True
