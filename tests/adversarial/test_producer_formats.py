@@ -1,0 +1,176 @@
+"""What producers' own tools write, read as docs/sources/directory.md's table says: each row of
+the table is a case here, the exact bytes the tool writes put in a spool, the outcome checked.
+
+Each file is read by the directory source (``tfrecordd.testing.RecordingContext``) and its
+events encoded by an ``example`` encoder, as the daemon does; the outcome is the list of what
+each event became: its features, or the reason it was dead-lettered, or the file's refusal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import pytest
+
+from tfrecordd.format import proto
+from tfrecordd.plugin import RawEvent
+from tfrecordd.testing import RecordingContext
+from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
+from tfrecordd_plugins.sources.directory import DirectorySourceConfig
+
+pytestmark = pytest.mark.anyio
+
+BOM = b"\xef\xbb\xbf"
+ROWS = [{"id": 1, "name": "ann"}, {"id": 2, "name": "bo, jr"}]
+A = {"id": [1], "name": [b"ann"]}
+B = {"id": [2], "name": [b"bo, jr"]}
+
+
+def _refused(why: str) -> tuple[str, str]:
+    return ("refused", why)
+
+
+def _dead(why: str) -> tuple[str, str]:
+    return ("dead letter", why)
+
+
+def _jsonl(sep: bytes, rows: list[dict[str, Any]] = ROWS) -> bytes:
+    return b"".join(json.dumps(r, separators=(",", ":")).encode() + sep for r in rows)
+
+
+CASES: dict[str, tuple[Literal["csv", "jsonl"], bytes, list[Any] | None]] = {
+    # -- CSV ---------------------------------------------------------------------------------
+    "Excel, CSV UTF-8": (
+        "csv",
+        BOM + b'id,name\r\n1,ann\r\n2,"bo, jr"\r\n',
+        [A, B],
+    ),
+    "Excel, CSV (Macintosh)": ("csv", b'id,name\r1,ann\r2,"bo, jr"\r', [A, B]),
+    "Excel, Unicode Text (UTF-16)": (
+        "csv",
+        "id\tname\r\n1\tann\r\n".encode("utf-16"),
+        [_refused("UTF-16 text")],
+    ),
+    "LibreOffice Calc": ("csv", b'id,name\n1,ann\n2,"bo, jr"\n', [A, B]),
+    "pandas to_csv": ("csv", b',id,name\n0,1,ann\n1,2,"bo, jr"\n', [_refused("has no name")]),
+    "pandas to_csv(index=False)": ("csv", b'id,name\n1,ann\n2,"bo, jr"\n', [A, B]),
+    "PowerShell 5.1 Export-Csv -NoTypeInformation": (
+        "csv",
+        BOM + b'"id","name"\r\n"1","ann"\r\n"2","bo, jr"\r\n',
+        [A, B],
+    ),
+    "PowerShell 5.1 Export-Csv": (
+        "csv",
+        BOM + b'#TYPE System.Management.Automation.PSCustomObject\r\n"id","name"\r\n"1","ann"\r\n',
+        [_dead("CSV record has 2 fields, the header 1")] * 2,
+    ),
+    "PowerShell 7 Export-Csv": ("csv", b'"id","name"\r\n"1","ann"\r\n"2","bo, jr"\r\n', [A, B]),
+    "Python csv.writer": ("csv", b'id,name\r\n1,ann\r\n2,"bo, jr"\r\n', [A, B]),
+    "CSV without a final newline": ("csv", b'id,name\n1,ann\n2,"bo, jr"', [A, B]),
+    "CSV header only": ("csv", b"id,name\r\n", []),
+    "CSV empty file": ("csv", b"", []),
+    "CSV header longer than max_line_bytes": (
+        "csv",
+        b"id,name," + b"x" * 2000 + b"\n1,ann,\n",
+        [_refused("longer than max_line_bytes")],
+    ),
+    "CSV with a number beyond a double": (
+        "csv",
+        b"id,name\n1e400,ann\n",
+        [_dead("expected int64")],
+    ),
+    # -- JSON lines --------------------------------------------------------------------------
+    "jq -c": ("jsonl", _jsonl(b"\n"), [A, B]),
+    "jq (pretty, not JSON lines)": (
+        "jsonl",
+        b'{\n  "id": 1,\n  "name": "ann"\n}\n',
+        [_dead("not valid JSON")] * 4,
+    ),
+    ".NET / Java logger on Windows (CRLF)": ("jsonl", _jsonl(b"\r\n"), [A, B]),
+    ".NET Encoding.UTF8 (a byte-order mark)": (
+        "jsonl",
+        BOM + _jsonl(b"\r\n"),
+        [_dead("not valid JSON"), B],
+    ),
+    "Java logger (LF)": ("jsonl", _jsonl(b"\n"), [A, B]),
+    "Python json.dumps, NaN": (
+        "jsonl",
+        b'{"id": 1, "name": "ann", "score": NaN}\n{"id": 2, "name": "bo, jr"}\n',
+        [_dead("not valid JSON"), B],
+    ),
+    "JSON lines without a final newline": ("jsonl", _jsonl(b"\n")[:-1], [A, B]),
+    "JSON lines empty file": ("jsonl", b"", []),
+    "JSON lines, UTF-16": ("jsonl", _jsonl(b"\n", ROWS[:1]).decode().encode("utf-16"), None),
+    "JSON, big numbers in an unused field": (
+        "jsonl",
+        b'{"id": 1, "name": "ann", "n": 1e400, "m": ' + b"9" * 310 + b"}\n",
+        [A],
+    ),
+    "JSON, a big number in a feature": ("jsonl", b'{"id": 1e400}\n', [_dead("out of range")]),
+}
+
+
+async def _outcome(spool: Path, fmt: Literal["csv", "jsonl"]) -> list[Any]:
+    pattern = "*.csv" if fmt == "csv" else "*.jsonl"
+    config = DirectorySourceConfig(
+        name="spool",
+        type="directory",
+        path=spool,
+        encoder="e",
+        pattern=pattern,
+        format=fmt,
+        poll_interval=0.02,
+        max_line_bytes=1024,
+    )
+    source = config.build()
+    ctx = RecordingContext(name="spool")
+    await source.recover(None, [])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.run, ctx)
+        with anyio.fail_after(20):
+            while not any(b.token["eof"] for b in ctx.batches):
+                await anyio.sleep(0.005)
+        tg.cancel_scope.cancel()
+    await source.aclose()
+    encoder = ExampleEncoderConfig.model_validate(
+        {"features": {"id": "int64", "name": "bytes"}}
+    ).build()
+    out: list[Any] = []
+    for batch in ctx.batches:
+        events: list[RawEvent] = list(batch.events)
+        if batch.lines is not None:
+            payloads, refused = batch.lines.split()
+            events += [RawEvent(p, "") for p in payloads] + refused
+        for ev in events:
+            if ev.error is not None:
+                why = ev.error.removeprefix("input rejected: ")
+                out.append(("refused" if batch.token.get("bad") else "dead letter", why))
+                continue
+            result = encoder.encode_batch([ev])
+            if result.failures:
+                out.append(("dead letter", result.failures[0].detail))
+            else:
+                out.append(proto.parse_example(result.records[0]))
+    return out
+
+
+def _matches(got: Any, want: Any) -> bool:
+    if isinstance(want, tuple):
+        return isinstance(got, tuple) and got[0] == want[0] and want[1] in got[1]
+    return bool(got == want)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_producer_files_are_read_as_the_table_says(tmp_path: Path, case: str) -> None:
+    fmt, data, want = CASES[case]
+    (tmp_path / f"a.{fmt}").write_bytes(data)
+    got = await _outcome(tmp_path, fmt)
+    if want is None:  # UTF-16 JSON lines: never a record, every line a dead letter
+        assert got
+        assert all(g[0] == "dead letter" for g in got)
+        return
+    assert len(got) == len(want), got
+    assert all(_matches(g, w) for g, w in zip(got, want, strict=True)), got
