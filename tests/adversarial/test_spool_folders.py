@@ -9,7 +9,6 @@ runs it keeps using the folders it opened at start.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +154,7 @@ def test_a_claim_folder_swapped_for_a_symlink_while_running_is_not_followed(
 def test_a_recursive_spool_never_reads_the_daemons_own_folders(tmp_path: Path) -> None:
     """With ``recursive = true``, a producer renames the claim and rejected folders to visible
     names: they are still the daemon's, never scanned as spool folders (a claimed file would
-    be claimed again and read twice)."""
+    be claimed again and read twice), and put back under their names within seconds."""
     cfg = write_config(tmp_path, output={"max_shard_age": "100ms"}, source={"recursive": True})
     spool = tmp_path / "spool"
     claims = spool / CLAIM_DIR / "test"
@@ -179,7 +178,11 @@ def test_a_recursive_spool_never_reads_the_daemons_own_folders(tmp_path: Path) -
 
     anyio.run(run)
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(20), 1)
-    shutil.rmtree(spool / "visible")
+    # The daemon's watch put its folders back under their names.
+    assert not (spool / "visible").exists()
+    assert not (spool / "visible-rejected").exists()
+    assert (spool / CLAIM_DIR / "test").is_dir()
+    assert (spool / REJECT_DIR).is_dir()
 
 
 def test_a_symlink_named_like_done_dir_is_harmless_when_files_are_deleted(tmp_path: Path) -> None:

@@ -62,12 +62,16 @@ __all__ = [
     "NAME_MAX",
     "REASONS",
     "REJECT_DIR",
+    "WATCH_INTERVAL",
     "DirectorySource",
     "DirectorySourceConfig",
     "SpoolError",
 ]
 
 log = logging.getLogger(__name__)
+
+WATCH_INTERVAL = 1.0
+"""Seconds between two checks that the spool's folders held open are still at their paths."""
 
 _UNOPENABLE = {
     errno.EACCES,
@@ -213,8 +217,20 @@ class DirectorySource(Source):
         return [spool_positions.read_token(t, where) for t in tokens]
 
     async def run(self, ctx: SourceContext) -> None:
+        await anyio.to_thread.run_sync(self.claims.open_claims, ctx.node_id)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch)
+            await self._read(ctx)
+
+    async def _watch(self) -> None:
+        """Check the held folders (:meth:`.Claims.check_held`) every ``WATCH_INTERVAL``
+        seconds, while files are read or none come."""
+        while True:
+            await anyio.sleep(WATCH_INTERVAL)
+            await anyio.to_thread.run_sync(self.claims.check_held)
+
+    async def _read(self, ctx: SourceContext) -> None:
         claims = self.claims
-        await anyio.to_thread.run_sync(claims.open_claims, ctx.node_id)
         while True:
             found = await anyio.to_thread.run_sync(claims.pending, ctx, self.positions.sent_eof)
             found += await anyio.to_thread.run_sync(claims.claim_new, ctx)
@@ -222,7 +238,6 @@ class DirectorySource(Source):
             for claim in found:
                 read |= await self._read_file(ctx, claim)
             if not read:
-                await anyio.to_thread.run_sync(claims.check_spool)
                 await anyio.sleep(self.config.poll_interval)
 
     def _reader(self, key: str, rel: str) -> FileReader:

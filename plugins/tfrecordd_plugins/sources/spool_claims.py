@@ -40,7 +40,6 @@ from tfrecordd.plugin import (
     FileSystem,
     SourceContext,
     StateInUseError,
-    TfrecorddError,
     try_lock,
 )
 from tfrecordd_plugins.sources.spool_folders import (
@@ -219,6 +218,9 @@ class Claims:
             raise
         self._fds["claims"] = claims
         self._node = node
+        # Never scanned as a spool folder, even renamed out of the claim root by a producer.
+        held = os.fstat(claims)
+        self._own.add((held.st_dev, held.st_ino))
         with os.scandir(root) as entries:
             legacy = [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
         for name in legacy:
@@ -478,19 +480,74 @@ class Claims:
         self._sync(folder)
         return True
 
-    def check_spool(self) -> None:
-        """The spool path still leads to the directory opened at start: one deleted and made
-        again, or a symlink pointed elsewhere, is seen by a restart, not silently ignored."""
-        held = os.fstat(self._fds["spool"])
-        try:
-            now = os.stat(self.spool)
-        except FileNotFoundError:
-            now = None
-        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
-            raise TfrecorddError(
-                f"{self.spool}: the spool directory was removed or replaced while the daemon "
-                "ran; a restart reads the one there now (claims in the old one stay there)"
+    def check_held(self) -> None:
+        """Every folder held open since start is still the one its path names: the spool, the
+        claim folders' parent, this node's claim folder, the rejected folder and ``done_dir``.
+
+        A folder of the daemon's inside the spool that was renamed within it (a producer
+        renaming a ``.tfrecordd-*`` folder) is renamed back, counted as ``folder_moved``. One
+        deleted, moved out of the spool, replaced by a folder that is not empty, and the spool
+        itself or a ``done_dir`` outside it changed at all, stop the daemon
+        (:class:`DurabilityError`, exit 74): claims, finished and rejected files would go on
+        into a folder nobody sees. A restart makes and reads the ones there now."""
+        spool = self.spool
+        held = [
+            ("spool", spool, "the spool directory", True),
+            ("root", os.path.join(spool, CLAIM_DIR), "the claim folder", False),
+            ("claims", self.claim_dir, "this node's claim folder", False),
+            ("rejected", self.reject_dir, "the rejected folder", False),
+            ("done", self.done_dir, "done_dir", not self._done_inside()),
+        ]
+        for key, path, what, follow in held:
+            fd = self._fds.get(key)
+            if fd is None or _same(fd, path, follow):
+                continue
+            if key != "spool" and not follow and self._put_back(key, fd, path):
+                log.warning("%s: %s was moved within the spool: put back", path, what)
+                if self._ctx is not None:
+                    self._ctx.count_refused("folder_moved")
+                continue
+            raise DurabilityError(
+                f"{path}: {what} was removed or replaced while the daemon ran; stopping "
+                "(a restart makes and reads the one there now; claims in the old one stay "
+                "there)"
             )
+
+    def _put_back(self, key: str, fd: int, path: str) -> bool:
+        """Find the held folder ``fd`` in the spool (a bounded walk, no symlink followed) and
+        rename it back to ``path``; whether it is there again."""
+        held = os.fstat(fd)
+        if held.st_nlink == 0:
+            return False
+        found = _find_folder(self._fds["spool"], (held.st_dev, held.st_ino))
+        if found is None:
+            return False
+        rel = os.path.relpath(path, self.spool).split(os.sep)
+        target_parent = self._fds["root"] if key == "claims" else None
+        src = open_path(self._fds["spool"], found[:-1])
+        try:
+            dst = (
+                target_parent
+                if target_parent is not None
+                else open_path(self._fds["spool"], rel[:-1])
+            )
+            try:
+                try:
+                    os.rename(found[-1], rel[-1], src_dir_fd=src, dst_dir_fd=dst)
+                except OSError:
+                    return False
+                self._sync(dst)
+                self._sync(src)
+            finally:
+                if dst is not target_parent:
+                    os.close(dst)
+        finally:
+            os.close(src)
+        return _same(fd, path, False)
+
+    def _done_inside(self) -> bool:
+        rel = os.path.relpath(os.path.abspath(self.done_dir), os.path.abspath(self.spool))
+        return not (rel in (".", os.pardir) or rel.startswith(os.pardir + os.sep))
 
     def pending(self, ctx: SourceContext, skip: Container[str]) -> list[str]:
         """This node's claims not yet read to their end (a name that is not UTF-8, which no
@@ -670,6 +727,51 @@ def _lease(fd: int) -> bool | None:
             return False
         return None
     return True
+
+
+def _same(fd: int, path: str, follow: bool) -> bool:
+    """Whether ``path`` still names the folder held open as ``fd``."""
+    was = os.fstat(fd)
+    try:
+        now = os.stat(path, follow_symlinks=follow)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (was.st_dev, was.st_ino)
+
+
+_FIND_LIMIT = 10_000
+"""Folders looked through, at most, to find one of the daemon's renamed within the spool."""
+
+
+def _find_folder(spool: int, ident: tuple[int, int]) -> list[str] | None:
+    """The path (components below ``spool``) of the folder whose device and inode are
+    ``ident``, or ``None``; never through a symlink, and at most ``_FIND_LIMIT`` folders."""
+    queue: list[list[str]] = [[]]
+    looked = 0
+    while queue and looked < _FIND_LIMIT:
+        parts = queue.pop(0)
+        looked += 1
+        try:
+            fd = open_path(spool, parts)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        if not entry.is_dir(follow_symlinks=False):
+                            continue
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if (st.st_dev, st.st_ino) == ident:
+                        return [*parts, entry.name]
+                    queue.append([*parts, entry.name])
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return None
 
 
 def _rewritten(fd: int, st: os.stat_result, read: Sequence[int]) -> bool:
