@@ -146,9 +146,16 @@ class BadHeader(ValueError):
     whole rather than read with the wrong columns."""
 
 
+def preamble(record: bytes) -> bool:
+    """Whether a record before the header is a preamble to skip: the ``#TYPE …`` line
+    Windows PowerShell's ``Export-Csv`` writes without ``-NoTypeInformation``."""
+    return record.startswith(b"#TYPE ")
+
+
 def header(record: bytes, delimiter: str) -> list[str]:
     """The column names of a header row; raises :class:`BadHeader` saying why there are none
-    to trust (not UTF-8, not one CSV record, a column without a name, a name given twice)."""
+    to trust (not UTF-8, not one CSV record, a name given twice). A column without a name is
+    named ``Unnamed: <index>``, as pandas reads the index column its ``to_csv`` writes."""
     if record.startswith(UTF16_BOMS):
         raise BadHeader("the file is UTF-16 text (it starts with a UTF-16 byte-order mark)")
     try:
@@ -166,7 +173,8 @@ def header(record: bytes, delimiter: str) -> list[str]:
     seen: set[str] = set()
     for i, name in enumerate(names, 1):
         if not name:
-            raise BadHeader(f"column {i} of the header row has no name")
+            # As pandas names them when it reads a file it wrote with its index.
+            name = names[i - 1] = f"Unnamed: {i - 1}"
         if name in seen:
             raise BadHeader(f"the header row names {name!r} twice")
         seen.add(name)

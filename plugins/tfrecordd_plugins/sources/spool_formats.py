@@ -22,6 +22,7 @@ import anyio
 from tfrecordd.format import compiled
 from tfrecordd.plugin import Lines, RawBatch, RawEvent, SourceContext
 from tfrecordd_plugins.sources import csvrecords
+from tfrecordd_plugins.sources.csvrecords import BOM
 from tfrecordd_plugins.sources.spool_positions import token as _token
 from tfrecordd_plugins.sources.spool_reading import FileReader, Rejected
 
@@ -150,6 +151,10 @@ class FormatReaders:
                     return
                 await send_held(False)
                 n, at = kept + got, 0  # work[at:n] is unread, from stream position `offset`
+                if offset == 0 and not kept and n >= len(BOM) and work[: len(BOM)] == BOM:
+                    # A UTF-8 byte-order mark (.NET's Encoding.UTF8, PowerShell 5.1's utf8) is
+                    # no part of the first line.
+                    at = offset = len(BOM)
                 if head is not None:
                     nl = work.find(b"\n", 0, n)
                     if nl < 0 and not eof:
@@ -251,7 +256,7 @@ class FormatReaders:
                         elif header is None:
                             if n > max_line:
                                 raise Rejected(self._long_header())
-                            if n and not record.isspace():
+                            if n and not record.isspace() and not csvrecords.preamble(record):
                                 header = self._header(record)
                         elif n > max_line:
                             events.append(too_long(rel, at, record[:max_line], max_line))
@@ -334,7 +339,7 @@ class FormatReaders:
                     for record in found.records:
                         if len(record) > max_line:
                             raise Rejected(self._long_header())
-                        if record.strip():
+                        if record.strip() and not csvrecords.preamble(record):
                             return self._header(record)
                     del buf[: found.consumed]
                     state, scanned = found.state, len(buf)
