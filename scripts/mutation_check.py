@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 POWER_CUTS = "tests/reliability/test_power_loss.py::test_power_cuts_lose_nothing_acked"
 CRASH_POINTS = "tests/e2e/test_daemon_process.py::test_crash_point_then_restart_is_exactly_once"
 KILLS = "tests/reliability/test_crash_harness.py::test_sigkill_spool_directory"
+GROWTH = "tests/adversarial/test_spool_growth.py"
+SPOOL_MODEL = "tests/adversarial/test_spool_model.py"
 WATCHED = "tests/reliability/test_watched_files.py"
 DEAD_LETTERS_REMOVED = (
     f"{WATCHED}::test_dead_letters_written_after_the_file_is_removed_are_in_the_file_at_its_path",
@@ -126,6 +128,52 @@ MUTATIONS = (
         r'^(\s*)copied = b"".join\(self\._unchecked\)\n',
         r'\1copied = b""\n',
         (f"{WATCHED}::test_a_dead_letter_written_as_the_file_goes_is_copied_into_the_new_one",),
+    ),
+    Mutation(
+        "no-finish-check",
+        "a spool file is finished without checking it against what was read",
+        "plugins/tfrecordd_plugins/sources/spool_finish.py",
+        r"^(\s*)why = _changed\(st, read, writers\)\n",
+        r'\1why = ""\n',
+        (f"{GROWTH}::test_appends_after_the_end_was_read_are_read_on_not_deleted", SPOOL_MODEL),
+    ),
+    Mutation(
+        "no-tail-check",
+        "a spool file rewritten to the same size and time is taken for the file read",
+        "plugins/tfrecordd_plugins/sources/spool_finish.py",
+        r"^(\s*)rewritten = _rewritten\(fd, st, read\)\n",
+        r"\1rewritten = False\n",
+        (f"{GROWTH}::test_a_file_rewritten_to_the_same_size_is_kept",),
+    ),
+    Mutation(
+        "no-input-boundary",
+        "the plugin toolkit's InputBoundary lets every error through",
+        "daemon/tfrecordd/boundary.py",
+        r"^(\s*)if error is None or not refusable\(error\):\n",
+        r"\1if True:\n",
+        (
+            "tests/adversarial/test_input_boundary.py::"
+            "test_any_error_reading_one_file_sets_that_file_aside_and_the_rest_flows",
+        ),
+    ),
+    Mutation(
+        "no-connection-boundary",
+        "an error serving one connection is let through to the source",
+        "plugins/tfrecordd_plugins/sources/socket/server.py",
+        r"^(\s*)if not refusable\(e\):\n",
+        r"\1if True:\n",
+        ("tests/adversarial/test_connection_boundary.py",),
+    ),
+    Mutation(
+        "node-folder-scanned",
+        "the node's claim folder is not among the folders a recursive scan never enters",
+        "plugins/tfrecordd_plugins/sources/spool_held.py",
+        r"^(\s*)self\._own\.add\(\(held\.st_dev, held\.st_ino\)\)\n",
+        r"\1pass\n",
+        (
+            "tests/adversarial/test_spool_watch.py::"
+            "test_a_folder_renamed_within_the_spool_is_put_back_and_nothing_is_lost",
+        ),
     ),
 )
 

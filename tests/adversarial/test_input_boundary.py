@@ -251,7 +251,7 @@ def test_an_error_making_one_stream_entry_dead_letters_that_entry(
 
     monkeypatch.setattr(RedisStreamSource, "event_of", event_of)
     entries = [Entry(f"1-{i}", 0, p, len(p), [], False) for i, p in enumerate([b"{}", b"bad"])]
-    good, bad = source._events(entries)
+    good, bad = map(source.guarded_event, entries)
     assert good is not None
     assert good.error is None
     assert bad is not None

@@ -26,16 +26,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.adversarial.spool_steps import SpoolSteps
 from tests.support import claimed_files, read_ids, write_config
 from tfrecordd.config import load_config
 from tfrecordd.pipeline.runtime import Daemon
-from tfrecordd.plugin import Token
-from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources.directory import (
     CLAIM_DIR,
     REJECT_DIR,
-    DirectorySource,
-    DirectorySourceConfig,
 )
 
 
@@ -50,88 +47,6 @@ def _ids(batches: Sequence[Any]) -> list[int]:
             if e.error is None:
                 out.append(json.loads(e.payload)["id"])
     return out
-
-
-class _Model:
-    """The daemon's side, step by step: a source, the batches it sent, what is committed (its
-    tokens folded into the state, the records published), and the acks still owed."""
-
-    def __init__(self, spool: Path, **settings: Any) -> None:
-        self.config = DirectorySourceConfig.model_validate(
-            {"name": "spool", "encoder": "e", "path": spool, "poll_interval": 0.01}
-            | {"read_size": 4096}
-            | settings
-        )
-        self.state: Any = None
-        self.owed: list[Token] = []
-        self.published: list[Any] = []
-        self.source: DirectorySource | None = None
-        self.ctx = RecordingContext(name="spool", node_id="n1", max_batch_events=16)
-        self.taken = 0  # ctx.batches[:taken] are committed
-
-    async def start(self) -> None:
-        self.source = self.config.build()
-        self.ctx = RecordingContext(name="spool", node_id="n1", max_batch_events=16)
-        self.source.attach(self.ctx)
-        self.taken = 0
-        await self.source.recover(self.state, self.owed)
-        self.owed = []
-
-    async def pump(self) -> None:
-        """Run the source until it has sent all it can for now: nothing left to claim, every
-        claim read to its end, and no batch sent for a few polls."""
-        assert self.source is not None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self.source.run, self.ctx)
-            seen, still = -1, 0
-            with anyio.fail_after(10):
-                while still < 3 or not self._idle():
-                    await anyio.sleep(0.01)
-                    n = len(self.ctx.batches)
-                    still = still + 1 if n == seen else 0
-                    seen = n
-            tg.cancel_scope.cancel()
-
-    def _idle(self) -> bool:
-        assert self.source is not None
-        spool, node = self.config.path, self.source.claims.node
-        if node is None:
-            return False
-        claims = spool / CLAIM_DIR / node
-        sent = self.source.positions.sent_eof
-        if any(f"{node}/{p.name}" not in sent for p in claims.iterdir() if p.name[0] != "."):
-            return False
-        pattern = self.config.pattern
-        found = spool.rglob(pattern) if self.config.recursive else spool.glob(pattern)
-        return not [
-            p
-            for p in found
-            if not any(
-                part.startswith(".") or part == "done" for part in p.relative_to(spool).parts
-            )
-            and p.is_file()
-        ]
-
-    def commit(self) -> None:
-        """Everything sent so far is published; its acks are owed."""
-        new = self.ctx.batches[self.taken :]
-        self.taken = len(self.ctx.batches)
-        tokens = [b.token for b in new]
-        self.published += new
-        self.state = DirectorySource.fold(self.state, tokens)
-        self.owed += tokens
-
-    async def ack(self) -> None:
-        assert self.source is not None
-        owed, self.owed = self.owed, []
-        await self.source.ack(owed)
-
-    async def crash(self) -> None:
-        """The process dies: what was sent but not committed is gone, owed acks are redone by
-        the next start's recovery."""
-        assert self.source is not None
-        await self.source.aclose()
-        await self.start()
 
 
 _STEP = st.one_of(
@@ -156,7 +71,7 @@ def test_a_producer_appending_at_any_moment_loses_nothing(
     spool.mkdir()
 
     async def run() -> tuple[list[int], int]:
-        model = _Model(spool, on_done=on_done)
+        model = SpoolSteps(spool, on_done=on_done)
         await model.start()
         tmp = spool / ".f.tmp"
         writer = tmp.open("ab")
@@ -212,7 +127,7 @@ async def test_appends_after_the_end_was_read_are_read_on_not_deleted(tmp_path: 
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / "f.jsonl").write_bytes(_lines(0, 200))
-    model = _Model(spool)
+    model = SpoolSteps(spool)
     await model.start()
     await model.pump()
     [claim] = list((spool / CLAIM_DIR / "n1").iterdir())
@@ -240,7 +155,7 @@ async def test_a_file_still_open_for_writing_is_not_finished(tmp_path: Path) -> 
     path.write_bytes(_lines(0, 10))
     writer = path.open("ab")
     try:
-        model = _Model(spool)
+        model = SpoolSteps(spool)
         await model.start()
         await model.pump()
         model.commit()
@@ -264,7 +179,7 @@ async def test_a_file_cut_after_it_was_read_is_kept(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / "f.jsonl").write_bytes(_lines(0, 50))
-    model = _Model(spool)
+    model = SpoolSteps(spool)
     await model.start()
     await model.pump()
     [claim] = list((spool / CLAIM_DIR / "n1").iterdir())
@@ -339,7 +254,7 @@ async def test_a_file_rewritten_to_the_same_size_is_kept(tmp_path: Path) -> None
     spool = tmp_path / "spool"
     spool.mkdir()
     (spool / "f.jsonl").write_bytes(_lines(0, 5))
-    model = _Model(spool)
+    model = SpoolSteps(spool)
     await model.start()
     await model.pump()
     [claim] = list((spool / CLAIM_DIR / "n1").iterdir())

@@ -27,7 +27,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.adversarial.test_spool_growth import _Model
+from tests.adversarial.spool_steps import SpoolSteps
 from tests.support import claimed_files
 from tfrecordd_plugins.sources.directory import REASONS, REJECT_DIR
 
@@ -51,7 +51,7 @@ class SpoolMachine(RuleBasedStateMachine):
         """Ids the producers themselves removed (a cut file, a name replaced before its claim):
         they may be missing, never doubled."""
         self.writers: dict[str, tuple[BinaryIO, list[int]]] = {}
-        self.model: _Model | None = None
+        self.model: SpoolSteps | None = None
         self.fmt = "jsonl"
         self.gz = False
 
@@ -70,7 +70,7 @@ class SpoolMachine(RuleBasedStateMachine):
     def start(self, fmt: str, on_done: str, recursive: bool, max_line: int, gz: bool) -> None:
         self.fmt, self.gz = fmt, gz
         self.recursive = recursive
-        self.model = _Model(
+        self.model = SpoolSteps(
             self.spool,
             format=fmt,
             on_done=on_done,

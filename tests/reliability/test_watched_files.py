@@ -79,6 +79,10 @@ def _exit_status(error: BaseException | None) -> int | None:
     return found.exit_code
 
 
+def _metric(daemon: Daemon, name: str, **labels: str) -> float:
+    return daemon.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def _message(error: BaseException | None) -> str:
     return str(find_error(error)) if error is not None else ""
 
@@ -111,7 +115,7 @@ def test_dead_letters_written_after_the_file_is_removed_are_in_the_file_at_its_p
 
     assert _run(daemon, body) is None
     assert sorted(_raws(path)) == sorted(after)
-    assert daemon.metrics.watch_repairs.labels("dead_letters")._value.get() >= 1
+    assert _metric(daemon, "tfrecordd_watch_repairs_total", what="dead_letters") >= 1
 
 
 def test_dead_letters_taken_away_while_they_are_written_are_never_lost(tmp_path: Path) -> None:
@@ -256,7 +260,7 @@ def test_a_removed_state_lock_is_taken_again(tmp_path: Path) -> None:
         daemon.request_stop()
 
     assert _run(daemon, body) is None
-    assert daemon.metrics.watch_repairs.labels("state_lock")._value.get() == 1
+    assert _metric(daemon, "tfrecordd_watch_repairs_total", what="state_lock") == 1
 
 
 @pytest.mark.parametrize("how", ["output removed", "output moved away"])
@@ -286,10 +290,9 @@ def test_the_check_shows_in_metrics_and_healthz(tmp_path: Path) -> None:
     daemon = Daemon(load_config(cfg), handle_signals=False)
 
     async def body() -> None:
-        await _until(lambda: daemon.metrics.watch_checked._value.get() > 0)
+        await _until(lambda: _metric(daemon, "tfrecordd_watch_last_check_timestamp_seconds") > 0)
         assert daemon.healthy()
-        daemon._checked_at -= 60  # as if the check had hung for a minute
-        assert not daemon.healthy()
+        assert not daemon.healthy(time.monotonic() + 60)  # as if the check had hung a minute
         daemon.request_stop()
 
     assert _run(daemon, body) is None

@@ -227,10 +227,11 @@ class Daemon:
         """Publish the open shard now (what SIGHUP does)."""
         self.write.request_flush()
 
-    def healthy(self) -> bool:
+    def healthy(self, now: float | None = None) -> bool:
         """True while the pipeline runs, the writer loop is not stuck and the periodic check of
-        what the daemon keeps open finishes."""
-        now = time.monotonic()
+        what the daemon keeps open finishes (as of ``now``, a :func:`time.monotonic` reading;
+        default: the present)."""
+        now = time.monotonic() if now is None else now
         return (
             self._running
             and now - self.write.beat < 120

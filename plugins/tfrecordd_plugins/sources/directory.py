@@ -8,7 +8,9 @@ after their last record, and deletes it (or moves it into ``done_dir``; one that
 read to its end into ``.tfrecordd-rejected/``) only once every record from it is in a published
 shard, so delivery is exactly once, also with several daemons on one spool. The parts, each in
 a module of its own: :mod:`.spool_folders` (folders below the spool, never through a symlink),
-:mod:`.spool_names` (claim names), :mod:`.spool_claims` (claiming, finishing, setting aside),
+:mod:`.spool_names` (claim names), :mod:`.spool_held` (the folders held open, and their watch),
+:mod:`.spool_claims` (claiming), :mod:`.spool_finish` (finishing: deleting, moving, setting
+aside, or reading on a file that changed since it was read),
 :mod:`.spool_positions` (tokens and committed offsets), :mod:`.spool_reading` (one file's bytes,
 decompressed) and :mod:`.spool_formats` (``jsonl``, ``csv`` and ``whole-file`` batches).
 """

@@ -428,9 +428,9 @@ class RedisStreamSource(Source):
         await ctx.send(RawBatch(ctx.name, batch, ranges.token([ranges.item_of(s) for s in spans])))
 
     def _events(self, entries: list[Entry]) -> list[RawEvent | None]:
-        return [self._guarded(entry) for entry in entries]
+        return [self.guarded_event(entry) for entry in entries]
 
-    def _guarded(self, entry: Entry) -> RawEvent | None:
+    def guarded_event(self, entry: Entry) -> RawEvent | None:
         """:meth:`event_of` inside the entry's boundary: whatever making its event raises
         dead-letters that entry (its payload kept) and never stops the source."""
         try:
