@@ -8,9 +8,10 @@ the exception as its reason (counted under the boundary's label and logged with 
 and the source goes on with the next input. What the boundary lets through is what must stop
 the daemon whatever input it came from (:func:`refusable`): cancellation, a failed fsync
 (:class:`~tfrecordd.errors.DurabilityError`), a lock held by another daemon, memory running
-out. The source decides what refusing means for its kind of input (the file moved aside, the
-entry dead-lettered, the connection closed with an error); the boundary makes sure the choice
-is made at all.
+out, a pipeline that closed under a send (:class:`PipelineClosedError`: the daemon is
+stopping). The source decides what refusing means for its kind of input (the file moved aside,
+the entry dead-lettered, the connection closed with an error); the boundary makes sure the
+choice is made at all.
 """
 
 from __future__ import annotations
@@ -19,13 +20,22 @@ import logging
 from types import TracebackType
 from typing import Protocol
 
+import anyio
+
 from tfrecordd.errors import DurabilityError, StateInUseError, TokenVersionError
 
-__all__ = ["FATAL", "InputBoundary", "describe", "refusable"]
+__all__ = ["FATAL", "InputBoundary", "PipelineClosedError", "describe", "refusable"]
 
 log = logging.getLogger(__name__)
 
+
+class PipelineClosedError(anyio.BrokenResourceError):
+    """:meth:`~tfrecordd.plugin.SourceContext.send` found the pipeline closed: the daemon is
+    stopping (for a reason of its own, reported elsewhere). No input's fault: never refused."""
+
+
 FATAL: tuple[type[BaseException], ...] = (
+    PipelineClosedError,
     DurabilityError,
     StateInUseError,
     TokenVersionError,

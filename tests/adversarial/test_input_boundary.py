@@ -259,3 +259,32 @@ def test_an_error_making_one_stream_entry_dead_letters_that_entry(
     assert bad.where == "s:1-1"
     assert bad.error is not None
     assert "UnicodeDecodeError" in bad.error
+
+
+@pytest.mark.anyio
+async def test_a_pipeline_closed_under_a_send_is_no_inputs_fault(tmp_path: Path) -> None:
+    """The daemon stops (for a reason of its own) while a file is being read: the send that
+    finds the pipeline closed is not taken for the file's fault: nothing is set aside or
+    counted, and the error reaches the daemon."""
+    from tfrecordd.boundary import PipelineClosedError
+
+    class Closing(RecordingContext):
+        async def send(self, batch: Any) -> None:
+            raise PipelineClosedError("closed")
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "a.jsonl").write_bytes(_lines(0, 50))
+    config = DirectorySourceConfig.model_validate(
+        {"name": "spool", "encoder": "e", "path": spool, "poll_interval": 0.01}
+    )
+    source = config.build()
+    ctx = Closing(name="spool", node_id="n1")
+    source.attach(ctx)
+    await source.recover(None, [])
+    with pytest.raises(BaseExceptionGroup) as caught:
+        await _run(source, ctx, 1.0)
+    assert caught.group_contains(PipelineClosedError)
+    await source.aclose()
+    assert ctx.refused == {}
+    assert not _kept(spool)

@@ -31,6 +31,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from tfrecordd import crashpoints
+from tfrecordd.boundary import PipelineClosedError
 from tfrecordd.config import DaemonConfig
 from tfrecordd.endpoints import split_host_port
 from tfrecordd.errors import DurabilityError, StateInUseError
@@ -92,12 +93,16 @@ class _SourceContext(SourceContext):
         # closing) is touched: its previous send returned without raising it (below).
         await anyio.lowlevel.checkpoint_if_cancelled()
         try:
-            self._send.send_nowait(batch)
-        except anyio.WouldBlock:
-            await self._send_when_room(batch, self._send)
-            waited = True
-        else:
-            waited = False
+            try:
+                self._send.send_nowait(batch)
+            except anyio.WouldBlock:
+                await self._send_when_room(batch, self._send)
+                waited = True
+            else:
+                waited = False
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as e:
+            # The daemon is stopping: no input boundary may take this for its input's fault.
+            raise PipelineClosedError(f"source {self.name}: the pipeline is closed") from e
         self._received.inc(len(batch.events))
         # A source that finds room keeps making batches without waiting: let the other stages
         # run between two batches (the workers' results, the writer's trips to its thread), or a
