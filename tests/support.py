@@ -39,6 +39,12 @@ MOVIES_FEATURES = {
 }
 
 
+def examples(short: int, long: int) -> int:
+    """A property's example count: ``short`` in the default suite, ``long`` in the long mode
+    (``--run-slow``, which selects the ``reliability-long`` hypothesis profile; ``.ci/run``)."""
+    return long if os.environ.get("TFRECORDD_HYPOTHESIS_PROFILE") == "reliability-long" else short
+
+
 def movie_event(i: int) -> dict[str, Any]:
     """A movie-recommendation event with a unique ``id``."""
     return {

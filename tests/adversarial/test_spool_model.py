@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tests.adversarial.spool_steps import SpoolSteps
-from tests.support import claimed_files
+from tests.support import claimed_files, examples
 from tfrecordd_plugins.sources.directory import REASONS, REJECT_DIR
 
 _ID = re.compile(rb'"id": (\d+)')
@@ -261,9 +261,7 @@ class _Checked(SpoolMachine):
             super().teardown()
 
 
-_LONG = os.environ.get("TFRECORDD_HYPOTHESIS_PROFILE") == "reliability-long"
-"""``--run-slow`` (``.ci/run``'s long mode): ten times the examples."""
 _Checked.TestCase.settings = settings(
-    max_examples=600 if _LONG else 60, stateful_step_count=25, deadline=None
+    max_examples=examples(60, 600), stateful_step_count=25, deadline=None
 )
 test_the_spool_against_its_model = _Checked.TestCase
