@@ -49,3 +49,30 @@ async def test_a_long_json_line_is_copied_a_few_times(tmp_path: Path, monkeypatc
     assert payloads == [b'{"a": 1}', line, b'{"b": 2}']
     # 256 reads of 4 KiB: a buffer one read longer each time would allocate 128 MiB.
     assert allocated <= 8 * len(line)
+
+
+class _CountingBuffer(bytearray):
+    """A deframer's buffer that counts the bytes its newline searches look through."""
+
+    scanned = 0
+
+    def find(self, sub: Any, start: Any = 0, *args: Any) -> int:
+        _CountingBuffer.scanned += len(self) - start
+        return super().find(sub, start, *args)
+
+
+def test_a_long_socket_line_in_small_reads_is_searched_once() -> None:
+    """A 4 MiB line frame arriving in 4 KiB reads: its bytes are searched for a newline once,
+    not once per read (which would be 2 GiB)."""
+    from tfrecordd_plugins.sources.socket.framing import Deframer
+
+    deframer = Deframer("lines", 8 << 20)
+    deframer.buf = _CountingBuffer()
+    _CountingBuffer.scanned = 0
+    line = b"x" * (4 << 20)
+    frames = []
+    for at in range(0, len(line), 4096):
+        frames += deframer.feed(line[at : at + 4096])
+    frames += deframer.feed(b"\n{}\n")
+    assert [f.payload for f in frames] == [line, b"{}"]
+    assert _CountingBuffer.scanned <= 2 * len(line)

@@ -38,6 +38,7 @@ class Deframer:
         self.head: bytearray | None = None  # first bytes of an oversized frame being skipped
         self.size = 0  # that frame's length: announced (length-prefixed) or seen so far (lines)
         self.skip = 0  # length-prefixed: bytes of that frame still to skip
+        self.scanned = 0  # lines: bytes at the start of buf already searched for a newline
 
     def partial(self) -> bool:
         """True while a frame has begun and not ended."""
@@ -61,7 +62,10 @@ class Deframer:
 
     def _lines(self, out: list[Frame]) -> None:
         buf, start = self.buf, 0
-        while (nl := buf.find(b"\n", start)) >= 0:
+        # The bytes kept from the feeds before hold no newline: searched once, not at each feed
+        # (a long frame in small reads would cost its length times the reads).
+        at = self.scanned
+        while (nl := buf.find(b"\n", at)) >= 0:
             if self.head is not None:
                 out.append(self._too_long(self.head, self.size + nl - start))
                 self.head = None
@@ -69,14 +73,17 @@ class Deframer:
                 out.append(self._too_long(buf[start : start + self.max], nl - start))
             else:
                 out.append(Frame(bytes(buf[start:nl])))
-            start = nl + 1
+            start = at = nl + 1
         del buf[:start]
+        self.scanned = len(buf)
         if self.head is not None:
             self.size += len(buf)
             buf.clear()
         elif len(buf) > self.max:
             self.head, self.size = buf[: self.max], len(buf)
             buf.clear()
+        if not buf:
+            self.scanned = 0
 
     def _prefixed(self, out: list[Frame]) -> None:
         buf, pos = self.buf, 0
@@ -111,6 +118,7 @@ class Deframer:
             frame = self._too_long(self.head, self.size)
             self.head = None
             self.buf.clear()
+            self.scanned = 0
             return frame
         if not self.buf:
             return None
@@ -118,6 +126,7 @@ class Deframer:
         body = self.buf if self.lines or got <= 4 else self.buf[4:]
         frame = Frame(bytes(body[: self.max]), f"unfinished frame ({got} bytes): {why}")
         self.buf.clear()
+        self.scanned = 0
         return frame
 
 
