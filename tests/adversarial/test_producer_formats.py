@@ -8,6 +8,7 @@ each event became: its features, or the reason it was dead-lettered, or the file
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -113,8 +114,10 @@ CASES: dict[str, tuple[Literal["csv", "jsonl"], bytes, list[Any] | None]] = {
 }
 
 
-async def _outcome(spool: Path, fmt: Literal["csv", "jsonl"]) -> list[Any]:
-    pattern = "*.csv" if fmt == "csv" else "*.jsonl"
+async def _outcome(
+    spool: Path, fmt: Literal["csv", "jsonl"], pattern: str | None = None
+) -> list[Any]:
+    pattern = pattern or ("*.csv" if fmt == "csv" else "*.jsonl")
     config = DirectorySourceConfig(
         name="spool",
         type="directory",
@@ -174,3 +177,83 @@ async def test_producer_files_are_read_as_the_table_says(tmp_path: Path, case: s
         return
     assert len(got) == len(want), got
     assert all(_matches(g, w) for g, w in zip(got, want, strict=True)), got
+
+
+def _zstd_frames(*parts: bytes) -> bytes:
+    import zstandard
+
+    return b"".join(zstandard.ZstdCompressor(write_checksum=True).compress(p) for p in parts)
+
+
+_A, _B = _jsonl(b"\n", ROWS[:1]), _jsonl(b"\n", ROWS[1:])
+
+COMPRESSED: dict[str, tuple[str, bytes, list[Any]]] = {
+    "gzip": ("a.jsonl.gz", gzip.compress(_A + _B), [A, B]),
+    "gzip members concatenated (cat a.gz b.gz, pigz)": (
+        "a.jsonl.gz",
+        gzip.compress(_A) + gzip.compress(_B),
+        [A, B],
+    ),
+    "zstd, several frames": ("a.jsonl.zst", _zstd_frames(_A, _B), [A, B]),
+    "gzip cut short (the compressor died)": (
+        "a.jsonl.gz",
+        gzip.compress(_A + _B * 200)[:-30],
+        [A, *[B] * 199, _refused("ends inside a gzip member")],  # a prefix, then the refusal
+    ),
+    "a .gz name on plain text": ("a.jsonl.gz", _A, [_refused("not gzip data")]),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPRESSED))
+async def test_compressed_producer_files_are_read_as_the_table_says(
+    tmp_path: Path, case: str
+) -> None:
+    name, data, want = COMPRESSED[case]
+    (tmp_path / name).write_bytes(data)
+    got = await _outcome(tmp_path, "jsonl", pattern="*.jsonl.*")
+    if want and isinstance(want[-1], tuple):
+        assert _matches(got[-1], want[-1]), got
+        # The lines before the point where the stream could not be read on (a prefix).
+        got, want = got[:-1], want[: len(got) - 1]
+    assert len(got) == len(want), got
+    assert all(_matches(g, w) for g, w in zip(got, want, strict=True)), got
+
+
+@pytest.mark.parametrize(
+    ("case", "data", "frames"),
+    [
+        ("lines, LF (nc, a logger)", b'{"id":1}\n{"id":2}\n', [b'{"id":1}', b'{"id":2}']),
+        ("lines, CRLF (nc -C, .NET WriteLine)", b'{"id":1}\r\n', [b'{"id":1}\r']),
+        (
+            "length-prefixed, big-endian (Java writeInt, Go binary.BigEndian)",
+            b"\0\0\0\2{}",
+            [b"{}"],
+        ),
+    ],
+)
+def test_socket_framings_of_common_clients(case: str, data: bytes, frames: list[bytes]) -> None:
+    """The frames a stream socket makes of what common clients send (a CRLF line keeps its CR,
+    which JSON reads as whitespace)."""
+    from tfrecordd_plugins.sources.socket.framing import Deframer
+
+    framing = "length-prefixed" if "length" in case else "lines"
+    got = Deframer(framing, 4096).feed(data)
+    assert [f.payload for f in got] == frames
+    assert all(f.error is None for f in got)
+    encoder = ExampleEncoderConfig.model_validate({"features": {"id": "int64"}}).build()
+    if framing == "lines":
+        assert not encoder.encode_batch([RawEvent(f, "") for f in frames]).failures
+
+
+def test_a_little_endian_length_prefix_is_dead_lettered_not_misread() -> None:
+    """.NET's BinaryWriter.Write(int) writes the length little-endian: read big-endian, a
+    2-byte frame announces 33,554,432 bytes, over max_frame_bytes: dead-lettered with its size,
+    never taken for a record."""
+    from tfrecordd_plugins.sources.socket.framing import Deframer
+
+    deframer = Deframer("length-prefixed", 4096)
+    assert deframer.feed(b"\2\0\0\0{}") == []
+    frame = deframer.end("connection closed")
+    assert frame is not None
+    assert frame.error is not None
+    assert "33554432 bytes is over max_frame_bytes" in frame.error

@@ -131,6 +131,8 @@ class _Inflater(io.RawIOBase):
             if self._d is None:
                 if not self._pending:
                     return b""
+                if self._pending[0] != GZIP_MAGIC[0] and not self._ended:
+                    raise self._error("not gzip data (it does not start as a gzip member does)")
                 if self._ended or self._pending[0] != GZIP_MAGIC[0]:
                     raise self._error("unexpected bytes after the end of the gzip stream")
                 self._d = zlib.decompressobj(31)
