@@ -115,7 +115,7 @@ CASES: dict[str, tuple[Literal["csv", "jsonl"], bytes, list[Any] | None]] = {
 
 
 async def _outcome(
-    spool: Path, fmt: Literal["csv", "jsonl"], pattern: str | None = None
+    spool: Path, fmt: Literal["csv", "jsonl"], pattern: str | None = None, **options: Any
 ) -> list[Any]:
     pattern = pattern or ("*.csv" if fmt == "csv" else "*.jsonl")
     config = DirectorySourceConfig(
@@ -127,6 +127,7 @@ async def _outcome(
         format=fmt,
         poll_interval=0.02,
         max_line_bytes=1024,
+        **options,
     )
     source = config.build()
     ctx = RecordingContext(name="spool")
@@ -257,3 +258,21 @@ def test_a_little_endian_length_prefix_is_dead_lettered_not_misread() -> None:
     assert frame is not None
     assert frame.error is not None
     assert "33554432 bytes is over max_frame_bytes" in frame.error
+
+
+_EXCEL_1252 = "id,name\r\n1,ann\r\n2,Zoë\r\n".encode("cp1252")
+
+
+async def test_excel_csv_comma_delimited_is_windows_1252(tmp_path: Path) -> None:
+    """Excel's "CSV (Comma delimited)" on Windows writes the system code page: read as UTF-8,
+    a row with a non-ASCII letter is dead-lettered saying which setting reads it; with
+    ``csv_encoding = "cp1252"`` every row is read."""
+    (tmp_path / "a.csv").write_bytes(_EXCEL_1252)
+    got = await _outcome(tmp_path, "csv")
+    assert got[0] == A
+    assert _matches(got[1], _dead('csv_encoding = "cp1252"'))
+    other = tmp_path / "cp1252"
+    other.mkdir()
+    (other / "a.csv").write_bytes(_EXCEL_1252)
+    got = await _outcome(other, "csv", csv_encoding="cp1252")
+    assert got == [A, {"id": [2], "name": ["Zoë".encode()]}]

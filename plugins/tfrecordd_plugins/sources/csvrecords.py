@@ -152,16 +152,23 @@ def preamble(record: bytes) -> bool:
     return record.startswith(b"#TYPE ")
 
 
-def header(record: bytes, delimiter: str) -> list[str]:
+_ENCODING_HINT = (
+    '; Excel\'s "CSV (Comma delimited)" on Windows writes Windows-1252: csv_encoding = "cp1252"'
+)
+
+
+def header(record: bytes, delimiter: str, encoding: str = "utf-8") -> list[str]:
     """The column names of a header row; raises :class:`BadHeader` saying why there are none
-    to trust (not UTF-8, not one CSV record, a name given twice). A column without a name is
-    named ``Unnamed: <index>``, as pandas reads the index column its ``to_csv`` writes."""
+    to trust (not text in ``encoding``, not one CSV record, a name given twice). A column
+    without a name is named ``Unnamed: <index>``, as pandas reads the index column its
+    ``to_csv`` writes."""
     if record.startswith(UTF16_BOMS):
         raise BadHeader("the file is UTF-16 text (it starts with a UTF-16 byte-order mark)")
     try:
-        text = record.decode("utf-8").removesuffix("\r")
+        text = record.decode(encoding).removesuffix("\r")
     except UnicodeDecodeError as e:
-        raise BadHeader(f"the header row is not UTF-8 text (byte {e.start})") from None
+        hint = _ENCODING_HINT if encoding == "utf-8" else ""
+        raise BadHeader(f"the header row is not {encoding} text (byte {e.start}){hint}") from None
     if "\0" in text:
         raise BadHeader(
             "the header row holds NUL characters (UTF-16 text without a byte-order mark?)"
@@ -181,12 +188,17 @@ def header(record: bytes, delimiter: str) -> list[str]:
     return names
 
 
-def event(record: bytes, where: str, header: list[str], delimiter: str) -> RawEvent:
+def event(
+    record: bytes, where: str, header: list[str], delimiter: str, encoding: str = "utf-8"
+) -> RawEvent:
     """A record as an event (header name → field), or as a bad event saying what is wrong."""
     try:
-        text = record.decode("utf-8").removesuffix("\r")
+        text = record.decode(encoding).removesuffix("\r")
         fields = next(csv.reader([text], delimiter=delimiter, strict=True))
-    except (UnicodeDecodeError, csv.Error) as e:
+    except UnicodeDecodeError as e:
+        hint = _ENCODING_HINT if encoding == "utf-8" else ""
+        return RawEvent(record, where, error=f"not a valid CSV record: {e}{hint}")
+    except csv.Error as e:
         return RawEvent(record, where, error=f"not a valid CSV record: {e}")
     except StopIteration:
         return RawEvent(record, where, error="not a valid CSV record: no fields")

@@ -17,6 +17,7 @@ decompressed) and :mod:`.spool_formats` (``jsonl``, ``csv`` and ``whole-file`` b
 
 from __future__ import annotations
 
+import codecs
 import errno
 import logging
 from collections.abc import Sequence
@@ -72,6 +73,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_ASCII = "".join(map(chr, range(128)))
 WATCH_INTERVAL = 1.0
 """Seconds between two checks that the spool's folders held open are still at their paths."""
 
@@ -120,7 +122,10 @@ class DirectorySourceConfig(SourceConfig):
     """``whole-file``: a larger file is dead-lettered (its path kept) and moved into
     ``.tfrecordd-rejected/``."""
     csv_delimiter: str = Field(default=",", min_length=1, max_length=1)
-    """``csv``: the field delimiter."""
+    """``csv``: the field delimiter: one ASCII character, not a quote or a line end."""
+    csv_encoding: str = "utf-8"
+    """``csv``: the files' text encoding, one that writes ASCII as ASCII: ``utf-8``, or
+    ``cp1252`` for Excel's "CSV (Comma delimited)" on Windows, ``latin-1``, ``shift_jis``..."""
     read_size: Size = Field(default=1 << 20, ge=4096)
     """Bytes read from a file per read call. ``jsonl`` files are read into one buffer the
     source keeps, of ``read_size`` plus ``min(max_line_bytes, read_size)`` bytes."""
@@ -143,6 +148,28 @@ on_done = "delete"                 # or "move": into done/ inside the spool, onc
         "echo '{sample}' > {spool_dir}/.first.tmp && "
         "mv {spool_dir}/.first.tmp {spool_dir}/first.jsonl"
     )
+
+    @field_validator("csv_delimiter")
+    @classmethod
+    def _plain_delimiter(cls, v: str) -> str:
+        if not v.isascii() or v in '"\r\n':
+            raise ValueError("the delimiter must be one ASCII character, not a quote or a line end")
+        return v
+
+    @field_validator("csv_encoding")
+    @classmethod
+    def _ascii_encoding(cls, v: str) -> str:
+        try:
+            codecs.lookup(v)
+            same = _ASCII.encode(v) == _ASCII.encode()
+        except (LookupError, UnicodeError):
+            same = False
+        if not same:
+            raise ValueError(
+                f"{v!r} is not an encoding that writes ASCII as ASCII (records are split on "
+                "the bytes of quotes, delimiters and line ends)"
+            )
+        return v
 
     @field_validator("pattern")
     @classmethod

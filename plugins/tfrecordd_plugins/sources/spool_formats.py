@@ -42,6 +42,8 @@ class FormatSettings(Protocol):
     def max_file_bytes(self) -> int: ...
     @property
     def csv_delimiter(self) -> str: ...
+    @property
+    def csv_encoding(self) -> str: ...
 
 
 class FormatReaders:
@@ -264,7 +266,9 @@ class FormatReaders:
                             pass
                         else:
                             events.append(
-                                csvrecords.event(record, f"{rel}:{at}", header, delimiter)
+                                csvrecords.event(
+                                    record, f"{rel}:{at}", header, delimiter, cfg.csv_encoding
+                                )
                             )
                             batch_bytes += n
                         at = offset + nxt
@@ -308,7 +312,7 @@ class FormatReaders:
     def _header(self, record: bytes) -> list[str]:
         """The column names of a header row, or :class:`Rejected` saying why it has none."""
         try:
-            return csvrecords.header(record, self.config.csv_delimiter)
+            return csvrecords.header(record, self.config.csv_delimiter, self.config.csv_encoding)
         except csvrecords.BadHeader as e:
             raise Rejected(str(e)) from None
 
