@@ -167,8 +167,8 @@ def header(record: bytes, delimiter: str, encoding: str = "utf-8") -> list[str]:
     try:
         text = record.decode(encoding).removesuffix("\r")
     except UnicodeDecodeError as e:
-        hint = _ENCODING_HINT if encoding == "utf-8" else ""
-        raise BadHeader(f"the header row is not {encoding} text (byte {e.start}){hint}") from None
+        shown, hint = ("UTF-8", _ENCODING_HINT) if encoding == "utf-8" else (encoding, "")
+        raise BadHeader(f"the header row is not {shown} text (byte {e.start}){hint}") from None
     if "\0" in text:
         raise BadHeader(
             "the header row holds NUL characters (UTF-16 text without a byte-order mark?)"
