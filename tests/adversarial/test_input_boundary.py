@@ -288,3 +288,32 @@ async def test_a_pipeline_closed_under_a_send_is_no_inputs_fault(tmp_path: Path)
     await source.aclose()
     assert ctx.refused == {}
     assert not _kept(spool)
+
+
+def test_a_failed_fsync_of_the_reasons_file_stops_the_daemon(tmp_path: Path) -> None:
+    """Setting a file aside appends its reason to ``.reasons.jsonl`` and fsyncs it through the
+    daemon's file system: a failed fsync is fatal (DurabilityError, exit 74), never logged and
+    retried on the same file at the next refusal."""
+    from tests.adversarial.spool_steps import SpoolSteps
+    from tfrecordd.fsys import FileSystem
+
+    class FailingFsync(FileSystem):
+        def fsync(self, f: Any) -> None:
+            raise OSError(errno.EIO, "injected EIO")
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "a.csv").write_bytes("id\n1\n".encode("utf-16"))  # refused whole
+    steps = SpoolSteps(spool, format="csv", pattern="*.csv")
+
+    async def run() -> None:
+        await steps.start()
+        steps.ctx.fs = FailingFsync()
+        assert steps.source is not None
+        steps.source.attach(steps.ctx)
+        await steps.pump()
+        steps.commit()
+        await steps.ack()
+
+    with pytest.raises(DurabilityError, match="fsync failed"):
+        anyio.run(run)

@@ -266,3 +266,58 @@ async def test_a_file_rewritten_to_the_same_size_is_kept(tmp_path: Path) -> None
     [kept] = [p for p in (spool / REJECT_DIR).iterdir() if not p.name.startswith(".")]
     assert kept.read_bytes() == _lines(5, 5)
     assert not claimed_files(spool)
+
+
+_LEASE_HOLDER = r"""
+import fcntl, os, signal, sys
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_APPEND)
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+print("leased", flush=True)
+sys.stdin.readline()
+os.write(fd, b'{"id": 100}\n')
+"""
+
+
+def test_a_file_under_a_writers_lease_is_not_finished(tmp_path: Path) -> None:
+    """A writer holding a write lease (as Samba's kernel oplocks do for an SMB client writing
+    the file): finishing cannot even open the file without blocking. That is a writer, not a
+    planted FIFO: the file is kept, and what the writer adds afterwards is read."""
+    import subprocess
+    import sys
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "a.jsonl").write_bytes(_lines(0, 1))
+    model = SpoolSteps(spool)
+
+    async def read_and_commit() -> None:
+        await model.start()
+        await model.pump()
+        model.commit()
+
+    async def catch_up() -> None:
+        for _ in range(3):
+            await model.pump()
+            model.commit()
+            await model.ack()
+
+    anyio.run(read_and_commit)
+    [claim] = list((spool / CLAIM_DIR / "n1").iterdir())
+    with subprocess.Popen(
+        [sys.executable, "-c", _LEASE_HOLDER, str(claim)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdout is not None
+        assert holder.stdin is not None
+        assert holder.stdout.readline() == "leased\n"
+        anyio.run(model.ack)
+        assert claimed_files(spool), "finished while a writer held its lease"
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(10) == 0
+    anyio.run(catch_up)
+    assert _ids(model.published) == [0, 100]
+    assert not claimed_files(spool)

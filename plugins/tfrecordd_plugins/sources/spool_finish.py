@@ -97,14 +97,17 @@ class Finishing(HeldFolders):
         offset: int,
     ) -> None:
         shown = printable(original(claim))
+        leased: bool | None = None
         try:
             fd = os.open(claim, _CHECK_FLAGS, dir_fd=folder)
         except FileNotFoundError:
             return
-        except OSError:
+        except OSError as e:
             fd = -1  # a symlink or a FIFO planted under a claim name, say: finished unread
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                leased = False  # a writer holds a write lease on it (Samba's oplocks, say)
         try:
-            writers = _lease(fd) if fd >= 0 else None
+            writers = _lease(fd) if fd >= 0 else leased
             try:
                 st = (
                     os.fstat(fd)
@@ -231,7 +234,7 @@ class Finishing(HeldFolders):
 
     def _move_done(self, folder: int, claim: str) -> None:
         *parents, name = original(claim).split("/")
-        dst = open_path(self._fds["done"], parents, create=True)
+        dst = open_path(self._fds["done"], parents, create=True, sync=self._sync)
         try:
             with suppress(FileNotFoundError):
                 os.stat(name, dir_fd=dst, follow_symlinks=False)

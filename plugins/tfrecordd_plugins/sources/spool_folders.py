@@ -9,8 +9,7 @@ directory owned by the daemon's user (:class:`SpoolError` otherwise).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import Callable, Sequence
 
 from tfrecordd.plugin import EXIT_CONFIG, FileSystem, TfrecorddError
 
@@ -31,15 +30,28 @@ def open_dir(name: str, dir_fd: int) -> int:
     return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
 
 
-def open_path(base: int, parts: Sequence[str], *, create: bool = False, mode: int = 0o777) -> int:
+def open_path(
+    base: int,
+    parts: Sequence[str],
+    *,
+    create: bool = False,
+    mode: int = 0o777,
+    sync: Callable[[int], None] | None = None,
+) -> int:
     """The folder at ``parts`` below ``base``, each component opened without following a
-    symlink (and created first with ``create``)."""
+    symlink (and created first with ``create``; a folder created is made durable in its parent
+    by ``sync``, if given: an fsync of the parent's descriptor)."""
     fd = os.open(".", DIR_FLAGS, dir_fd=base)
     try:
         for part in parts:
             if create:
-                with suppress(FileExistsError):
+                try:
                     os.mkdir(part, mode, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                else:
+                    if sync is not None:
+                        sync(fd)
             nxt = open_dir(part, fd)
             os.close(fd)
             fd = nxt

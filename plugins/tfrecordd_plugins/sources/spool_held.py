@@ -234,14 +234,24 @@ class HeldFolders:
             "reason": reason,
         }
         try:
-            fd = os.open(REASONS, _APPEND_FLAGS, 0o600, dir_fd=rejected)
-            try:
-                os.write(fd, json.dumps(line).encode() + b"\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            f = os.fdopen(os.open(REASONS, _APPEND_FLAGS, 0o600, dir_fd=rejected), "ab", 0)
         except OSError as e:
             log.error("%s: cannot record why %s was rejected: %s", self.reject_dir, shown, e)
+        else:
+            with f:
+                try:
+                    self.fs.write(f, json.dumps(line).encode() + b"\n")
+                except OSError as e:  # a full disk, say: the file is kept, its reason is not
+                    log.error(
+                        "%s: cannot record why %s was rejected: %s", self.reject_dir, shown, e
+                    )
+                else:
+                    try:
+                        self.fs.fsync(f)
+                    except OSError as e:
+                        raise DurabilityError(
+                            f"{self.reject_dir}/{REASONS}: fsync failed: {e}"
+                        ) from e
         self._sync(rejected)
         self._sync(folder)
         return True
