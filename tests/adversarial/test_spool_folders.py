@@ -220,4 +220,4 @@ def test_a_spool_replaced_while_running_stops_the_source_with_a_clear_error(
     else:
         error = None
     assert error is not None
-    assert "removed or replaced" in str(error)
+    assert "was removed, replaced, or moved" in str(error)

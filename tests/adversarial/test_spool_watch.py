@@ -88,7 +88,7 @@ def test_a_held_spool_folder_changed_stops_the_daemon_with_exit_74(
             writer.join()
     assert error is not None, f"{folder} {how}: the daemon went on"
     assert error.exit_code == EXIT_IO
-    assert "removed or replaced" in str(error)
+    assert "was removed, replaced, or moved" in str(error)
     assert took[0] < 4 * WATCH_INTERVAL
 
 

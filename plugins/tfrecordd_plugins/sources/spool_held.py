@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
 from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -284,7 +285,9 @@ class HeldFolders:
                     self._ctx.count_refused("folder_moved")
                 continue
             raise DurabilityError(
-                f"{path}: {what} was removed or replaced while the daemon ran; stopping "
+                f"{path}: {what} was removed, replaced, or moved where the daemon cannot find "
+                f"it (out of the spool, or past its first {_FIND_LIMIT:,} folders) while the "
+                "daemon ran; stopping "
                 "(a restart makes and reads the one there now; claims in the old one stay "
                 "there)"
             )
@@ -336,17 +339,17 @@ def _same(fd: int, path: str, follow: bool) -> bool:
     return (now.st_dev, now.st_ino) == (was.st_dev, was.st_ino)
 
 
-_FIND_LIMIT = 10_000
+_FIND_LIMIT = 1_000_000
 """Folders looked through, at most, to find one of the daemon's renamed within the spool."""
 
 
 def _find_folder(spool: int, ident: tuple[int, int]) -> list[str] | None:
     """The path (components below ``spool``) of the folder whose device and inode are
     ``ident``, or ``None``; never through a symlink, and at most ``_FIND_LIMIT`` folders."""
-    queue: list[list[str]] = [[]]
+    queue: deque[list[str]] = deque([[]])
     looked = 0
     while queue and looked < _FIND_LIMIT:
-        parts = queue.pop(0)
+        parts = queue.popleft()
         looked += 1
         try:
             fd = open_path(spool, parts)
