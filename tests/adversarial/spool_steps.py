@@ -28,12 +28,18 @@ class SpoolSteps:
         self.owed: list[Token] = []
         self.published: list[Any] = []
         self.source: DirectorySource | None = None
-        self.ctx = RecordingContext(name="spool", node_id="n1", max_batch_events=16)
+        self.state_dir = str(spool.parent / "source-state")
+        self.ctx = self._context()
         self.taken = 0  # ctx.batches[:taken] are committed
+
+    def _context(self) -> RecordingContext:
+        return RecordingContext(
+            name="spool", node_id="n1", max_batch_events=16, state_dir=self.state_dir
+        )
 
     async def start(self) -> None:
         self.source = self.config.build()
-        self.ctx = RecordingContext(name="spool", node_id="n1", max_batch_events=16)
+        self.ctx = self._context()
         self.source.attach(self.ctx)
         self.taken = 0
         await self.source.recover(self.state, self.owed)
@@ -60,8 +66,9 @@ class SpoolSteps:
         if node is None:
             return False
         claims = spool / CLAIM_DIR / node
-        sent = self.source.positions.sent_eof
-        if any(f"{node}/{p.name}" not in sent for p in claims.iterdir() if p.name[0] != "."):
+        sent, left = self.source.positions.sent_eof, self.source.claims.left
+        waiting = [p.name for p in claims.iterdir() if p.name[0] != "." and p.name not in left]
+        if any(f"{node}/{name}" not in sent for name in waiting):
             return False
         pattern = self.config.pattern
         found = spool.rglob(pattern) if self.config.recursive else spool.glob(pattern)

@@ -317,3 +317,54 @@ def test_a_failed_fsync_of_the_reasons_file_stops_the_daemon(tmp_path: Path) -> 
 
     with pytest.raises(DurabilityError, match="fsync failed"):
         anyio.run(run)
+
+
+def test_a_claim_that_cannot_be_finished_at_all_is_never_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read and published, the claim can be neither deleted, nor set aside, nor renamed in
+    its folder (an immutable file, a file system gone read-only under it): it is left, and
+    recorded as finished in the source's state folder, so the next start does not read it
+    again from its first byte."""
+    import os
+
+    from tests.adversarial.spool_steps import SpoolSteps
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "a.jsonl").write_bytes(_lines(0, 5))
+    steps = SpoolSteps(spool)
+    real_unlink, real_rename = os.unlink, os.rename
+
+    def refused(name: Any) -> bool:
+        return str(name).endswith("-a.jsonl")
+
+    def unlink(path: Any, *args: Any, **kw: Any) -> None:
+        if refused(path):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        real_unlink(path, *args, **kw)
+
+    def rename(src: Any, dst: Any, *args: Any, **kw: Any) -> None:
+        if refused(src):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        real_rename(src, dst, *args, **kw)
+
+    async def run() -> None:
+        await steps.start()
+        await steps.pump()
+        steps.commit()
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "unlink", unlink)
+            patch.setattr(os, "rename", rename)
+            await steps.ack()
+        assert steps.ctx.refused == {"unfinished": 1}
+        await steps.crash()  # the journal folded the file's end: nothing owes it an ack
+        await steps.pump()
+        steps.commit()
+        assert steps.source is not None
+        await steps.source.aclose()
+
+    anyio.run(run)
+    published = [json.loads(e.payload)["id"] for b in steps.published for e in b.expand()]
+    assert published == list(range(5))
+    assert len(list((spool / CLAIM_DIR / "n1").iterdir())) == 1  # left where it was

@@ -67,7 +67,7 @@ class Claims(Finishing):
             return []
         for claim in sorted(names):
             key = f"{self._node}/{claim}"
-            if key in skip or claim in self._stuck or claim.startswith("."):
+            if key in skip or claim in self._stuck or claim in self.left or claim[0] == ".":
                 continue
             try:
                 claim.encode()

@@ -137,6 +137,9 @@ class Finishing(HeldFolders):
                 self._finish_otherwise(folder, claim, shown, e)
                 return
             self._sync(folder)
+            if claim in self.left:  # finished at last (redone by a recovery, say)
+                self.left.discard(claim)
+                self._save_left()
         finally:
             if fd >= 0:
                 if writers is not None:
@@ -204,7 +207,8 @@ class Finishing(HeldFolders):
         """A finished claim that cannot be deleted or moved as configured (``error``), or must
         be kept (``reason``): set aside into the rejected folder with why; failing that, renamed
         in its claim folder to a hidden name no scan reads (``.unfinished-<claim>``); failing
-        that too, left and not tried again by this process (logged, counted)."""
+        that too, left where it is, and recorded as finished (:meth:`leave`) so that no start
+        reads it again (logged, counted)."""
         if error is not None:
             reason = f"read and published, but could not be {self._done_verb()}: {error}"
         if self._ctx is not None:
@@ -221,9 +225,14 @@ class Finishing(HeldFolders):
         try:
             os.rename(claim, hidden, src_dir_fd=folder, dst_dir_fd=folder)
         except OSError as e:
-            self._stuck.add(claim)
+            self.leave(claim)
             log.error(
-                "%s: %s (%s) cannot be renamed either (%s): left", self.spool, shown, reason, e
+                "%s: %s (%s) cannot be renamed either (%s): left, and recorded as finished "
+                "so that no start reads it again",
+                self.spool,
+                shown,
+                reason,
+                e,
             )
             return
         self._sync(folder)

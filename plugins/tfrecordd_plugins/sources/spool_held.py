@@ -29,6 +29,7 @@ from tfrecordd.plugin import (
     SourceContext,
     StateInUseError,
     try_lock,
+    write_atomically,
 )
 from tfrecordd_plugins.sources.spool_folders import (
     DIR_FLAGS,
@@ -46,6 +47,8 @@ from tfrecordd_plugins.sources.spool_names import (
 
 log = logging.getLogger("tfrecordd_plugins.sources.directory")  # the source's one logger
 
+LEFT = "left.json"
+"""In the source's state folder: the claims read and published that could not be finished."""
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -85,6 +88,8 @@ class HeldFolders:
         self._stuck: set[str] = set()
         """Claim names that could neither be read nor moved aside: not tried again by this
         process."""
+        self.left: set[str] = set()
+        """Claims read and published that could not be finished in any way (:meth:`leave`)."""
         self._waiting: set[str] = set()
         """Claims read to their end that a writer still holds open (logged once)."""
         self._node: str | None = None
@@ -183,6 +188,7 @@ class HeldFolders:
             raise
         self._fds["claims"] = claims
         self._node = node
+        self._load_left()
         # Never scanned as a spool folder, even renamed out of the claim root by a producer.
         held = os.fstat(claims)
         self._own.add((held.st_dev, held.st_ino))
@@ -195,6 +201,44 @@ class HeldFolders:
         if legacy:
             self.fs.fsync_dir_fd(self._fds["claims"])
             self.fs.fsync_dir_fd(root)
+
+    def leave(self, claim: str) -> None:
+        """Record that ``claim``, read and published, could not be finished in any way and is
+        left in the claim folder: :meth:`pending` never offers it again, in this process or the
+        next (``left.json`` in the source's own state folder)."""
+        self.left.add(claim)
+        self._save_left()
+
+    def _left_path(self) -> str | None:
+        if self._ctx is None:
+            return None
+        return os.path.join(self._ctx.state_dir, LEFT)
+
+    def _load_left(self) -> None:
+        path = self._left_path()
+        if path is None:
+            return
+        try:
+            with open(path, "rb") as f:
+                names = json.loads(f.read())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            raise SpoolError(f"{path}: cannot be read ({e}); move it aside and restart") from e
+        present = set(os.listdir(self._fds["claims"]))
+        self.left = {str(n) for n in names if n in present}
+        if len(self.left) != len(names):
+            self._save_left()
+
+    def _save_left(self) -> None:
+        path = self._left_path()
+        if path is None:
+            return
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_atomically(self.fs, path, json.dumps(sorted(self.left)).encode())
+        except OSError as e:
+            raise DurabilityError(f"{path}: cannot record the claims left: {e}") from e
 
     def close(self) -> None:
         """Close the folders (releasing the claim folder's lock)."""
