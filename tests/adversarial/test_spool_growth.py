@@ -321,3 +321,42 @@ def test_a_file_under_a_writers_lease_is_not_finished(tmp_path: Path) -> None:
     anyio.run(catch_up)
     assert _ids(model.published) == [0, 100]
     assert not claimed_files(spool)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_last_line_still_being_written_is_read_whole(tmp_path: Path, fmt: str) -> None:
+    """Found in review: a producer whose write is cut mid-line (a buffered logger flushing)
+    and completed later. The line without its line end is not read while a writer has the file
+    open: the end's token stops before it, and once the writer has completed the line and
+    closed the file, the line is read whole: never a fragment as an event."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    if fmt == "jsonl":
+        first, part, rest = b'{"id": 1}\n', b'{"id": 2, "text": "hel', b'lo"}\n'
+    else:
+        first, part, rest = b"id,text\n1,a\n", b"2,hel", b"lo\n"
+    model = SpoolSteps(spool, format=fmt, pattern=f"*.{fmt}")
+    tmp = spool / f".a.{fmt}.tmp"
+
+    async def run() -> None:
+        await model.start()
+        with tmp.open("ab") as writer:
+            writer.write(first + part)
+            writer.flush()
+            tmp.rename(spool / f"a.{fmt}")
+            await model.pump()
+            model.commit()
+            await model.ack()
+            writer.write(rest)
+        for _ in range(4):
+            await model.pump()
+            model.commit()
+            await model.ack()
+
+    anyio.run(run)
+    events = [e for b in model.published for e in b.expand()]
+    assert all(e.error is None for e in events)
+    texts = [e.payload if e.value is None else e.value["text"].encode() for e in events]
+    assert len(texts) == 2
+    assert b"hello" in texts[1]
+    assert not claimed_files(spool)

@@ -51,6 +51,10 @@ class SpoolMachine(RuleBasedStateMachine):
         """Ids the producers themselves removed (a cut file, a name replaced before its claim):
         they may be missing, never doubled."""
         self.writers: dict[str, tuple[BinaryIO, list[int]]] = {}
+        self.line_of: dict[int, bytes] = {}
+        """Each id's line as the producer wrote it: an event must hold all of it."""
+        self.unwritten: dict[str, bytes] = {}
+        """The end of a producer's last line, held back (written at its next append or close)."""
         self.model: SpoolSteps | None = None
         self.fmt = "jsonl"
         self.gz = False
@@ -90,6 +94,7 @@ class SpoolMachine(RuleBasedStateMachine):
         out = []
         for i, k in enumerate(ids):
             out.append(json.dumps({"id": k, "pad": "x" * pads[i % len(pads)]}).encode())
+            self.line_of[k] = out[-1]
             if junk and i < len(junk):
                 out.append(junk[i])
         self.written.update(ids)
@@ -121,15 +126,13 @@ class SpoolMachine(RuleBasedStateMachine):
         f.write(self._encode(data))
         f.flush()
         if target.exists():  # a producer replacing its own file before the daemon took it
-            old = self.writers.pop(str(target), None)
-            if old is not None:
-                old[0].close()
+            if str(target) in self.writers:
+                self._close(str(target))
             self.taken_back.update(_found(self._plain(target.read_bytes())))
         os.rename(tmp, target)
         if keep_open:
-            old = self.writers.pop(str(target), None)
-            if old is not None:
-                old[0].close()
+            if str(target) in self.writers:
+                self._close(str(target))
             self.writers[str(target)] = (f, ids)
         else:
             f.close()
@@ -147,19 +150,32 @@ class SpoolMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), n=st.integers(1, 20), pad=st.integers(0, 200))
     def append(self, data: st.DataObject, n: int, pad: int) -> None:
+        """Whole lines, or (plain files) lines whose last one is cut: the rest of it is written
+        by the producer's next append, or when it closes the file (a buffered logger)."""
         if (key := self._writer(data)) is None:
             return
         f, ids = self.writers[key]
         lines, new = self._lines(n, [pad], [])
-        f.write(self._encode(lines))
-        f.flush()
         ids += new
+        if self.gz:
+            f.write(self._encode(lines))
+        else:
+            lines = self.unwritten.pop(key, b"") + lines
+            cut = data.draw(st.integers(0, min(len(lines) - 1, 40)), label="held back")
+            f.write(lines[: len(lines) - cut])
+            self.unwritten[key] = lines[len(lines) - cut :]
+        f.flush()
 
     @rule(data=st.data())
     def close(self, data: st.DataObject) -> None:
         if (key := self._writer(data)) is None:
             return
-        self.writers.pop(key)[0].close()
+        self._close(key)
+
+    def _close(self, key: str) -> None:
+        f, _ = self.writers.pop(key)
+        f.write(self.unwritten.pop(key, b""))
+        f.close()
 
     @rule(data=st.data())
     def cut(self, data: st.DataObject) -> None:
@@ -170,6 +186,7 @@ class SpoolMachine(RuleBasedStateMachine):
         f, ids = self.writers[key]
         f.truncate(0)
         f.seek(0)
+        self.unwritten.pop(key, None)
         self.taken_back.update(ids)
         ids.clear()
 
@@ -204,7 +221,15 @@ class SpoolMachine(RuleBasedStateMachine):
         out: Counter[int] = Counter()
         for batch in self.model.published:
             for e in batch.expand():
-                out.update(_found(e.payload))
+                ids = _found(e.payload)
+                out.update(ids)
+                if self.fmt != "jsonl" or len(ids) != 1:
+                    continue
+                line, payload = self.line_of[ids[0]], bytes(e.payload)
+                if e.error is None:
+                    assert payload == line, f"a piece of a line published: {payload[:60]!r}"
+                else:
+                    assert line.startswith(payload), f"a dead letter not of one line: {payload!r}"
         return out
 
     def _rejected(self) -> set[int]:
@@ -219,9 +244,8 @@ class SpoolMachine(RuleBasedStateMachine):
 
     def teardown_check(self) -> None:
         assert self.model is not None
-        for f, _ in self.writers.values():
-            f.close()
-        self.writers.clear()
+        for key in list(self.writers):
+            self._close(key)
 
         async def drain() -> None:
             assert self.model is not None

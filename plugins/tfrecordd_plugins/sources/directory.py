@@ -48,6 +48,7 @@ from tfrecordd_plugins.sources.spool_names import (
     NAME_MAX,
     REASONS,
     REJECT_DIR,
+    is_final,
     original,
     printable,
 )
@@ -238,7 +239,8 @@ class DirectorySource(Source):
         a recovery or the start (a failed fsync excepted)."""
         finish = self.claims.finish
         with InputBoundary(self._counter, f"finishing {t['f']}", "unfinished"):
-            await anyio.to_thread.run_sync(finish, t["f"], _rejected(t), t.get("st"), t["o"])
+            rejected, read, part = _rejected(t), t.get("st"), bool(t.get("part"))
+            await anyio.to_thread.run_sync(finish, t["f"], rejected, read, t["o"], part)
 
     def _read_tokens(self, tokens: Sequence[Token]) -> list[SpoolToken]:
         """All the tokens, each version checked, before any is acted on."""
@@ -308,7 +310,13 @@ class DirectorySource(Source):
         try:
             with InputBoundary(ctx, f"file {rel}", "read_error") as boundary:
                 await self._formats.read(
-                    tracked, key, rel, reader, start, lambda: self._reader(key, rel)
+                    tracked,
+                    key,
+                    rel,
+                    reader,
+                    start,
+                    lambda: self._reader(key, rel),
+                    final=is_final(claim),
                 )
             if boundary.error is not None:
                 # Whatever was sent before stays sent; the file is set aside whole.

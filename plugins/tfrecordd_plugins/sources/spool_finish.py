@@ -12,11 +12,8 @@ cannot be done as configured is done another way, never retried for ever.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
-import signal
-import sys
 from collections.abc import Sequence
 from contextlib import suppress
 
@@ -31,13 +28,11 @@ from tfrecordd_plugins.sources.spool_names import (
     resumed_name,
     valid_key,
 )
-from tfrecordd_plugins.sources.spool_reading import tail_digest
+from tfrecordd_plugins.sources.spool_reading import release_lease, tail_digest, take_lease
 
 log = logging.getLogger("tfrecordd_plugins.sources.directory")  # the source's one logger
 
 _CHECK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_F_SETSIG = 10
-"""Linux's ``F_SETSIG`` (the :mod:`fcntl` module does not name it)."""
 
 
 class Finishing(HeldFolders):
@@ -59,6 +54,7 @@ class Finishing(HeldFolders):
         rejected: str | None,
         read: Sequence[int] | None = None,
         offset: int = 0,
+        part: bool = False,
     ) -> None:
         """Delete the claimed file ``key`` (``node/claim``) whose records are all published, or
         move it into ``done_dir``, or (``rejected``: why) into the rejected folder; durably.
@@ -70,7 +66,9 @@ class Finishing(HeldFolders):
         until it is gone): one that changed since, or is still open for writing, is not
         finished but renamed to be read on from ``offset`` (:meth:`_read_on`). A finish that
         cannot be done as configured is done another way (:meth:`_finish_otherwise`); only a
-        failed fsync (:class:`DurabilityError`) is raised."""
+        failed fsync (:class:`DurabilityError`) is raised. ``part``: the reading stopped before
+        a last line without its line end; a file found unchanged is renamed to have that line
+        read (:meth:`_read_rest`), and finished after."""
         if not valid_key(key):
             log.error("%s: a token names %r, not a claim: ignored", self.spool, key)
             return
@@ -82,7 +80,7 @@ class Finishing(HeldFolders):
                 log.error("%s: cannot open the claim folder of %s: %s", self.spool, key, e)
             return
         try:
-            self._finish_in(folder, claim, rejected, read, offset)
+            self._finish_in(folder, claim, rejected, read, offset, part)
         finally:
             if opened:
                 os.close(folder)
@@ -95,6 +93,7 @@ class Finishing(HeldFolders):
         rejected: str | None,
         read: Sequence[int] | None,
         offset: int,
+        part: bool,
     ) -> None:
         shown = printable(original(claim))
         leased: bool | None = None
@@ -107,7 +106,7 @@ class Finishing(HeldFolders):
             if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                 leased = False  # a writer holds a write lease on it (Samba's oplocks, say)
         try:
-            writers = _lease(fd) if fd >= 0 else leased
+            writers = take_lease(fd) if fd >= 0 else leased
             try:
                 st = (
                     os.fstat(fd)
@@ -124,6 +123,9 @@ class Finishing(HeldFolders):
                 if why:
                     self._read_on(folder, claim, shown, st, read, offset, why, rewritten)
                     return
+            if rejected is None and part:
+                self._read_rest(folder, claim, shown, offset)
+                return
             try:
                 if rejected is not None:
                     self._set_aside(folder, claim, shown, rejected)
@@ -144,7 +146,7 @@ class Finishing(HeldFolders):
             if fd >= 0:
                 if writers is not None:
                     with suppress(OSError):
-                        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+                        release_lease(fd)
                 os.close(fd)
 
     def _read_on(
@@ -195,6 +197,21 @@ class Finishing(HeldFolders):
                 return
         self._waiting.discard(claim)
         self._finish_otherwise(folder, claim, shown, None, reason)
+
+    def _read_rest(self, folder: int, claim: str, shown: str, offset: int) -> None:
+        """A file still and closed whose last line has no line end: renamed so that reading
+        takes that line as it is (:func:`.spool_names.resumed_name` with ``final``)."""
+        final = resumed_name(claim, offset, final=True)
+        try:
+            os.rename(claim, final, src_dir_fd=folder, dst_dir_fd=folder)
+        except OSError as e:
+            reason = f"its last line has no line end and it cannot be renamed to read it ({e})"
+            self._finish_otherwise(folder, claim, shown, None, reason)
+            return
+        self._sync(folder)
+        log.info(
+            "%s: %s ends without a line end: its last line is read as it is", self.spool, shown
+        )
 
     def _finish_otherwise(
         self,
@@ -252,26 +269,6 @@ class Finishing(HeldFolders):
             self._sync(dst)
         finally:
             os.close(dst)
-
-
-def _lease(fd: int) -> bool | None:
-    """Take a read lease on ``fd``: ``True`` if taken (no process has the file open for
-    writing, and none can open it so until the lease is released), ``False`` if a writer has
-    it open, ``None`` where leases are not to be had (another user's file without
-    ``CAP_LEASE``, a file system without them, not Linux): then the size and modification time
-    are all that is checked. A writer that opens the file while the lease is held waits for its
-    release; the kernel tells the holder with ``SIGURG`` (ignored by default) instead of
-    ``SIGIO`` (which would end the process)."""
-    if sys.platform != "linux":
-        return None
-    try:
-        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError as e:
-        if e.errno in (errno.EAGAIN, errno.EBUSY):
-            return False
-        return None
-    return True
 
 
 def _rewritten(fd: int, st: os.stat_result, read: Sequence[int]) -> bool:

@@ -63,16 +63,21 @@ class FormatReaders:
         reader: FileReader,
         offset: int,
         reopen: Callable[[], FileReader],
+        *,
+        final: bool = False,
     ) -> None:
         """Send the batches of the open ``reader`` (claim ``claim``, spool path ``rel``) from
         ``offset``; ``reopen`` gives another reader of the same file (a resumed CSV file's
-        header is read from its start)."""
+        header is read from its start). A last line (or CSV record) without its line end is
+        read only if ``final`` (the file was found still and closed) or no process has the file
+        open for writing (a read lease, where one is granted); else the end's token stops
+        before it, marked ``part``, and finishing decides (:mod:`.spool_finish`)."""
         if self.config.format == "whole-file":
             await self._read_whole(ctx, claim, rel, reader)
         elif self.config.format == "jsonl":
-            await self._read_lines(ctx, claim, rel, reader, offset)
+            await self._read_lines(ctx, claim, rel, reader, offset, final)
         else:
-            await self._read_csv(ctx, claim, rel, reader, offset, reopen)
+            await self._read_csv(ctx, claim, rel, reader, offset, reopen, final)
 
     async def _read_whole(
         self, ctx: SourceContext, claim: str, rel: str, reader: FileReader
@@ -100,7 +105,13 @@ class FormatReaders:
         )
 
     async def _read_lines(
-        self, ctx: SourceContext, claim: str, rel: str, reader: FileReader, offset: int
+        self,
+        ctx: SourceContext,
+        claim: str,
+        rel: str,
+        reader: FileReader,
+        offset: int,
+        final: bool,
     ) -> None:
         """Send the file's JSON lines from ``offset`` as :class:`Lines` batches of whole lines.
 
@@ -125,15 +136,15 @@ class FormatReaders:
         eof = False
         lines = False  # whether the last buffer held whole lines: if not, the end goes alone
         held: tuple[Lines, int] | None = None  # the last batch cut, and the offset after it
+        part = False  # the file ends in a line without its line end, not read (not final)
 
         async def send_held(last: bool) -> None:
             nonlocal held
             if held is not None:
                 batch, end = held
                 held = None
-                await ctx.send(
-                    RawBatch(ctx.name, [], _token(claim, end, last, seen=reader.last_seen), batch)
-                )
+                token = _token(claim, end, last, seen=reader.last_seen, part=last and part)
+                await ctx.send(RawBatch(ctx.name, [], token, batch))
 
         try:
             await reader.seek(offset)
@@ -172,7 +183,12 @@ class FormatReaders:
                     if last:
                         return
                 # work[:kept] is the end of a line from the reads before: no newline there.
-                whole = n if eof else work.rfind(b"\n", max(at, kept), n) + 1 or at
+                whole = n if eof and final else work.rfind(b"\n", max(at, kept), n) + 1 or at
+                if eof and whole < n and (n - whole > max_line or await reader.written_out()):
+                    # Over-long however it ends (dead-lettered now), or no writer left to end
+                    # it: the last line is all there is.
+                    whole = n
+                part = eof and whole < n
                 lines = whole > at
                 start = at
                 with memoryview(work) as view:
@@ -198,9 +214,8 @@ class FormatReaders:
                 # A line longer than a read grew it: back to its usual size for the next file.
                 self._work = bytearray(work_size(self.config))
         if not lines:
-            await ctx.send(
-                RawBatch(ctx.name, [], _token(claim, offset, True, seen=reader.last_seen))
-            )
+            token = _token(claim, offset, True, seen=reader.last_seen, part=part)
+            await ctx.send(RawBatch(ctx.name, [], token))
 
     async def _read_csv(
         self,
@@ -210,6 +225,7 @@ class FormatReaders:
         reader: FileReader,
         offset: int,
         reopen: Callable[[], FileReader],
+        final: bool,
     ) -> None:
         """Send the file's CSV records from ``offset`` in batches whose tokens sit on record
         ends (the header row first, or read again when resuming past it). A record longer than
@@ -248,7 +264,9 @@ class FormatReaders:
                         if buf.startswith(csvrecords.BOM):
                             del buf[: len(csvrecords.BOM)]
                             offset = len(csvrecords.BOM)
-                    found = csvrecords.split(buf, not chunk, state, sep, scanned)
+                    if not chunk and buf and not final:
+                        final = await reader.written_out()  # no writer left: a last record
+                    found = csvrecords.split(buf, not chunk and final, state, sep, scanned)
                     at = offset
                     for record, nxt in zip(found.records, found.ends, strict=True):
                         n = len(record)
@@ -306,7 +324,7 @@ class FormatReaders:
             events, held = held.events, None
         if held is not None:
             await ctx.send(held)
-        end = _token(claim, offset, True, seen=reader.last_seen)
+        end = _token(claim, offset, True, seen=reader.last_seen, part=bool(buf))
         await ctx.send(RawBatch(ctx.name, events, end))
 
     def _header(self, record: bytes) -> list[str]:

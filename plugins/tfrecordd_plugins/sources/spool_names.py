@@ -2,11 +2,11 @@
 
 A claimed file is renamed into its node's claim folder under a claim name: the claim's time
 (and, for a file that grew after its end was read, ``@`` and the offset its reading resumes
-from), then the file's path relative to the spool, percent-encoded where it would not be one valid
-UTF-8 path component. Decoding a claim name gives the path back (for logs, dead letters, events
-and ``done_dir``), except that a name planted by someone else that would not decode to a plain
-relative path is kept as one component. Names shown to people keep bytes that are not UTF-8
-visible as ``\\xNN``.
+from, with ``!`` once a last line without a line end is to be read), then the file's path
+relative to the spool, percent-encoded where it would not be one valid UTF-8 path component.
+Decoding a claim name gives the path back (for logs, dead letters, events and ``done_dir``),
+except that a name planted by someone else that would not decode to a plain relative path is
+kept as one component. Names shown to people keep bytes that are not UTF-8 visible as ``\\xNN``.
 """
 
 from __future__ import annotations
@@ -42,18 +42,26 @@ def claim_name(ns: int, rel: str) -> str:
     return "".join(out)
 
 
-def resumed_name(claim: str, offset: int) -> str:
+def resumed_name(claim: str, offset: int, *, final: bool = False) -> str:
     """The name ``claim`` takes when it is to be read on from ``offset`` (in its decompressed
-    stream): the offset travels with the file, so it holds whatever the journal has folded."""
+    stream): the offset travels with the file, so it holds whatever the journal has folded.
+    ``final`` (a ``!`` after the offset): the file was found still and closed, so a last line
+    without a line end is read as a line."""
     stamp, _, rest = claim.partition("-")
-    return f"{stamp.partition('@')[0]}@{offset}-{rest}"
+    return f"{stamp.partition('@')[0]}@{offset}{'!' if final else ''}-{rest}"
 
 
 def resume_offset(claim: str) -> int:
     """The offset a claim renamed by :func:`resumed_name` is read on from; 0 for any other."""
     stamp = claim.partition("-")[0]
     _, at, offset = stamp.partition("@")
+    offset = offset.removesuffix("!")
     return int(offset) if at and offset.isdigit() else 0
+
+
+def is_final(claim: str) -> bool:
+    """Whether a claim was renamed by :func:`resumed_name` with ``final``."""
+    return "@" in (stamp := claim.partition("-")[0]) and stamp.endswith("!")
 
 
 def original(claim: str) -> str:

@@ -37,6 +37,9 @@ class SpoolToken(TypedDict):
     """The rest of the file was refused: it is moved aside when finished."""
     why: NotRequired[str]
     """With ``bad``: why."""
+    part: NotRequired[bool]
+    """With ``eof``: the file ended in a line without a line end, not read: the producer may
+    still be writing it. Finishing reads it once the file is found still and closed."""
     st: NotRequired[list[int]]
     """With ``eof``: the file's size, modification time (ns) and tail digest
     (:func:`.spool_reading.tail_digest`) when its end was read. The file is finished (deleted
@@ -51,16 +54,20 @@ def token(
     *,
     bad: str = "",
     seen: tuple[int, ...] | None = None,
+    part: bool = False,
 ) -> SpoolToken:
     """The token of a batch of ``claim`` (``node/claim``) that ends at ``offset``; ``bad``: why
     the rest of the file was refused; ``seen``: with ``eof``, the file's size, modification time
-    and tail digest when its end was read."""
+    and tail digest when its end was read; ``part``: with ``eof``, bytes after ``offset`` (a
+    last line without a line end) were not read yet."""
     out: SpoolToken = {"v": TOKEN_VERSION, "f": claim, "o": offset, "eof": eof}
     if bad:
         out["bad"] = True
         out["why"] = bad
     elif eof and seen is not None:
         out["st"] = list(seen)
+        if part:
+            out["part"] = True
     return out
 
 

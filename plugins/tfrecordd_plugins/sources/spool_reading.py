@@ -11,10 +11,15 @@ tail nobody read.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import signal
 import stat
+import sys
 import time
 from collections.abc import AsyncGenerator
+from contextlib import suppress
 from typing import Any, Protocol
 
 import aiofiles
@@ -28,6 +33,8 @@ from tfrecordd.plugin import CompressionError
 GROW_POLLS = 10
 """A file still growing this many poll intervals after it was first read to its end has the
 rest refused."""
+_F_SETSIG = 10
+"""Linux's ``F_SETSIG`` (the :mod:`fcntl` module does not name it)."""
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SUFFIX_COMPRESSION = {".gz": Compression.GZIP, ".zst": Compression.ZSTD, ".zstd": Compression.ZSTD}
 
@@ -42,6 +49,41 @@ def tail_digest(fd: int, size: int) -> int:
     one of the same size within the file system's timestamp granularity)."""
     start = max(0, size - TAIL_BYTES)
     return compiled.crc32c(os.pread(fd, size - start, start)) if size else 0
+
+
+def take_lease(fd: int) -> bool | None:
+    """Take a read lease on ``fd``: ``True`` if taken (no process has the file open for
+    writing, and none can open it so until the lease is released), ``False`` if a writer has
+    it open, ``None`` where leases are not to be had (another user's file without
+    ``CAP_LEASE``, a file system without them, not Linux): then the size and modification time
+    are all that is checked. A writer that opens the file while the lease is held waits for its
+    release; the kernel tells the holder with ``SIGURG`` (ignored by default) instead of
+    ``SIGIO`` (which would end the process)."""
+    if sys.platform != "linux":
+        return None
+    try:
+        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EBUSY):
+            return False
+        return None
+    return True
+
+
+def release_lease(fd: int) -> None:
+    """Release the lease :func:`take_lease` took on ``fd``."""
+    with suppress(OSError):
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+
+
+def no_writer(fd: int) -> bool:
+    """Whether no process has the file ``fd`` open for writing (a read lease taken and
+    released at once); ``False`` where that cannot be known."""
+    if take_lease(fd):
+        release_lease(fd)
+        return True
+    return False
 
 
 class ReadSettings(Protocol):
@@ -219,6 +261,11 @@ class FileReader:
                 )
             if st.st_size > self._pos:
                 return True
+
+    async def written_out(self) -> bool:
+        """At the end of what was read: whether no process has the file open for writing any
+        more (:func:`no_writer`), so a last line without a line end is all there will be."""
+        return await anyio.to_thread.run_sync(no_writer, self._fd)
 
     async def chunks(self, offset: int) -> AsyncGenerator[bytes, None]:
         """The bytes from ``offset`` (in the decompressed stream) to the end."""
