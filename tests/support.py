@@ -14,7 +14,7 @@ import tempfile
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,24 @@ MOVIES_FEATURES = {
     "suggestion_purchased": "float",
     "purchase_price": "float",
 }
+
+
+async def run_source_until(
+    source: Any, ctx: Any, done: Callable[[], bool] | None = None, within: float = 30.0
+) -> None:
+    """Run ``source`` with ``ctx`` until ``done()`` (default: a batch carried a file's end,
+    ``token["eof"]``), at most ``within`` seconds, then cancel it."""
+    import anyio
+
+    def ended() -> bool:
+        return any(b.token and b.token.get("eof") for b in ctx.batches)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.run, ctx)
+        with anyio.fail_after(within):
+            while not (done or ended)():
+                await anyio.sleep(0.005)
+        tg.cancel_scope.cancel()
 
 
 def examples(short: int, long: int) -> int:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support import run_source_until
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources import csvrecords
 from tfrecordd_plugins.sources.directory import DirectorySource, DirectorySourceConfig
@@ -99,12 +100,7 @@ async def _read_all(spool: Path, max_line: int) -> list[Any]:
     source = _source(spool, max_line)
     ctx = RecordingContext(name="spool", max_batch_events=7)
     await source.recover(None, [])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(source.run, ctx)
-        with anyio.fail_after(30):
-            while not any(b.token["eof"] for b in ctx.batches):
-                await anyio.sleep(0.01)
-        tg.cancel_scope.cancel()
+    await run_source_until(source, ctx, within=30)
     await source.ack([b.token for b in ctx.batches])
     await source.aclose()
     return [e for b in ctx.batches for e in b.expand()]
@@ -198,12 +194,7 @@ async def test_a_resumed_file_with_a_byte_order_mark_keeps_its_header(tmp_path: 
     second = _source(tmp_path, 1024)
     ctx2 = RecordingContext(name="spool", max_batch_events=100)
     await second.recover(second.fold(None, [token]), [])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(second.run, ctx2)
-        with anyio.fail_after(30):
-            while not any(b.token["eof"] for b in ctx2.batches):
-                await anyio.sleep(0.01)
-        tg.cancel_scope.cancel()
+    await run_source_until(second, ctx2, within=30)
     await second.aclose()
     values = [e.value for b in ctx2.batches for e in b.expand()]
     assert values == [{"id": str(i), "name": f"n{i}", "comment": "c"} for i in range(7, 20)]

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support import run_source_until
 from tfrecordd.plugin import RawBatch
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources import csvrecords
@@ -45,12 +46,7 @@ def _source(spool: Path, max_line: int = 1024, read_size: int = 4096) -> Directo
 
 async def _run(source: DirectorySource, ctx: RecordingContext, state: Any = None) -> None:
     await source.recover(state, [])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(source.run, ctx)
-        with anyio.fail_after(30):
-            while not any(b.token["eof"] for b in ctx.batches):
-                await anyio.sleep(0.005)
-        tg.cancel_scope.cancel()
+    await run_source_until(source, ctx, within=30)
 
 
 async def _read(spool: Path, max_line: int = 1024, read_size: int = 4096) -> list[RawBatch]:

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import anyio
 import pytest
 
+from tests.support import run_source_until
 from tfrecordd.format import proto
 from tfrecordd.plugin import RawEvent
 from tfrecordd.testing import RecordingContext
@@ -132,12 +132,7 @@ async def _outcome(
     source = config.build()
     ctx = RecordingContext(name="spool")
     await source.recover(None, [])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(source.run, ctx)
-        with anyio.fail_after(20):
-            while not any(b.token["eof"] for b in ctx.batches):
-                await anyio.sleep(0.005)
-        tg.cancel_scope.cancel()
+    await run_source_until(source, ctx, within=20)
     await source.aclose()
     encoder = ExampleEncoderConfig.model_validate(
         {"features": {"id": "int64", "name": "bytes"}}

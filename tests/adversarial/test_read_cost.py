@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
+from tests.support import run_source_until
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources import spool_formats
 from tfrecordd_plugins.sources.directory import DirectorySourceConfig
@@ -23,12 +23,7 @@ async def _read(spool: Path, **options: Any) -> RecordingContext:
     source = config.build()
     ctx = RecordingContext(name="spool", max_batch_events=100)
     await source.recover(None, [])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(source.run, ctx)
-        with anyio.fail_after(30):
-            while not any(b.token["eof"] for b in ctx.batches):
-                await anyio.sleep(0.005)
-        tg.cancel_scope.cancel()
+    await run_source_until(source, ctx, within=30)
     await source.aclose()
     return ctx
 

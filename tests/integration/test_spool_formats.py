@@ -13,7 +13,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import claimed_files, spool_file
+from tests.support import claimed_files, run_source_until, spool_file
 from tfrecordd.testing import RecordingContext
 from tfrecordd_plugins.sources.directory import (
     CLAIM_DIR,
@@ -114,12 +114,7 @@ async def test_csv_resumes_past_the_header(tmp_path: Path) -> None:
     second = make(spool, pattern="*.csv", format="csv")
     ctx2 = RecordingContext(name="spool", max_batch_events=30)
     await second.recover(DirectorySource.fold(None, [ctx.batches[0].token, committed]), [])
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(second.run, ctx2)
-        with anyio.fail_after(10):
-            while not any(b.token["eof"] for b in ctx2.batches):
-                await anyio.sleep(0.01)
-        tg.cancel_scope.cancel()
+    await run_source_until(second, ctx2, within=10)
     await second.aclose()
     seen = [e.value["k"] for e in good(ctx)[:60]] + [e.value["k"] for e in good(ctx2)]
     assert seen == [str(i) for i in range(100)]
