@@ -145,8 +145,7 @@ class Finishing(HeldFolders):
         finally:
             if fd >= 0:
                 if writers is not None:
-                    with suppress(OSError):
-                        release_lease(fd)
+                    release_lease(fd)
                 os.close(fd)
 
     def _read_on(
