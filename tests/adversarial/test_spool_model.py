@@ -58,6 +58,7 @@ class SpoolMachine(RuleBasedStateMachine):
         self.model: SpoolSteps | None = None
         self.fmt = "jsonl"
         self.gz = False
+        self.moved = False
 
     def teardown(self) -> None:
         for f, _ in self.writers.values():
@@ -73,6 +74,7 @@ class SpoolMachine(RuleBasedStateMachine):
     )
     def start(self, fmt: str, on_done: str, recursive: bool, max_line: int, gz: bool) -> None:
         self.fmt, self.gz = fmt, gz
+        self.moved = on_done == "move"
         self.recursive = recursive
         self.model = SpoolSteps(
             self.spool,
@@ -80,7 +82,7 @@ class SpoolMachine(RuleBasedStateMachine):
             on_done=on_done,
             recursive=recursive,
             max_line_bytes=max_line,
-            pattern="*.jsonl.gz" if gz else "*.jsonl",
+            pattern=self._pattern(),
             max_file_bytes=1 << 20,
         )
         anyio.run(self.model.start)
@@ -103,22 +105,40 @@ class SpoolMachine(RuleBasedStateMachine):
     def _encode(self, data: bytes) -> bytes:
         return gzip.compress(data, mtime=0) if self.gz else data
 
+    def _pattern(self) -> str:
+        """Plain files: any name, so that a file may take the name a folder has or had
+        (``sub``, then ``sub/…``: in ``done_dir`` too)."""
+        return "*.jsonl.gz" if self.gz else "*"
+
     @rule(
-        name=_NAMES,
+        name=_NAMES | st.sampled_from(["sub", "deeper"]),
         folder=st.sampled_from(["", "", "sub", "sub/deeper"]),
         n=st.integers(0, 30),
         pads=st.lists(st.integers(0, 200), min_size=1, max_size=4),
         junk=st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=3),
         keep_open=st.booleans() | st.just(True),
+        bare=st.booleans(),
     )
     def publish(
-        self, name: str, folder: str, n: int, pads: list[int], junk: list[bytes], keep_open: bool
+        self,
+        name: str,
+        folder: str,
+        n: int,
+        pads: list[int],
+        junk: list[bytes],
+        keep_open: bool,
+        bare: bool = False,
     ) -> None:
         folder = folder if self.recursive else ""
         data, ids = self._lines(n, pads, junk)
-        target = self.spool / folder / f"{name}.jsonl{'.gz' if self.gz else ''}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_dir():
+        suffix = ".jsonl.gz" if self.gz else "" if bare else ".jsonl"
+        target = self.spool / folder / f"{name}{suffix}"
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # a file has the folder's name
+            self.taken_back.update(ids)
+            return
+        if target.is_dir() or (self.moved and target == self.spool / "done"):
             self.taken_back.update(ids)
             return
         tmp = target.parent / f".{target.name}.tmp"
@@ -270,10 +290,16 @@ class SpoolMachine(RuleBasedStateMachine):
         assert len(kept) <= (len(reasons.read_text().splitlines()) if reasons.exists() else 0)
 
     def _waiting(self) -> list[Path]:
-        pattern = "*.jsonl.gz" if self.gz else "*.jsonl"
+        pattern = self._pattern()
         found = self.spool.rglob(pattern) if self.recursive else self.spool.glob(pattern)
         skip = {REJECT_DIR, ".tfrecordd-claimed", "done"}
-        return [p for p in found if not skip & set(p.relative_to(self.spool).parts)]
+        return [
+            p
+            for p in found
+            if p.is_file()
+            and not p.name.startswith(".")
+            and not skip & set(p.relative_to(self.spool).parts)
+        ]
 
 
 class _Checked(SpoolMachine):
