@@ -271,3 +271,36 @@ async def test_excel_csv_comma_delimited_is_windows_1252(tmp_path: Path) -> None
     (other / "a.csv").write_bytes(_EXCEL_1252)
     got = await _outcome(other, "csv", csv_encoding="cp1252")
     assert got == [A, {"id": [2], "name": ["Zoë".encode()]}]
+
+
+@pytest.mark.parametrize(
+    ("data", "limit", "want"),
+    [
+        (b"", 4096, ("event", 0)),
+        (b"\x89PNG\r\n\x1a\n" + b"\0" * 100, 4096, ("event", 108)),
+        (b"x" * 5000, 4096, ("refused", "larger than max_file_bytes (4096)")),
+    ],
+    ids=["an empty file", "any bytes (a PNG)", "over max_file_bytes"],
+)
+async def test_whole_files_are_read_as_the_table_says(
+    tmp_path: Path, data: bytes, limit: int, want: tuple[str, Any]
+) -> None:
+    (tmp_path / "a.bin").write_bytes(data)
+    config = DirectorySourceConfig.model_validate(
+        {"name": "spool", "encoder": "e", "path": tmp_path, "format": "whole-file"}
+        | {"pattern": "*.bin", "poll_interval": 0.02, "max_file_bytes": limit}
+    )
+    source = config.build()
+    ctx = RecordingContext(name="spool")
+    await source.recover(None, [])
+    await run_source_until(source, ctx)
+    await source.aclose()
+    [event] = [e for b in ctx.batches for e in b.expand()]
+    if want[0] == "event":
+        assert event.error is None
+        assert len(event.payload) == want[1]
+        assert event.payload == data
+    else:
+        assert event.error is not None
+        assert want[1] in event.error
+        assert ctx.batches[-1].token.get("bad")
