@@ -96,3 +96,25 @@ def test_sequence_events_take_wide_numbers_too() -> None:
     [(_, kind, detail)] = bad.failures
     assert str(kind) == "schema"
     assert "out of float32 range: 1e400" in detail
+
+
+def test_a_redis_entry_with_a_wide_number_keeps_its_id_field() -> None:
+    """Redis Streams with ``id_field``: an entry whose JSON holds ``1e400`` in a field no feature
+    reads gets its entry ID like any other (it was left without it, and encoded with the
+    ID feature missing)."""
+    from tfrecordd_plugins.sources.redis_stream.config import RedisStreamSourceConfig
+    from tfrecordd_plugins.sources.redis_stream.scripts import Entry
+
+    source = RedisStreamSourceConfig(name="r", encoder="e", stream="s", id_field="eid").build()
+    payload = b'{"id": 1, "n": 1e400}'
+    event = source.guarded_event(Entry("5-1", 0, payload, len(payload), [], False))
+    assert event is not None
+    assert event.error is None
+    assert event.value is not None
+    assert event.value["eid"] == "5-1"
+    encoder = ExampleEncoderConfig.model_validate(
+        {"features": {"id": "int64", "eid": "bytes"}}
+    ).build()
+    result = encoder.encode_batch([event])
+    assert not result.failures
+    assert len(result.records) == 1

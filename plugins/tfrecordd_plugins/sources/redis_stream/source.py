@@ -28,6 +28,7 @@ from tfrecordd.plugin import (
     refusable,
     retrying,
 )
+from tfrecordd.schema.json_values import wide_event
 from tfrecordd_plugins.sources.redis_stream import ranges
 from tfrecordd_plugins.sources.redis_stream.scripts import (
     ACK_CHUNK,
@@ -470,9 +471,13 @@ class RedisStreamSource(Source):
             return RawEvent(payload, where)
         try:
             value = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            # The encoder parses it again and dead-letters it as malformed, like any bad JSON.
-            return RawEvent(payload, where)
+        except orjson.JSONDecodeError as e:
+            try:
+                # A number JSON allows and orjson refuses (1e400): read as the encoder reads it.
+                value = wide_event(payload, e)
+            except orjson.JSONDecodeError:
+                # The encoder parses it again and dead-letters it as malformed, like any bad JSON.
+                return RawEvent(payload, where)
         if not isinstance(value, dict):
             return RawEvent(
                 payload,
