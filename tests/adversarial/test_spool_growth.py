@@ -360,3 +360,34 @@ def test_a_last_line_still_being_written_is_read_whole(tmp_path: Path, fmt: str)
     assert len(texts) == 2
     assert b"hello" in texts[1]
     assert not claimed_files(spool)
+
+
+@pytest.mark.anyio
+async def test_a_file_cut_while_it_waits_to_be_read_on_is_kept(tmp_path: Path) -> None:
+    """Found by the long mode of the model: the file was renamed to be read on from byte 105
+    (its writer still had it open), then the writer cut it and wrote one line. Reading on from
+    105 found a 20-byte file: nothing to read, and the file was finished, the line deleted
+    unread. A file that ends before the offset reading resumes from is kept whole."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    path = spool / "f.jsonl"
+    path.write_bytes(_lines(0, 5))
+    writer = path.open("ab")
+    try:
+        model = SpoolSteps(spool)
+        await model.start()
+        await model.pump()
+        model.commit()
+        await model.ack()  # a writer holds it: renamed to be read on
+        writer.truncate(0)
+        writer.seek(0)
+        writer.write(_lines(5, 1))
+    finally:
+        writer.close()
+    for _ in range(3):
+        await model.pump()
+        model.commit()
+        await model.ack()
+    [kept] = [p for p in (spool / REJECT_DIR).iterdir() if not p.name.startswith(".")]
+    assert kept.read_bytes() == _lines(5, 1)
+    assert not claimed_files(spool)

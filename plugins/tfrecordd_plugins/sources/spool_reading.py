@@ -101,6 +101,13 @@ class Rejected(Exception):
     """The rest of the input cannot be read; the file is moved aside."""
 
 
+def _cut(size: int, offset: int) -> str:
+    return (
+        f"the file was cut to {size} bytes after its first {offset} were read and published; "
+        "what it holds now is kept, not read"
+    )
+
+
 def compression_of(name: str, configured: str) -> Compression:
     """How the file ``name`` is compressed: ``configured``, or by its suffix for ``auto``."""
     if configured != "auto":
@@ -175,20 +182,22 @@ class FileReader:
 
     async def seek(self, offset: int) -> None:
         """Read from ``offset`` (in the decompressed stream) on; a compressed stream is read up
-        to it."""
+        to it. A file that ends before ``offset`` was cut after its first ``offset`` bytes were
+        read and published: :class:`Rejected` (it is kept, not finished as if read)."""
         self._at_end = False
         if self._plain is not None:
             if offset:
+                if (size := os.fstat(self._fd).st_size) < offset:
+                    raise Rejected(_cut(size, offset))
                 await self._plain.seek(offset)
             self._pos = offset
             return
-        size = self.config.read_size
-        while offset > 0:
-            skipped = await self._decompressed(min(size, offset))
+        size, left = self.config.read_size, offset
+        while left > 0:
+            skipped = await self._decompressed(min(size, left))
             if not skipped:
-                self._at_end = True
-                return
-            offset -= len(skipped)
+                raise Rejected(_cut(offset - left, offset))
+            left -= len(skipped)
 
     async def read(self) -> bytes:
         """The next bytes, up to ``read_size``; ``b""`` at the end."""
