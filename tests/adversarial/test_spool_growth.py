@@ -391,3 +391,35 @@ async def test_a_file_cut_while_it_waits_to_be_read_on_is_kept(tmp_path: Path) -
     [kept] = [p for p in (spool / REJECT_DIR).iterdir() if not p.name.startswith(".")]
     assert kept.read_bytes() == _lines(5, 1)
     assert not claimed_files(spool)
+
+
+@pytest.mark.anyio
+async def test_a_file_rewritten_while_it_waits_to_be_read_on_is_kept(tmp_path: Path) -> None:
+    """Found by the long mode of the model: renamed to be read on from its end (its writer
+    still had it open), the file was cut by the writer and written again to the same size.
+    Reading on found nothing new and the file was finished with the new lines. The name now
+    carries the size and tail digest read: a resumed read checks them first."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    path = spool / "f.jsonl"
+    path.write_bytes(_lines(0, 5))
+    writer = path.open("ab")
+    try:
+        model = SpoolSteps(spool)
+        await model.start()
+        await model.pump()
+        model.commit()
+        await model.ack()
+        writer.truncate(0)
+        writer.seek(0)
+        writer.write(_lines(5, 5))  # as many bytes as before
+    finally:
+        writer.close()
+    for _ in range(3):
+        await model.pump()
+        model.commit()
+        await model.ack()
+    [kept] = [p for p in (spool / REJECT_DIR).iterdir() if not p.name.startswith(".")]
+    assert kept.read_bytes() == _lines(5, 5)
+    assert _ids(model.published) == list(range(5))
+    assert not claimed_files(spool)

@@ -51,6 +51,7 @@ from tfrecordd_plugins.sources.spool_names import (
     is_final,
     original,
     printable,
+    resume_check,
 )
 from tfrecordd_plugins.sources.spool_positions import Positions, SpoolToken
 from tfrecordd_plugins.sources.spool_reading import (
@@ -283,6 +284,7 @@ class DirectorySource(Source):
         rel = printable(original(claim))
         reader = self._reader(key, rel)
         reader.seen = claims.seen.pop(claim, None)
+        reader.expect = resume_check(claim)
         try:
             # Shielded, like the close below: an open finishing in its thread after a cancel
             # would leave its file object to the garbage collector.

@@ -124,7 +124,7 @@ class Finishing(HeldFolders):
                     self._read_on(folder, claim, shown, st, read, offset, why, rewritten)
                     return
             if rejected is None and part:
-                self._read_rest(folder, claim, shown, offset)
+                self._read_rest(folder, claim, shown, offset, read)
                 return
             try:
                 if rejected is not None:
@@ -172,7 +172,7 @@ class Finishing(HeldFolders):
         elif self.config.format == "whole-file":
             reason = f"{why} (a whole-file event was published before the change)"
         else:
-            resumed = resumed_name(claim, offset)
+            resumed = resumed_name(claim, offset, check=_check_of(read))
             if resumed == claim:
                 if claim not in self._waiting:
                     self._waiting.add(claim)
@@ -197,10 +197,12 @@ class Finishing(HeldFolders):
         self._waiting.discard(claim)
         self._finish_otherwise(folder, claim, shown, None, reason)
 
-    def _read_rest(self, folder: int, claim: str, shown: str, offset: int) -> None:
+    def _read_rest(
+        self, folder: int, claim: str, shown: str, offset: int, read: Sequence[int] | None
+    ) -> None:
         """A file still and closed whose last line has no line end: renamed so that reading
         takes that line as it is (:func:`.spool_names.resumed_name` with ``final``)."""
-        final = resumed_name(claim, offset, final=True)
+        final = resumed_name(claim, offset, final=True, check=_check_of(read))
         try:
             os.rename(claim, final, src_dir_fd=folder, dst_dir_fd=folder)
         except OSError as e:
@@ -268,6 +270,12 @@ class Finishing(HeldFolders):
             self._sync(dst)
         finally:
             os.close(dst)
+
+
+def _check_of(read: Sequence[int] | None) -> tuple[int, int] | None:
+    """What a resumed read checks the file against (:func:`.spool_names.resumed_name`): its
+    size and tail digest as read, if the token recorded them."""
+    return (int(read[0]), int(read[2])) if read is not None and len(read) > 2 else None
 
 
 def _rewritten(fd: int, st: os.stat_result, read: Sequence[int]) -> bool:

@@ -2,7 +2,8 @@
 
 A claimed file is renamed into its node's claim folder under a claim name: the claim's time
 (and, for a file that grew after its end was read, ``@`` and the offset its reading resumes
-from, with ``!`` once a last line without a line end is to be read), then the file's path
+from, with ``!`` once a last line without a line end is to be read, and ``~`` the size and
+CRC-32C of what was read then), then the file's path
 relative to the spool, percent-encoded where it would not be one valid UTF-8 path component.
 Decoding a claim name gives the path back (for logs, dead letters, events and ``done_dir``),
 except that a name planted by someone else that would not decode to a plain relative path is
@@ -42,26 +43,56 @@ def claim_name(ns: int, rel: str) -> str:
     return "".join(out)
 
 
-def resumed_name(claim: str, offset: int, *, final: bool = False) -> str:
+def resumed_name(
+    claim: str, offset: int, *, final: bool = False, check: tuple[int, int] | None = None
+) -> str:
     """The name ``claim`` takes when it is to be read on from ``offset`` (in its decompressed
     stream): the offset travels with the file, so it holds whatever the journal has folded.
     ``final`` (a ``!`` after the offset): the file was found still and closed, so a last line
-    without a line end is read as a line."""
+    without a line end is read as a line. ``check`` (``~<size>.<crc>``, hexadecimal): the
+    file's size and :func:`.spool_reading.tail_digest` when it was renamed, checked again when
+    reading resumes (a file rewritten meanwhile is kept, not read from the offset on)."""
     stamp, _, rest = claim.partition("-")
-    return f"{stamp.partition('@')[0]}@{offset}{'!' if final else ''}-{rest}"
+    mark = "!" if final else ""
+    tail = f"~{check[0]:x}.{check[1]:x}" if check is not None else ""
+    return f"{stamp.partition('@')[0]}@{offset}{mark}{tail}-{rest}"
+
+
+def _resumed(claim: str) -> tuple[str, bool, tuple[int, int] | None] | None:
+    """The parts of a name :func:`resumed_name` made (offset, final, check), or ``None``."""
+    stamp = claim.partition("-")[0]
+    _, at, after = stamp.partition("@")
+    if not at:
+        return None
+    offset, _, tail = after.partition("~")
+    final = offset.endswith("!")
+    offset = offset.removesuffix("!")
+    check = None
+    if tail:
+        size, _, crc = tail.partition(".")
+        try:
+            check = (int(size, 16), int(crc, 16))
+        except ValueError:
+            check = None
+    return (offset, final, check) if offset.isdigit() else None
 
 
 def resume_offset(claim: str) -> int:
     """The offset a claim renamed by :func:`resumed_name` is read on from; 0 for any other."""
-    stamp = claim.partition("-")[0]
-    _, at, offset = stamp.partition("@")
-    offset = offset.removesuffix("!")
-    return int(offset) if at and offset.isdigit() else 0
+    parts = _resumed(claim)
+    return int(parts[0]) if parts else 0
 
 
 def is_final(claim: str) -> bool:
     """Whether a claim was renamed by :func:`resumed_name` with ``final``."""
-    return "@" in (stamp := claim.partition("-")[0]) and stamp.endswith("!")
+    parts = _resumed(claim)
+    return bool(parts and parts[1])
+
+
+def resume_check(claim: str) -> tuple[int, int] | None:
+    """The ``check`` a claim was renamed with by :func:`resumed_name`, if any."""
+    parts = _resumed(claim)
+    return parts[2] if parts else None
 
 
 def original(claim: str) -> str:

@@ -134,6 +134,9 @@ class FileReader:
         self.config = config
         self.grew = False
         """Whether the file changed after it was opened (or ``seen``)."""
+        self.expect: tuple[int, int] | None = None
+        """The size and :func:`tail_digest` the file had when reading last stopped (a claim
+        renamed to be read on): checked before reading resumes."""
         self.seen: tuple[int, int] | None = None
         """The file's size and modification time when it was claimed, if known: a change
         since then is noticed too."""
@@ -185,6 +188,8 @@ class FileReader:
         to it. A file that ends before ``offset`` was cut after its first ``offset`` bytes were
         read and published: :class:`Rejected` (it is kept, not finished as if read)."""
         self._at_end = False
+        if self.expect is not None:
+            await self._check_expected(*self.expect)
         if self._plain is not None:
             if offset:
                 if (size := os.fstat(self._fd).st_size) < offset:
@@ -198,6 +203,18 @@ class FileReader:
             if not skipped:
                 raise Rejected(_cut(offset - left, offset))
             left -= len(skipped)
+
+    async def _check_expected(self, size: int, digest: int) -> None:
+        """The file still holds the bytes read before (its first ``size``, their tail's
+        digest): else it was cut or rewritten since, and the rest is refused."""
+        now = os.fstat(self._fd).st_size
+        if now < size:
+            raise Rejected(_cut(now, size))
+        if await anyio.to_thread.run_sync(tail_digest, self._fd, size) != digest:
+            raise Rejected(
+                f"the file was rewritten after its first {size} bytes were read and published "
+                "(the bytes they ended on differ); what it holds now is kept, not read"
+            )
 
     async def read(self) -> bytes:
         """The next bytes, up to ``read_size``; ``b""`` at the end."""

@@ -440,9 +440,8 @@ class RedisStreamSource(Source):
             if not refusable(e):
                 raise
             log.error("%s: entry %s: %s", self.config.name, entry.id, describe(e), exc_info=e)
-            where = f"{self.config.stream}:{entry.id}"
-            payload = entry.payload if isinstance(entry.payload, bytes) else b""
-            return RawEvent(payload, where, error=f"unexpected error: {describe(e)}")
+            why = f"unexpected error: {describe(e)}"
+            return RawEvent(bytes(entry.payload), f"{self.config.stream}:{entry.id}", error=why)
 
     def event_of(self, entry: Entry) -> RawEvent | None:
         """The event of one entry; ``None`` for an entry deleted from the stream (its ID is
@@ -472,11 +471,9 @@ class RedisStreamSource(Source):
         try:
             value = orjson.loads(payload)
         except orjson.JSONDecodeError as e:
-            try:
-                # A number JSON allows and orjson refuses (1e400): read as the encoder reads it.
+            try:  # a number JSON allows and orjson refuses (1e400): as the encoders read it
                 value = wide_event(payload, e)
-            except orjson.JSONDecodeError:
-                # The encoder parses it again and dead-letters it as malformed, like any bad JSON.
+            except orjson.JSONDecodeError:  # dead-lettered as malformed by the encoder
                 return RawEvent(payload, where)
         if not isinstance(value, dict):
             return RawEvent(
