@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support import claimed_files, examples
+from tests.support import CI_DERANDOMIZED, claimed_files, examples
 from tfrecordd.boundary import InputBoundary, refusable
 from tfrecordd.errors import DurabilityError, StateInUseError
 from tfrecordd.testing import RecordingContext
@@ -79,7 +79,7 @@ _ERRORS = [
 ]
 
 
-@settings(max_examples=examples(30, 300), deadline=None)
+@settings(max_examples=examples(30, 300), derandomize=CI_DERANDOMIZED, deadline=None)
 @given(
     fmt=st.sampled_from(["jsonl", "csv", "whole-file"]),
     error=st.sampled_from(_ERRORS),

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.integration.test_socket_sources import make_config, running, tcp_port
-from tests.support import dead_letters, examples, movie_event, read_ids
+from tests.support import CI_DERANDOMIZED, dead_letters, examples, movie_event, read_ids
 
 MAX_FRAME = 2048
 
@@ -128,7 +128,7 @@ def _good_frames(client: Client) -> list[tuple[int, int]]:
     return list(zip(numbers, client.ids, strict=True))
 
 
-@settings(max_examples=examples(12, 150), deadline=None)
+@settings(max_examples=examples(12, 150), derandomize=CI_DERANDOMIZED, deadline=None)
 @given(clients=st.lists(_CLIENT, min_size=1, max_size=6))
 def test_generated_clients_get_exactly_once_for_what_is_acked(clients: list[Client]) -> None:
     with tempfile.TemporaryDirectory(prefix="socket-clients-") as tmp:

@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.adversarial.spool_steps import SpoolSteps
-from tests.support import claimed_files, examples, read_ids, write_config
+from tests.support import CI_DERANDOMIZED, claimed_files, examples, read_ids, write_config
 from tfrecordd.config import load_config
 from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd_plugins.sources.directory import (
@@ -55,7 +55,7 @@ _STEP = st.one_of(
 )
 
 
-@settings(max_examples=examples(40, 400), deadline=None)
+@settings(max_examples=examples(40, 400), derandomize=CI_DERANDOMIZED, deadline=None)
 @given(
     steps=st.lists(_STEP, min_size=1, max_size=24),
     on_done=st.sampled_from(["delete", "move"]),

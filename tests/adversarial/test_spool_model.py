@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tests.adversarial.spool_steps import SpoolSteps
-from tests.support import claimed_files, examples
+from tests.support import CI_DERANDOMIZED, claimed_files, examples
 from tfrecordd_plugins.sources.directory import REASONS, REJECT_DIR
 
 _ID = re.compile(rb'"id": (\d+)')
@@ -312,6 +312,9 @@ class _Checked(SpoolMachine):
 
 
 _Checked.TestCase.settings = settings(
-    max_examples=examples(60, 600), stateful_step_count=25, deadline=None
+    max_examples=examples(60, 600),
+    derandomize=CI_DERANDOMIZED,
+    stateful_step_count=25,
+    deadline=None,
 )
 test_the_spool_against_its_model = _Checked.TestCase
