@@ -21,7 +21,7 @@ from tfrecordd_plugins.sources.spool_positions import token
 
 pytestmark = pytest.mark.anyio
 
-FUTURE_SPOOL = {"v": 2, "f": "node/0001-a.jsonl", "o": 7, "eof": False}
+FUTURE_SPOOL = {"v": 3, "f": "node/0001-a.jsonl", "o": 7, "eof": False}
 FUTURE_REDIS = {"v": 2, "r": ["1-0"]}
 
 
@@ -41,11 +41,11 @@ def _redis() -> RedisStreamSource:
     return config.build()
 
 
-def _refused(error: pytest.ExceptionInfo[TokenVersionError], source: str) -> None:
+def _refused(error: pytest.ExceptionInfo[TokenVersionError], source: str, version: int = 2) -> None:
     message = str(error.value)
     assert isinstance(error.value, TfrecorddError)
     assert source in message
-    assert "version 2" in message
+    assert f"version {version}" in message
     assert "newer tfrecordd" in message
     assert "run the tfrecordd version that wrote the state_dir" in message
 
@@ -74,17 +74,17 @@ async def test_a_future_spool_token_is_refused_by_recover_ack_and_fold(tmp_path:
     try:
         with pytest.raises(TokenVersionError) as error:
             await source.recover(None, [FUTURE_SPOOL])
-        _refused(error, "'inbox' (directory)")
+        _refused(error, "'inbox' (directory)", 3)
         assert source.positions.committed == {}, "nothing read from it"
         with pytest.raises(TokenVersionError) as error:
             await source.ack([token("node/0001-a.jsonl", 3, False), FUTURE_SPOOL])
-        _refused(error, "'inbox' (directory)")
+        _refused(error, "'inbox' (directory)", 3)
         assert source.positions.committed == {}, "checked before any token is acted on"
     finally:
         await source.aclose()
     with pytest.raises(TokenVersionError) as error:
         DirectorySource.fold(None, [FUTURE_SPOOL])
-    _refused(error, "directory")
+    _refused(error, "directory", 3)
 
 
 @pytest.mark.parametrize("version", ["2", 0, None, True, 1.5])
@@ -165,4 +165,14 @@ def test_the_journal_keeps_token_versions_and_refuses_a_future_one(tmp_path: Pat
     j.close()
     with pytest.raises(TokenVersionError) as error:
         Journal(str(state), LOCAL, folds=folds).recover()
-    _refused(error, "directory")
+    _refused(error, "directory", 3)
+
+
+def test_spool_tokens_an_earlier_release_would_misread_are_version_2() -> None:
+    """A token that stops before a last line without its line end, or names a claim renamed to
+    be read on from an offset: a release before them would finish the file (losing the line)
+    or read the claim from byte 0 (repeating lines), so they are version 2, which it refuses.
+    Every other spool token stays version 1."""
+    assert token("node/0001-a.jsonl", 7, True, seen=(7, 1, 2))["v"] == 1
+    assert token("node/0001-a.jsonl", 7, True, seen=(9, 1, 2), part=True)["v"] == 2
+    assert token("node/0001@5~7.2a-a.jsonl", 7, False)["v"] == 2

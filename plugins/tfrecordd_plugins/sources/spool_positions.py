@@ -18,8 +18,11 @@ from typing import Any, NotRequired, TypedDict, cast
 from tfrecordd.plugin import Token, token_version
 from tfrecordd_plugins.sources.spool_names import resume_offset
 
-TOKEN_VERSION = 1
-"""The version of the tokens this release writes, and the newest it reads."""
+TOKEN_VERSION = 2
+"""The newest version of the tokens this release reads. It writes version 1, except for what a
+release before version 2 would misread (and lose or repeat lines by): a token that stops before
+a last line without its line end (``part``), or names a claim renamed to be read on from an
+offset (``…@<offset>…``). Those are version 2, which an earlier release refuses."""
 
 
 class SpoolToken(TypedDict):
@@ -60,7 +63,8 @@ def token(
     the rest of the file was refused; ``seen``: with ``eof``, the file's size, modification time
     and tail digest when its end was read; ``part``: with ``eof``, bytes after ``offset`` (a
     last line without a line end) were not read yet."""
-    out: SpoolToken = {"v": TOKEN_VERSION, "f": claim, "o": offset, "eof": eof}
+    resumed = "@" in claim.rpartition("/")[2].partition("-")[0]
+    out: SpoolToken = {"v": 2 if part or resumed else 1, "f": claim, "o": offset, "eof": eof}
     if bad:
         out["bad"] = True
         out["why"] = bad
