@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from tfrecordd.errors import EncodeError
 from tfrecordd.format.wire import ExampleWriter, map_entries
 from tfrecordd.schema.csv_values import compile_csv_feature
@@ -15,8 +13,8 @@ from tfrecordd.schema.json_values import (
     NeedsText,
     compile_feature,
     exact_event,
+    load_event,
     not_an_object,
-    wide_event,
 )
 from tfrecordd.schema.specs import FeatureSpec, parse_features
 
@@ -72,14 +70,9 @@ class ExampleSchema:
         out of range where one does. Raises ``orjson.JSONDecodeError`` for a payload that is not
         JSON, else as :meth:`encode`.
         """
-        if parsed is not None:
-            event = parsed
-        else:
-            try:
-                event = orjson.loads(payload)
-            except orjson.JSONDecodeError as e:
-                # Only what orjson refuses is read again: the fast path stays as it was.
-                return self._encode(wide_event(payload, e), self._plan)
+        event, wide = (parsed, False) if parsed is not None else load_event(payload)
+        if wide:
+            return self._encode(event, self._plan)
         try:
             return self._encode(event, self._json_plan)
         except NeedsText:

@@ -31,6 +31,7 @@ __all__ = [
     "compile_feature",
     "default_values",
     "exact_event",
+    "load_event",
     "not_an_object",
     "wide_event",
 ]
@@ -321,6 +322,18 @@ def _no_constant(text: str) -> Any:
 _WIDE_JSON = json.JSONDecoder(
     parse_float=_wide_float, parse_int=_wide_int, parse_constant=_no_constant
 )
+
+
+def load_event(payload: bytes) -> tuple[Any, bool]:
+    """``payload`` parsed by orjson, or, where orjson refuses a number JSON allows (``1e400``),
+    by :func:`wide_event`; and whether it took that second reading (its numbers are then kept
+    as text: encode it by the plan that reads them so). Raises ``orjson.JSONDecodeError`` for a
+    payload that is not JSON."""
+    try:
+        return orjson.loads(payload), False
+    except orjson.JSONDecodeError as e:
+        # Only what orjson refuses is read again: the fast path stays as it was.
+        return wide_event(payload, e), True
 
 
 def wide_event(payload: bytes, refusal: orjson.JSONDecodeError) -> Any:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import orjson
-
 from tfrecordd.errors import ConfigError, EncodeError
 from tfrecordd.format.wire import SequenceExampleWriter, describe
 from tfrecordd.schema.json_values import (
@@ -14,8 +12,8 @@ from tfrecordd.schema.json_values import (
     NeedsText,
     compile_feature,
     exact_event,
+    load_event,
     not_an_object,
-    wide_event,
 )
 from tfrecordd.schema.paths import PathStep, getter, parse_path
 from tfrecordd.schema.specs import FeatureSpec, parse_features
@@ -84,14 +82,9 @@ class SequenceSchema:
     def encode_json(self, payload: bytes, parsed: Any = None) -> bytes:
         """Serialize the ``SequenceExample`` for one JSON text, every number taken exactly as
         written (as :meth:`ExampleSchema.encode_json` does)."""
-        if parsed is not None:
-            event = parsed
-        else:
-            try:
-                event = orjson.loads(payload)
-            except orjson.JSONDecodeError as e:
-                # Only what orjson refuses is read again: the fast path stays as it was.
-                return self._encode(wide_event(payload, e), self._context, self._lists)
+        event, wide = (parsed, False) if parsed is not None else load_event(payload)
+        if wide:
+            return self._encode(event, self._context, self._lists)
         try:
             return self._encode(event, self._json_context, self._json_lists)
         except NeedsText:

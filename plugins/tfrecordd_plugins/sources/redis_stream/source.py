@@ -28,7 +28,7 @@ from tfrecordd.plugin import (
     refusable,
     retrying,
 )
-from tfrecordd.schema.json_values import wide_event
+from tfrecordd.schema.json_values import load_event
 from tfrecordd_plugins.sources.redis_stream import ranges
 from tfrecordd_plugins.sources.redis_stream.scripts import (
     ACK_CHUNK,
@@ -469,12 +469,9 @@ class RedisStreamSource(Source):
         if cfg.id_field is None:
             return RawEvent(payload, where)
         try:
-            value = orjson.loads(payload)
-        except orjson.JSONDecodeError as e:
-            try:  # a number JSON allows and orjson refuses (1e400): as the encoders read it
-                value = wide_event(payload, e)
-            except orjson.JSONDecodeError:  # dead-lettered as malformed by the encoder
-                return RawEvent(payload, where)
+            value, _ = load_event(payload)  # 1e400 too, as the encoders read it
+        except orjson.JSONDecodeError:  # dead-lettered as malformed by the encoder
+            return RawEvent(payload, where)
         if not isinstance(value, dict):
             return RawEvent(
                 payload,
