@@ -139,6 +139,7 @@ class Finishing(HeldFolders):
                 self._finish_otherwise(folder, claim, shown, e)
                 return
             self._sync(folder)
+            self._waiting.discard(claim)
             if claim in self.left:  # finished at last (redone by a recovery, say)
                 self.left.discard(claim)
                 self._save_left()

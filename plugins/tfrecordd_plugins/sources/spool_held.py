@@ -150,12 +150,11 @@ class HeldFolders:
     def _open_done(self) -> int:
         """``done_dir``: inside the spool, reached from the spool's descriptor without following
         a symlink and checked to be the daemon's; elsewhere (the operator's own path), by path."""
-        spool, done = os.path.abspath(self.spool), os.path.abspath(self.done_dir)
-        rel = os.path.relpath(done, spool)
-        if rel in (".", os.pardir) or rel.startswith(os.pardir + os.sep):
+        done = os.path.abspath(self.done_dir)
+        if not self._done_inside():
             os.makedirs(done, exist_ok=True)
             return os.open(done, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        *parents, last = rel.split(os.sep)
+        *parents, last = os.path.relpath(done, os.path.abspath(self.spool)).split(os.sep)
         parent = open_path(self._fds["spool"], parents, create=True)
         try:
             return own_dir(self.fs, parent, last, done, 0o777)
@@ -369,6 +368,8 @@ class HeldFolders:
         return _same(fd, path, False)
 
     def _done_inside(self) -> bool:
+        """Whether ``done_dir`` lies inside the spool (then it is one of the daemon's folders
+        there, reached from the spool's descriptor)."""
         rel = os.path.relpath(os.path.abspath(self.done_dir), os.path.abspath(self.spool))
         return not (rel in (".", os.pardir) or rel.startswith(os.pardir + os.sep))
 
