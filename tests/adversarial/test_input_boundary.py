@@ -368,3 +368,38 @@ def test_a_claim_that_cannot_be_finished_at_all_is_never_read_again(
     published = [json.loads(e.payload)["id"] for b in steps.published for e in b.expand()]
     assert published == list(range(5))
     assert len(list((spool / CLAIM_DIR / "n1").iterdir())) == 1  # left where it was
+
+
+@pytest.mark.parametrize("on_done", ["delete", "move"])
+def test_a_failed_folder_fsync_while_finishing_stops_the_daemon(
+    tmp_path: Path, on_done: str
+) -> None:
+    """DESIGN invariant 5 through the input boundary: the fsync of a spool folder after a
+    finish (the claim folder, or a folder made in ``done_dir`` for a file of a sub-folder)
+    fails: the ack raises DurabilityError (exit 74); the boundary neither takes it for the
+    file's fault nor finishes the file another way."""
+    from tests.adversarial.spool_steps import SpoolSteps
+    from tfrecordd.fsys import FileSystem
+
+    class FailingDirFsync(FileSystem):
+        def fsync_dir_fd(self, fd: int) -> None:
+            raise OSError(errno.EIO, "injected EIO")
+
+    spool = tmp_path / "spool"
+    (spool / "cam01").mkdir(parents=True)
+    (spool / "cam01" / "a.jsonl").write_bytes(_lines(0, 3))
+    steps = SpoolSteps(spool, recursive=True, on_done=on_done)
+
+    async def run() -> None:
+        await steps.start()
+        await steps.pump()
+        steps.commit()
+        steps.ctx.fs = FailingDirFsync()
+        assert steps.source is not None
+        steps.source.attach(steps.ctx)
+        await steps.ack()
+
+    with pytest.raises(DurabilityError, match="fsync"):
+        anyio.run(run)
+    assert steps.ctx.refused == {}
+    assert not _kept(spool)
