@@ -24,7 +24,14 @@ import anyio
 
 from tfrecordd.errors import DurabilityError, StateInUseError, TokenVersionError
 
-__all__ = ["FATAL", "InputBoundary", "PipelineClosedError", "describe", "refusable"]
+__all__ = [
+    "FATAL",
+    "InputBoundary",
+    "PipelineClosedError",
+    "Refusals",
+    "describe",
+    "refusable",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +52,11 @@ FATAL: tuple[type[BaseException], ...] = (
 them pass, and going on could break a promise (an fsync that failed, a second daemon)."""
 
 
-class _Counter(Protocol):
+class Refusals(Protocol):
+    """Where an :class:`InputBoundary` counts a refusal: a
+    :class:`~tfrecordd.plugin.SourceContext`, or anything with its ``name`` and
+    ``count_refused``."""
+
     name: str
 
     def count_refused(self, reason: str, n: int = 1) -> None: ...
@@ -73,7 +84,7 @@ class InputBoundary:
 
     Usable around ``await``: it is a plain context manager, entered and left in one task."""
 
-    def __init__(self, ctx: _Counter, what: str, label: str) -> None:
+    def __init__(self, ctx: Refusals, what: str, label: str) -> None:
         self.ctx = ctx
         self.what = what
         """The input, as the log names it (``file a.csv``, ``connection 127.0.0.1:5000``)."""

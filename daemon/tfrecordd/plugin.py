@@ -29,9 +29,10 @@ types it re-exports what plugins need from the core:
   :func:`write_atomically`, a small file replaced whole and durably through a ``FileSystem``;
 - ``descriptors``: the process's file-descriptor budget (``take``, ``release``, ``Backoff``),
   which a source that accepts connections shares with the daemon;
-- :class:`InputBoundary`, :func:`refusable` and :func:`describe`: the boundary around one
-  input (a file, a stream entry, a connection), so that whatever one input raises refuses that
-  input and never stops the source (DESIGN invariant 13);
+- :class:`InputBoundary` (counting into :class:`Refusals`), :func:`refusable` and
+  :func:`describe`: the boundary around one input (a file, a stream entry, a connection), so
+  that whatever one input raises refuses that input and never stops the source (DESIGN
+  invariant 13);
 - :class:`Backoff` and :func:`retrying`, the backoff schedule and retry loop of a source that
   reconnects; :func:`token_version` and :class:`TokenVersionError`, for tokens that carry a
   version (``"v"``) so that one of a newer release is refused, never misread.
@@ -55,7 +56,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tfrecordd import crashpoints, descriptors
-from tfrecordd.boundary import InputBoundary, describe, refusable
+from tfrecordd.boundary import InputBoundary, Refusals, describe, refusable
 from tfrecordd.endpoints import split_host_port
 from tfrecordd.errors import (
     EXIT_CONFIG,
@@ -106,6 +107,7 @@ __all__ = [
     "ListenError",
     "RawBatch",
     "RawEvent",
+    "Refusals",
     "Registry",
     "Size",
     "Source",

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 import anyio
 from pydantic import Field, field_validator
@@ -33,6 +33,7 @@ from tfrecordd.plugin import (
     Duration,
     InputBoundary,
     RawBatch,
+    Refusals,
     Size,
     Source,
     SourceConfig,
@@ -203,7 +204,7 @@ class DirectorySource(Source):
         self.positions = Positions()
         """What of each claim is committed, and which claims were sent to their end."""
         self._formats = FormatReaders(config, Path(self.claims.spool).resolve().name)
-        self._counter: _Counted = _Uncounted(config.name)
+        self._counter: Refusals = _Uncounted(config.name)
         """Where refusals outside ``run`` (in ``ack`` and ``recover``) are counted: the
         context, once attached."""
 
@@ -336,12 +337,6 @@ class DirectorySource(Source):
                 )
         self.positions.sent_eof.add(key)
         return True
-
-
-class _Counted(Protocol):
-    name: str
-
-    def count_refused(self, reason: str, n: int = 1) -> None: ...
 
 
 @dataclass
