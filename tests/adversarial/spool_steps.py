@@ -95,6 +95,14 @@ class SpoolSteps:
         owed, self.owed = self.owed, []
         await self.source.ack(owed)
 
+    async def rounds(self, n: int = 3) -> None:
+        """``n`` rounds of reading, committing and acking: long enough for a file that
+        changed to be read on and finished."""
+        for _ in range(n):
+            await self.pump()
+            self.commit()
+            await self.ack()
+
     async def crash(self) -> None:
         """The process dies: what was sent but not committed is gone, owed acks are redone by
         the next start's recovery."""

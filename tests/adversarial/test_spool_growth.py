@@ -164,10 +164,7 @@ async def test_a_file_still_open_for_writing_is_not_finished(tmp_path: Path) -> 
         writer.write(_lines(10, 5))
     finally:
         writer.close()
-    for _ in range(3):
-        await model.pump()
-        model.commit()
-        await model.ack()
+    await model.rounds()
     assert _ids(model.published) == list(range(15))
     assert not claimed_files(spool)
 
@@ -297,10 +294,7 @@ def test_a_file_under_a_writers_lease_is_not_finished(tmp_path: Path) -> None:
         model.commit()
 
     async def catch_up() -> None:
-        for _ in range(3):
-            await model.pump()
-            model.commit()
-            await model.ack()
+        await model.rounds()
 
     anyio.run(read_and_commit)
     [claim] = list((spool / CLAIM_DIR / "n1").iterdir())
@@ -348,10 +342,7 @@ def test_a_last_line_still_being_written_is_read_whole(tmp_path: Path, fmt: str)
             model.commit()
             await model.ack()
             writer.write(rest)
-        for _ in range(4):
-            await model.pump()
-            model.commit()
-            await model.ack()
+        await model.rounds(4)
 
     anyio.run(run)
     events = [e for b in model.published for e in b.expand()]
@@ -384,10 +375,7 @@ async def test_a_file_cut_while_it_waits_to_be_read_on_is_kept(tmp_path: Path) -
         writer.write(_lines(5, 1))
     finally:
         writer.close()
-    for _ in range(3):
-        await model.pump()
-        model.commit()
-        await model.ack()
+    await model.rounds()
     [kept] = [p for p in (spool / REJECT_DIR).iterdir() if not p.name.startswith(".")]
     assert kept.read_bytes() == _lines(5, 1)
     assert not claimed_files(spool)
@@ -415,10 +403,7 @@ async def test_a_file_rewritten_while_it_waits_to_be_read_on_is_kept(tmp_path: P
         writer.write(_lines(5, 5))  # as many bytes as before
     finally:
         writer.close()
-    for _ in range(3):
-        await model.pump()
-        model.commit()
-        await model.ack()
+    await model.rounds()
     [kept] = [p for p in (spool / REJECT_DIR).iterdir() if not p.name.startswith(".")]
     assert kept.read_bytes() == _lines(5, 5)
     assert _ids(model.published) == list(range(5))
