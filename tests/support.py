@@ -14,7 +14,7 @@ import tempfile
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +55,25 @@ async def run_source_until(
             while not (done or ended)():
                 await anyio.sleep(0.005)
         tg.cancel_scope.cancel()
+
+
+def run_daemon_with(daemon: Any, body: Callable[[], Awaitable[None]]) -> BaseException | None:
+    """Run ``daemon`` in-process with ``body`` beside it (``body`` ends it with
+    ``request_stop``, or waits for it to stop on an error of its own). Returns what the run
+    raised, ``None`` after a clean stop; ``tfrecordd.errors.find_error`` unwraps it as
+    ``tfrecordd run`` does."""
+    import anyio
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            await body()
+
+    try:
+        anyio.run(run)
+    except BaseException as e:
+        return e
+    return None
 
 
 def examples(short: int, long: int) -> int:

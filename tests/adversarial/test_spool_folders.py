@@ -19,6 +19,7 @@ from tests.support import (
     claimed_files,
     movie_event,
     read_ids,
+    run_daemon_with,
     shard_files,
     spool_file,
     write_config,
@@ -205,19 +206,13 @@ def test_a_spool_replaced_while_running_stops_the_source_with_a_clear_error(
     spool = tmp_path / "spool"
     daemon = Daemon(load_config(cfg), handle_signals=False)
 
-    async def run() -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(daemon.run)
-            spool.rename(tmp_path / "old-spool")
-            spool.mkdir()
-            await anyio.sleep(20)  # the error ends the daemon long before
-            tg.cancel_scope.cancel()
+    async def body() -> None:
+        spool.rename(tmp_path / "old-spool")
+        spool.mkdir()
+        await anyio.sleep(20)  # the error ends the daemon long before
+        daemon.request_stop()
 
-    try:
-        anyio.run(run)
-    except BaseException as e:  # unwrapped as `tfrecordd run` does
-        error = find_error(e)
-    else:
-        error = None
+    raised = run_daemon_with(daemon, body)
+    error = find_error(raised) if raised is not None else None
     assert error is not None
     assert "was removed, replaced, or moved" in str(error)

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.support import movie_event, read_ids, spool_file, write_config
+from tests.support import movie_event, read_ids, run_daemon_with, spool_file, write_config
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_IO, find_error
 from tfrecordd.pipeline.runtime import Daemon
@@ -57,31 +57,26 @@ def test_a_held_spool_folder_changed_stops_the_daemon_with_exit_74(
     writer = threading.Thread(target=produce)
     took: list[float] = []
 
-    async def run() -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(daemon.run)
-            if traffic:
-                writer.start()
-            await anyio.sleep(0.3)
-            target = spool / _FOLDERS[folder]
-            start = time.monotonic()
-            if how == "renamed":
-                os.rename(target, tmp_path / "moved-away")
-            else:
-                shutil.rmtree(target)
-            os.makedirs(target, exist_ok=True)
-            try:
-                await anyio.sleep(8 * WATCH_INTERVAL)  # the error ends the daemon before
-            finally:
-                took.append(time.monotonic() - start)
-            tg.cancel_scope.cancel()
+    async def body() -> None:
+        if traffic:
+            writer.start()
+        await anyio.sleep(0.3)
+        target = spool / _FOLDERS[folder]
+        start = time.monotonic()
+        if how == "renamed":
+            os.rename(target, tmp_path / "moved-away")
+        else:
+            shutil.rmtree(target)
+        os.makedirs(target, exist_ok=True)
+        try:
+            await anyio.sleep(8 * WATCH_INTERVAL)  # the error ends the daemon before
+        finally:
+            took.append(time.monotonic() - start)
+        daemon.request_stop()
 
     try:
-        anyio.run(run)
-    except BaseException as e:  # unwrapped as `tfrecordd run` does
-        error = find_error(e)
-    else:
-        error = None
+        raised = run_daemon_with(daemon, body)
+        error = find_error(raised) if raised is not None else None
     finally:
         stop.set()
         if writer.is_alive():

@@ -11,7 +11,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -22,6 +22,7 @@ from tests.support import (
     MOVIES_FEATURES,
     movie_event,
     read_ids,
+    run_daemon_with,
     spool_drained,
     spool_file,
     write_config,
@@ -53,22 +54,6 @@ async def _until(done: Callable[[], bool], timeout: float = WITHIN) -> None:
     with anyio.fail_after(timeout):
         while not done():
             await anyio.sleep(0.05)
-
-
-def _run(daemon: Daemon, body: Callable[[], Awaitable[None]]) -> BaseException | None:
-    """Run ``daemon`` with ``body`` beside it; ``body`` ends it with ``request_stop``. Returns
-    what the run raised (``None`` after a clean stop)."""
-
-    async def run() -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(daemon.run)
-            await body()
-
-    try:
-        anyio.run(run)
-    except BaseException as e:  # unwrapped below as `tfrecordd run` does
-        return e
-    return None
 
 
 def _exit_status(error: BaseException | None) -> int | None:
@@ -113,7 +98,7 @@ def test_dead_letters_written_after_the_file_is_removed_are_in_the_file_at_its_p
         await _until(lambda: spool_drained(spool))
         daemon.request_stop()
 
-    assert _run(daemon, body) is None
+    assert run_daemon_with(daemon, body) is None
     assert sorted(_raws(path)) == sorted(after)
     assert _metric(daemon, "tfrecordd_watch_repairs_total", what="dead_letters") >= 1
 
@@ -167,7 +152,7 @@ def test_dead_letters_taken_away_while_they_are_written_are_never_lost(tmp_path:
             await anyio.to_thread.run_sync(worker.join)
         daemon.request_stop()
 
-    assert _run(daemon, body) is None
+    assert run_daemon_with(daemon, body) is None
     missing = set(expected) - set(taken) - set(_raws(path))
     assert not missing, f"{len(missing)} dead letter(s) lost, e.g. {sorted(missing)[:5]}"
     assert rounds[0] >= 5, "the daemon made the file again each time it was moved away"
@@ -188,7 +173,7 @@ def test_a_dead_letter_path_that_cannot_be_a_file_again_stops_the_daemon(tmp_pat
         await anyio.sleep(WITHIN)
         daemon.request_stop()  # not reached when the change stops the daemon
 
-    error = _run(daemon, body)
+    error = run_daemon_with(daemon, body)
     assert _exit_status(error) == EXIT_IO, error
     assert "dead-letters.jsonl" in _message(error)
 
@@ -259,7 +244,7 @@ def test_a_removed_state_lock_is_taken_again(tmp_path: Path) -> None:
         assert statelock.held_by_other(str(tmp_path / "state"))
         daemon.request_stop()
 
-    assert _run(daemon, body) is None
+    assert run_daemon_with(daemon, body) is None
     assert _metric(daemon, "tfrecordd_watch_repairs_total", what="state_lock") == 1
 
 
@@ -280,7 +265,7 @@ def test_a_staging_folder_removed_stops_the_daemon_with_exit_74(tmp_path: Path, 
         await anyio.sleep(WITHIN)
         daemon.request_stop()  # not reached when the change stops the daemon
 
-    error = _run(daemon, body)
+    error = run_daemon_with(daemon, body)
     assert _exit_status(error) == EXIT_IO, error
     assert "staging folder was" in _message(error)
 
@@ -295,7 +280,7 @@ def test_the_check_shows_in_metrics_and_healthz(tmp_path: Path) -> None:
         assert not daemon.healthy(time.monotonic() + 60)  # as if the check had hung a minute
         daemon.request_stop()
 
-    assert _run(daemon, body) is None
+    assert run_daemon_with(daemon, body) is None
 
 
 # -- the unix socket source --------------------------------------------------------------------
@@ -355,7 +340,7 @@ def test_a_removed_unix_socket_is_bound_again(tmp_path: Path, traffic: bool) -> 
         await _until(lambda: len(read_ids(tmp_path / "shards")) == 10)
         daemon.request_stop()
 
-    assert _run(daemon, body) is None
+    assert run_daemon_with(daemon, body) is None
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(10), 1)
     assert not sock.exists(), "the socket this daemon bound is removed on shutdown"
 
@@ -373,7 +358,7 @@ def test_a_unix_socket_path_taken_by_another_file_stops_the_daemon(tmp_path: Pat
         await anyio.sleep(WITHIN)
         daemon.request_stop()  # not reached when the change stops the daemon
 
-    error = _run(daemon, body)
+    error = run_daemon_with(daemon, body)
     assert _exit_status(error) == EXIT_IO, error
     assert "ingest.sock" in _message(error)
     assert sock.read_text() == "someone else's\n"
