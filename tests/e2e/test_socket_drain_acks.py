@@ -18,13 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.test_descriptor_limits import write_tcp_config
+from tests.e2e.test_descriptor_limits import scrape, write_tcp_config
 from tests.support import (
     DaemonProcess,
     free_port,
     movie_event,
     read_ids,
-    shard_files,
     wait_for,
 )
 
@@ -42,6 +41,16 @@ def documented_client() -> Callable[..., None]:
     exec(compile(code.group(1), str(DOCS), "exec"), namespace)
     send: Callable[..., None] = namespace["send_acked"]
     return send
+
+
+def _received(metrics_port: int) -> float:
+    """The events the running daemon has taken in so far (0 before its endpoint answers)."""
+    try:
+        text = scrape(metrics_port, timeout=1.0)
+    except OSError:
+        return 0.0
+    found = re.search(r'^tfrecordd_events_received_total\{source="tcp-in"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def test_sigterm_mid_stream_acks_what_the_drain_published(tmp_path: Path) -> None:
@@ -73,7 +82,9 @@ def test_sigterm_mid_stream_acks_what_the_drain_published(tmp_path: Path) -> Non
         first.wait_started()
         for t in threads:
             t.start()
-        wait_for(lambda: bool(shard_files(shards)), timeout=60, interval=0.01)
+        # As soon as events arrive: waiting for the first shard (max_shard_age) let a fast
+        # machine take in the whole stream first, and the stop came after it.
+        wait_for(lambda: _received(metrics_port) > 0, timeout=60, interval=0.005)
         first.signal(signal.SIGTERM)
         assert first.wait(60) == 0, first.output()
         assert "drain did not finish" not in first.output()
