@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("state", {"tfrecordd.state"}),
     ("outputs", {"tfrecordd.outputs"}),
     ("pipeline", {"tfrecordd.pipeline"}),
-    ("cli", {"tfrecordd.cli", "tfrecordd.__main__"}),
+    ("cli", {"tfrecordd.cli", "tfrecordd.__main__", "tfrecordd.reader", "tfrecordd.readers"}),
 ]
 
 

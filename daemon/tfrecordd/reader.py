@@ -1,0 +1,61 @@
+"""The public reading API: a dataset's shards listed and read.
+
+Records of one shard (local path, fsspec URL or stream; CRCs verified, compression detected)::
+
+    from tfrecordd.reader import iter_records, iter_examples
+    for example in iter_examples("shards/part-….tfrecord.gz"):  # {"feature": [values...]}
+        ...
+
+A dataset (an output directory, local or ``s3://…``): :func:`list_shards` gives its published
+shards, never an in-progress or sidecar file, optionally only some partitions, a time range, or
+completed partitions; :func:`check_partition` says what is wrong with a completed one.
+
+Everything :mod:`tfrecordd.format.reader` offers is here too, under the same names; imports from
+there keep working.
+"""
+
+from __future__ import annotations
+
+from tfrecordd.format.compression import Compression
+from tfrecordd.format.proto import FeatureValues, parse_example, parse_sequence_example
+from tfrecordd.format.reader import (
+    Source,
+    iter_examples,
+    iter_records,
+    iter_records_with_offsets,
+    iter_sequence_examples,
+)
+from tfrecordd.readers.check import check_partition
+from tfrecordd.readers.layout import (
+    LATE_DIR,
+    MARKER_NAME,
+    MarkedShard,
+    Marker,
+    Shard,
+    TimeBound,
+    list_shards,
+    partition_values,
+    shard_compression,
+)
+
+__all__ = [
+    "LATE_DIR",
+    "MARKER_NAME",
+    "Compression",
+    "FeatureValues",
+    "MarkedShard",
+    "Marker",
+    "Shard",
+    "Source",
+    "TimeBound",
+    "check_partition",
+    "iter_examples",
+    "iter_records",
+    "iter_records_with_offsets",
+    "iter_sequence_examples",
+    "list_shards",
+    "parse_example",
+    "parse_sequence_example",
+    "partition_values",
+    "shard_compression",
+]

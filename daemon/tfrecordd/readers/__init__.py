@@ -1,0 +1,6 @@
+"""The parts of the public reader, :mod:`tfrecordd.reader`: import from there, not from here.
+
+:mod:`~tfrecordd.readers.store` reads a dataset's files wherever they are (a local directory or an
+fsspec URL); :mod:`~tfrecordd.readers.layout` lists the published shards of a dataset;
+:mod:`~tfrecordd.readers.check` checks a completed partition against its marker.
+"""
