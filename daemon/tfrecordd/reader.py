@@ -1,4 +1,4 @@
-"""The public reading API: a dataset's shards listed and read.
+"""The public reading API: a dataset's shards listed, read, fed to PyTorch.
 
 Records of one shard (local path, fsspec URL or stream; CRCs verified, compression detected)::
 
@@ -9,6 +9,11 @@ Records of one shard (local path, fsspec URL or stream; CRCs verified, compressi
 A dataset (an output directory, local or ``s3://…``): :func:`list_shards` gives its published
 shards, never an in-progress or sidecar file, optionally only some partitions, a time range, or
 completed partitions; :func:`check_partition` says what is wrong with a completed one.
+
+- PyTorch: :class:`TorchShardDataset` / :func:`torch_dataset` split the shards across
+  DataLoader workers and ranks, and resume mid-epoch from a :class:`ShardPosition` per worker
+  (:class:`PositionTracker`), skipping records unread with the manifests' offsets
+  (:func:`iter_records_from`); torch is imported by :func:`torch_dataset` only.
 
 Everything :mod:`tfrecordd.format.reader` offers is here too, under the same names; imports from
 there keep working.
@@ -37,6 +42,14 @@ from tfrecordd.readers.layout import (
     partition_values,
     shard_compression,
 )
+from tfrecordd.readers.seek import iter_records_from, record_offsets
+from tfrecordd.readers.torchdata import (
+    PositionTracker,
+    ShardPosition,
+    TorchShardDataset,
+    split_shards,
+    torch_dataset,
+)
 
 __all__ = [
     "LATE_DIR",
@@ -45,17 +58,24 @@ __all__ = [
     "FeatureValues",
     "MarkedShard",
     "Marker",
+    "PositionTracker",
     "Shard",
+    "ShardPosition",
     "Source",
     "TimeBound",
+    "TorchShardDataset",
     "check_partition",
     "iter_examples",
     "iter_records",
+    "iter_records_from",
     "iter_records_with_offsets",
     "iter_sequence_examples",
     "list_shards",
     "parse_example",
     "parse_sequence_example",
     "partition_values",
+    "record_offsets",
     "shard_compression",
+    "split_shards",
+    "torch_dataset",
 ]

@@ -1,11 +1,13 @@
 """The public reader, ``tfrecordd.reader``: a dataset's published shards listed (never in-progress,
 hidden, staging, sidecar or late files unless asked), partitions and time ranges chosen,
-completed partitions checked."""
+completed partitions checked, shards read from any record on with the manifests' offsets, and
+the split across workers and ranks resumed exactly where it stopped."""
 
 from __future__ import annotations
 
 import ast
 import datetime as dt
+import gzip
 import hashlib
 import importlib
 import importlib.util
@@ -17,17 +19,25 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tfrecordd.format.reader as old_reader
 import tfrecordd.reader as reader
-from tfrecordd.errors import InputError, TfrecorddError
+from tfrecordd.errors import CorruptRecordError, InputError, TfrecorddError
 from tfrecordd.format.compression import SUFFIXES, Compression
+from tfrecordd.format.framing import frame
 from tfrecordd.format.writer import open_writer
 from tfrecordd.outputs import manifest
 from tfrecordd.reader import (
+    PositionTracker,
     Shard,
+    ShardPosition,
+    TorchShardDataset,
     check_partition,
+    iter_records_from,
     list_shards,
+    split_shards,
 )
 
 # fsspec ships no type information.
@@ -227,6 +237,7 @@ def test_an_fsspec_location_lists_the_same(layout: Layout) -> None:
         assert remote[0].path == f"{url}/{REPEATED}/{layout.repeated.name}"
         assert remote[0].manifest == local[0].manifest
         assert check_partition(f"{url}/{HOUR3}") == []
+        assert list(iter_records_from(remote[1], 1)) == records_of(layout.s1.name, 3)[1:]
     finally:
         fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
 
@@ -409,6 +420,214 @@ def test_check_partition_with_another_marker_name(tmp_path: Path) -> None:
     assert pairs(list_shards(tmp_path, completed_only=True, marker_name="_DONE")) == [
         ("", shard.name)
     ]
+
+
+# --- reading from a record on -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+@pytest.mark.parametrize("with_manifest", [True, False])
+def test_reading_from_every_record_on(
+    tmp_path: Path, compression: Compression, with_manifest: bool
+) -> None:
+    path = write_shard(tmp_path, 5, compression, with_manifest=with_manifest)
+    records = records_of(path.name, 5)
+    for start in range(6):
+        assert list(iter_records_from(path, start)) == records[start:]
+    with pytest.raises(TfrecorddError, match="record 6 is past its 5 records"):
+        list(iter_records_from(path, 6))
+    starts = [sum(16 + len(r) for r in records[:i]) for i in range(5)]  # 16 bytes of framing
+    assert reader.record_offsets(path) == (starts if with_manifest else None)
+
+
+def _hand_framed(tmp_path: Path, compression: Compression) -> tuple[Path, list[bytes]]:
+    """A shard whose record 1 fails its data CRC, compression intact, and its manifest."""
+    records = [b"zero", b"one!", b"two", b"three"]
+    framed = [frame(r) for r in records]
+    framed[1] = framed[1][:-5] + b"?" + framed[1][-4:]
+    raw = b"".join(framed)
+    path = tmp_path / shard_name(compression)
+    path.write_bytes(gzip.compress(raw) if compression is Compression.GZIP else raw)
+    offsets = [sum(len(f) for f in framed[:i]) for i in range(len(framed))]
+    doc = {"version": 1, "shard": path.name, "compression": str(compression), "records": 4}
+    doc["record_offsets"] = offsets
+    (tmp_path / manifest.manifest_name(path.name)).write_text(json.dumps(doc))
+    return path, records
+
+
+@pytest.mark.parametrize("compression", [Compression.NONE, Compression.GZIP])
+def test_records_before_the_position_are_skipped_unread(
+    tmp_path: Path, compression: Compression
+) -> None:
+    path, records = _hand_framed(tmp_path, compression)
+    assert list(iter_records_from(path, 2)) == records[2:]
+    with pytest.raises(CorruptRecordError, match="at offset 20: data CRC mismatch"):
+        list(iter_records_from(path, 0))
+    manifest_path = tmp_path / manifest.manifest_name(path.name)
+    manifest_path.unlink()  # counting instead reads the damaged record
+    with pytest.raises(CorruptRecordError):
+        list(iter_records_from(path, 2))
+
+
+def test_a_manifest_that_does_not_fit_its_shard_is_an_error(tmp_path: Path) -> None:
+    path = write_shard(tmp_path, 3, Compression.NONE)
+    manifest_path = tmp_path / manifest.manifest_name(path.name)
+    doc = json.loads(manifest_path.read_text())
+    offsets, size = doc["record_offsets"], path.stat().st_size
+    doc["record_offsets"] = [0, offsets[1], offsets[2] - 1]
+    manifest_path.write_text(json.dumps(doc))
+    at = offsets[2] - 1
+    with pytest.raises(CorruptRecordError, match=f"at offset {at}: length CRC mismatch"):
+        list(iter_records_from(path, 2))
+    doc["record_offsets"], doc["records"] = [*offsets, size], 4
+    manifest_path.write_text(json.dumps(doc))
+    with pytest.raises(TfrecorddError, match=f"the file ends before offset {size}"):
+        list(iter_records_from(path, 3))
+    with pytest.raises(TfrecorddError, match="3 records, its manifest lists 4"):
+        list(iter_records_from(path, 1))
+    doc["records"] = 3
+    manifest_path.write_text(json.dumps(doc))
+    with pytest.raises(TfrecorddError, match="not one offset a record"):
+        list(iter_records_from(path, 1))
+
+
+# --- the split across workers and ranks, and resuming --------------------------------------------
+
+
+def test_split_is_round_robin_and_seeded_shuffles_are_reproducible() -> None:
+    shards = list(range(10))
+    assert split_shards(shards, 3) == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    seeded = split_shards(shards, 3, seed=7, epoch=1)
+    assert seeded == split_shards(shards, 3, seed=7, epoch=1)
+    assert sorted(s for part in seeded for s in part) == shards
+    epochs = {tuple(map(tuple, split_shards(shards, 3, seed=7, epoch=e))) for e in range(5)}
+    assert len(epochs) > 1
+    with pytest.raises(TfrecorddError, match="at least 1"):
+        split_shards(shards, 0)
+
+
+POOL_SIZES = [0, 1, 2, 3, 5, 7]
+POOL_KINDS = [
+    (Compression.NONE, True),
+    (Compression.GZIP, True),
+    (Compression.ZSTD, False),
+]
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Shards of every size and kind (with a manifest to seek by, or without: counting)."""
+    folder = tmp_path_factory.mktemp("pool")
+    return [
+        write_shard(folder, size, compression, with_manifest=with_manifest)
+        for compression, with_manifest in POOL_KINDS
+        for size in POOL_SIZES
+    ]
+
+
+def _items(dataset: TorchShardDataset, worker: int, workers: int) -> list[tuple[bytes, Any]]:
+    return list(dataset.iter_worker(worker, workers))
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    picks=st.lists(st.integers(0, len(POOL_SIZES) * len(POOL_KINDS) - 1), unique=True, max_size=9),
+    world_size=st.integers(1, 3),
+    num_workers=st.integers(1, 3),
+    seed=st.none() | st.integers(0, 2**32),
+    epoch=st.integers(0, 3),
+    data=st.data(),
+)
+def test_a_resumed_iteration_yields_exactly_the_rest(
+    pool: list[Path],
+    picks: list[int],
+    world_size: int,
+    num_workers: int,
+    seed: int | None,
+    epoch: int,
+    data: st.DataObject,
+) -> None:
+    shards = [pool[i] for i in picks]
+    options: dict[str, Any] = {"world_size": world_size, "seed": seed, "epoch": epoch}
+    tracker = PositionTracker()
+    runs: dict[tuple[int, int], tuple[list[tuple[bytes, Any]], int]] = {}
+    everything: list[bytes] = []
+    for rank in range(world_size):
+        dataset = TorchShardDataset(shards, rank=rank, with_position=True, **options)
+        for worker in range(num_workers):
+            items = _items(dataset, worker, num_workers)
+            everything += [record for record, _ in items]
+            stop = data.draw(st.integers(0, len(items)), label=f"stop of {rank}/{worker}")
+            for _, position in items[:stop]:
+                tracker.update(position)
+            runs[rank, worker] = items, stop
+    # every record of every shard, each read by exactly one worker
+    assert sorted(everything) == sorted(r for p in shards for r in records_of(p.name, _size(p)))
+    saved = json.loads(json.dumps(tracker.state()))
+    for rank in range(world_size):
+        resumed = TorchShardDataset(shards, rank=rank, with_position=True, start=saved, **options)
+        for worker in range(num_workers):
+            items, stop = runs[rank, worker]
+            assert _items(resumed, worker, num_workers) == items[stop:]
+
+
+def _size(path: Path) -> int:
+    return sum(1 for _ in reader.iter_records(path))
+
+
+def test_positions_name_the_worker_the_shard_and_the_record(pool: list[Path]) -> None:
+    shards = [pool[2], pool[3]]  # 2 and 3 records
+    dataset = TorchShardDataset(shards, rank=1, world_size=2, with_position=True)
+    items = list(dataset)  # outside a DataLoader worker: worker 0 of 1
+    assert [p for _, p in items] == [ShardPosition(1, 2, 0, i, pool[3].name) for i in (1, 2, 3)]
+    assert list(dataset.positions) == [items[-1][1]]
+    parsed = TorchShardDataset(shards, parse=lambda r: r.decode().upper())
+    assert next(iter(parsed)) == records_of(pool[2].name, 1)[0].decode().upper()
+
+
+def test_a_position_from_another_split_or_shard_list_is_refused(pool: list[Path]) -> None:
+    shards = pool[1:5]
+    first = TorchShardDataset(shards, world_size=2, with_position=True)
+    _, position = next(iter(first))
+    with pytest.raises(TfrecorddError, match="saved with the shards split across 2 workers, now 4"):
+        next(TorchShardDataset(shards, world_size=4, start=[position]).iter_worker())
+    with pytest.raises(TfrecorddError, match="the shard list, its order, the seed or the epoch"):
+        next(TorchShardDataset(shards[1:], world_size=2, start=[position]).iter_worker())
+    with pytest.raises(TfrecorddError, match="rank 2 of 2"):
+        TorchShardDataset(shards, rank=2, world_size=2)
+    after_epoch = TorchShardDataset(shards, world_size=2, start=[position])
+    after_epoch.set_epoch(1)
+    assert len(list(after_epoch)) == len(list(TorchShardDataset(shards, world_size=2)))
+
+
+class _Tensor:
+    """What a DataLoader's default collation makes of a batch of ints."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.values = values
+
+    def tolist(self) -> list[int]:
+        return self.values
+
+
+def test_the_tracker_reads_collated_batches_of_positions() -> None:
+    tracker = PositionTracker()
+    tracker.update(ShardPosition(0, 2, 0, 1, "a"))
+    # a batch of two items of worker 1, as default_collate hands it over
+    tracker.update((_Tensor([1, 1]), _Tensor([2, 2]), _Tensor([3, 3]), _Tensor([4, 5]), ["b", "b"]))
+    tracker.update(ShardPosition(0, 2, 0, 2, "a"))
+    assert tracker.state() == [[0, 2, 0, 2, "a"], [1, 2, 3, 5, "b"]]
+    assert list(PositionTracker(tracker.state())) == list(tracker)
+    with pytest.raises(TfrecorddError, match="not a shard position"):
+        tracker.update([1, 2, 3])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed")
+def test_torch_dataset_without_torch_says_how_to_get_it(pool: list[Path]) -> None:
+    with pytest.raises(TfrecorddError, match="pip install torch"):
+        reader.torch_dataset(pool)
 
 
 # --- the public module ----------------------------------------------------------------------------
