@@ -1,4 +1,4 @@
-"""The public reading API: a dataset's shards listed, read, fed to PyTorch.
+"""The public reading API: a dataset's shards listed, read, fed to TensorFlow or PyTorch.
 
 Records of one shard (local path, fsspec URL or stream; CRCs verified, compression detected)::
 
@@ -10,6 +10,8 @@ A dataset (an output directory, local or ``s3://…``): :func:`list_shards` give
 shards, never an in-progress or sidecar file, optionally only some partitions, a time range, or
 completed partitions; :func:`check_partition` says what is wrong with a completed one.
 
+- TensorFlow: :func:`tf_dataset` builds ``TFRecordDataset`` + ``tf.io.parse_example`` from the
+  schema's feature description (:func:`tf_features`); TensorFlow is imported there only.
 - PyTorch: :class:`TorchShardDataset` / :func:`torch_dataset` split the shards across
   DataLoader workers and ranks, and resume mid-epoch from a :class:`ShardPosition` per worker
   (:class:`PositionTracker`), skipping records unread with the manifests' offsets
@@ -43,6 +45,12 @@ from tfrecordd.readers.layout import (
     shard_compression,
 )
 from tfrecordd.readers.seek import iter_records_from, record_offsets
+from tfrecordd.readers.tfdata import (
+    is_sequence_description,
+    shard_files,
+    tf_dataset,
+    tf_features,
+)
 from tfrecordd.readers.torchdata import (
     PositionTracker,
     ShardPosition,
@@ -65,6 +73,7 @@ __all__ = [
     "TimeBound",
     "TorchShardDataset",
     "check_partition",
+    "is_sequence_description",
     "iter_examples",
     "iter_records",
     "iter_records_from",
@@ -76,6 +85,9 @@ __all__ = [
     "partition_values",
     "record_offsets",
     "shard_compression",
+    "shard_files",
     "split_shards",
+    "tf_dataset",
+    "tf_features",
     "torch_dataset",
 ]

@@ -37,6 +37,7 @@ from tfrecordd.reader import (
     check_partition,
     iter_records_from,
     list_shards,
+    shard_files,
     split_shards,
 )
 
@@ -628,6 +629,23 @@ def test_the_tracker_reads_collated_batches_of_positions() -> None:
 def test_torch_dataset_without_torch_says_how_to_get_it(pool: list[Path]) -> None:
     with pytest.raises(TfrecorddError, match="pip install torch"):
         reader.torch_dataset(pool)
+
+
+# --- tf.data's file list, without TensorFlow ------------------------------------------------------
+
+
+def test_shard_files_for_tf_data(layout: Layout) -> None:
+    h3 = [s for s in list_shards(layout.root, partitions=[HOUR3]) if s.partition == HOUR3]
+    gz = [s for s in h3 if s.compression is Compression.GZIP]
+    assert shard_files(gz) == ([str(layout.s1)], Compression.GZIP)
+    assert shard_files([f"file://{layout.s1}"]) == ([str(layout.s1)], Compression.GZIP)
+    assert shard_files([layout.s2], "none") == ([str(layout.s2)], Compression.NONE)
+    assert shard_files(layout.root / "_late") == ([str(layout.late)], Compression.GZIP)
+    assert shard_files([]) == ([], Compression.NONE)
+    with pytest.raises(TfrecorddError, match=r"the shards mix compressions \(gzip, none\)"):
+        shard_files(h3)
+    with pytest.raises(TfrecorddError, match="TensorFlow cannot read zstd shards: transcode"):
+        shard_files([layout.open_hour])
 
 
 # --- the public module ----------------------------------------------------------------------------

@@ -4,6 +4,6 @@
 fsspec URL); :mod:`~tfrecordd.readers.layout` lists the published shards of a dataset;
 :mod:`~tfrecordd.readers.check` checks a completed partition against its marker;
 :mod:`~tfrecordd.readers.seek` reads a shard from any record on;
-:mod:`~tfrecordd.readers.torchdata` splits shards across PyTorch workers and ranks and resumes
-mid-epoch.
+:mod:`~tfrecordd.readers.tfdata` builds a ``tf.data`` pipeline; :mod:`~tfrecordd.readers.torchdata`
+splits shards across PyTorch workers and ranks and resumes mid-epoch.
 """
