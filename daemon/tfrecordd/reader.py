@@ -18,7 +18,7 @@ completed partitions; :func:`check_partition` says what is wrong with a complete
   (:func:`iter_records_from`); torch is imported by :func:`torch_dataset` only.
 
 Everything :mod:`tfrecordd.format.reader` offers is here too, under the same names; imports from
-there keep working.
+there keep working. ``docs/reading.md`` is the guide.
 """
 
 from __future__ import annotations
