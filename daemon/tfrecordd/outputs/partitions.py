@@ -13,9 +13,10 @@ Time segments (``time = "event"`` or ``"arrival"``) name the local date and, for
 - Clocks going back: the first pass of the repeated clock hour is ``hour=HH``; the second pass
   (the later instants, ``fold=1``) is ``hour=HH+hhmm``, its UTC offset (Europe/Berlin on
   2026-10-25: ``hour=02`` is 00:00-01:00 UTC, ``hour=02+0100`` is 01:00-02:00 UTC). No hour
-  folder holds more than an hour, and within a day names sort as their hours pass
-  (``02`` < ``02+0100`` < ``03``) wherever clocks go back by at most one clock hour; after a
-  longer step back (Antarctica/Troll's two hours) each repeated hour sorts after its first pass.
+  folder holds more than an hour. Within a day, names sort as their hours pass
+  (``02`` < ``02+0100`` < ``03``) wherever the repeated local time lies within one clock hour;
+  where it spans two (Pacific/Chatham's 02:45-03:45, Antarctica/Troll's 01:00-03:00), a
+  second pass sorts right after its own first pass, before the next hour's first pass.
 - A day folder is a local date, 23 to 25 hours long. A date that comes back after the next one
   began (clocks going back across midnight, as America/St_Johns' did at 00:01) gets
   ``dt=YYYY-MM-DD+hhmm`` for its second pass, the same rule as hours.
@@ -77,8 +78,8 @@ _SAMPLE_LO, _SAMPLE_HI = _LO + _DAY, _HI - _DAY
 """Offsets are looked up within these (any zone's local time is a ``datetime`` there), and
 taken as constant beyond."""
 _SCAN = _HOUR
-"""The step at which offsets are sampled to find their changes: no zone changes its offset
-twice within an hour."""
+"""The step at which offsets are sampled to find their changes (then bisected to the second):
+no zone changes its offset and back within an hour."""
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_.-]{0,63}", re.ASCII)
 _TIME = re.compile(r"dt=(\d{4})-(\d{2})-(\d{2})(?:/hour=(\d{2}))?([+-]\d{4}(?:\d{2})?)?", re.ASCII)
 _FLOAT32 = struct.Struct("<f")
