@@ -1045,11 +1045,277 @@ static PyTypeObject PlanType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* ---- Reading back: the first value of chosen features of serialized Examples ---------------
+ *
+ * first_values() reads what tfrecordd.format.features reads, the same way (its docstring says
+ * how): protobuf's reading of the Example, its Features and their map entries, of the Feature
+ * and value lists of the features asked for only, and of a list only up to its first value. A
+ * record that is not well-formed there gives None, never an exception.
+ */
+
+#define READ_MAX_DEPTH 64
+
+static int rd_varint(const unsigned char *b, size_t *i, size_t end, uint64_t *out) {
+    uint64_t v = 0;
+    for (int k = 0; k < 10; k++) {
+        if (*i >= end) return -1;
+        unsigned char c = b[(*i)++];
+        v |= (uint64_t)(c & 0x7F) << (7 * k);
+        if (c < 0x80) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Past the value of a field whose tag ended at *i (a group: past its end tag). */
+static int rd_skip(const unsigned char *b, size_t *i, size_t end, uint64_t wire, uint64_t number,
+                   int depth) {
+    uint64_t v;
+    switch (wire) {
+    case 0:
+        return rd_varint(b, i, end, &v);
+    case 2:
+        if (rd_varint(b, i, end, &v) < 0 || v > end - *i) return -1;
+        *i += v;
+        return 0;
+    case 1:
+    case 5: {
+        size_t width = wire == 1 ? 8 : 4;
+        if (width > end - *i) return -1;
+        *i += width;
+        return 0;
+    }
+    case 3:
+        if (depth >= READ_MAX_DEPTH) return -1;
+        for (;;) {
+            uint64_t tag;
+            if (rd_varint(b, i, end, &tag) < 0) return -1;
+            if ((tag & 7) == 4) return (tag >> 3) == number ? 0 : -1;
+            if ((tag >> 3) == 0 || tag > 0xFFFFFFFFu) return -1;
+            if (rd_skip(b, i, end, tag & 7, tag >> 3, depth + 1) < 0) return -1;
+        }
+    default:
+        return -1;
+    }
+}
+
+typedef struct {
+    uint64_t number, wire;
+    size_t start, stop; /* wire type 2: the payload; others: the value's bytes */
+} Field;
+
+static int rd_field(const unsigned char *b, size_t *i, size_t end, Field *f) {
+    uint64_t tag;
+    if (rd_varint(b, i, end, &tag) < 0) return -1;
+    f->number = tag >> 3;
+    f->wire = tag & 7;
+    if (f->number == 0 || tag > 0xFFFFFFFFu) return -1;
+    if (f->wire == 2) {
+        uint64_t n;
+        if (rd_varint(b, i, end, &n) < 0 || n > end - *i) return -1;
+        f->start = *i;
+        *i += n;
+        f->stop = *i;
+        return 0;
+    }
+    f->start = *i;
+    if (rd_skip(b, i, end, f->wire, f->number, 0) < 0) return -1;
+    f->stop = *i;
+    return 0;
+}
+
+/* The first value of a value list of kind `kind` in b[start:stop]: 1 and *out set, 0 when the
+ * list holds none, -1 when it is malformed before its first value (or on a memory error, with
+ * the exception set). */
+static int rd_list_first(const unsigned char *b, size_t start, size_t stop, uint64_t kind,
+                         PyObject **out) {
+    size_t i = start;
+    Field f;
+    while (i < stop) {
+        if (rd_field(b, &i, stop, &f) < 0) return -1;
+        if (f.number != 1) continue;
+        if (kind == 3 && (f.wire == 0 || (f.wire == 2 && f.start < f.stop))) {
+            uint64_t v;
+            size_t at = f.start;
+            if (rd_varint(b, &at, f.wire == 2 ? f.stop : stop, &v) < 0) return -1;
+            *out = PyLong_FromLongLong((long long)(int64_t)v);
+            return *out == NULL ? -1 : 1;
+        }
+        if (kind == 1 && f.wire == 2) {
+            *out = PyBytes_FromStringAndSize((const char *)b + f.start, f.stop - f.start);
+            return *out == NULL ? -1 : 1;
+        }
+        if (kind == 2 && (f.wire == 5 || f.wire == 2)) {
+            if (f.wire == 2 && (f.stop - f.start) % 4) return -1;
+            if (f.start < f.stop) {
+                const unsigned char *p = b + f.start;
+                uint32_t bits = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                (uint32_t)p[3] << 24;
+                float x;
+                memcpy(&x, &bits, sizeof x);
+                *out = PyFloat_FromDouble((double)x);
+                return *out == NULL ? -1 : 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The first value of the Feature merged from the value fields of the map entry b[start:stop]
+ * (a kind given again replaces the one before; lists of one kind follow each other): 1 and
+ * *out set, 0 for none, -1 when malformed or on a memory error. */
+static int rd_entry_first(const unsigned char *b, size_t start, size_t stop, PyObject **out) {
+    uint64_t kind = 0;
+    size_t run = 0; /* where the last run of one kind starts */
+    Field e, f;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t i = start;
+        while (i < stop) {
+            if (rd_field(b, &i, stop, &e) < 0) return -1;
+            if (e.number != 2 || e.wire != 2) continue;
+            size_t j = e.start;
+            while (j < e.stop) {
+                size_t at = j;
+                if (rd_field(b, &j, e.stop, &f) < 0) return -1;
+                if (f.wire != 2 || f.number < 1 || f.number > 3) continue;
+                if (pass == 0) {
+                    if (f.number != kind) {
+                        kind = f.number;
+                        run = at;
+                    }
+                } else if (at >= run) {
+                    int got = rd_list_first(b, f.start, f.stop, kind, out);
+                    if (got != 0) return got;
+                }
+            }
+        }
+        if (kind == 0) return 0;
+    }
+    return 0;
+}
+
+/* One record's row (a tuple, one value or None per name) or None when it is malformed; NULL on
+ * a memory error. `found` is scratch space for one entry span per name. */
+static PyObject *rd_record(const unsigned char *b, size_t n, PyObject *const *names,
+                           Py_ssize_t count, size_t (*found)[2]) {
+    for (Py_ssize_t k = 0; k < count; k++) found[k][0] = found[k][1] = 0;
+    size_t i = 0;
+    Field x, y, z;
+    while (i < n) {
+        if (rd_field(b, &i, n, &x) < 0) Py_RETURN_NONE;
+        if (x.number != 1 || x.wire != 2) continue;
+        size_t j = x.start;
+        while (j < x.stop) {
+            if (rd_field(b, &j, x.stop, &y) < 0) Py_RETURN_NONE;
+            if (y.number != 1 || y.wire != 2) continue;
+            size_t q = y.start, key = 0, key_len = 0;
+            int unknown = 0;
+            while (q < y.stop) {
+                if (rd_field(b, &q, y.stop, &z) < 0) Py_RETURN_NONE;
+                if (z.wire == 2 && z.number == 1) {
+                    key = z.start;
+                    key_len = z.stop - z.start;
+                } else if (z.wire != 2 || z.number != 2) {
+                    unknown = 1;
+                }
+            }
+            if (unknown) continue;
+            for (Py_ssize_t k = 0; k < count; k++) {
+                if ((size_t)PyBytes_GET_SIZE(names[k]) == key_len &&
+                    memcmp(PyBytes_AS_STRING(names[k]), b + key, key_len) == 0) {
+                    found[k][0] = y.start;
+                    found[k][1] = y.stop + 1; /* +1: 0 stays "not found" */
+                    break;
+                }
+            }
+        }
+    }
+    PyObject *row = PyTuple_New(count);
+    if (row == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *value = NULL;
+        int got = found[k][1] ? rd_entry_first(b, found[k][0], found[k][1] - 1, &value) : 0;
+        if (got < 0) {
+            Py_DECREF(row);
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+        if (got == 0) value = Py_NewRef(Py_None);
+        PyTuple_SET_ITEM(row, k, value);
+    }
+    return row;
+}
+
+static PyObject *first_values(PyObject *Py_UNUSED(module), PyObject *const *args,
+                              Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "first_values(records, names) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *records = PySequence_Fast(args[0], "records must be a sequence");
+    if (records == NULL) return NULL;
+    PyObject *names = PySequence_Fast(args[1], "names must be a sequence");
+    if (names == NULL) {
+        Py_DECREF(records);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(names), total = PySequence_Fast_GET_SIZE(records);
+    PyObject *const *name_items = PySequence_Fast_ITEMS(names);
+    PyObject *result = NULL;
+    size_t(*found)[2] = PyMem_Malloc(sizeof *found * (size_t)(count ? count : 1));
+    if (found == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (!PyBytes_Check(name_items[k])) {
+            PyErr_SetString(PyExc_TypeError, "names must be bytes");
+            goto done;
+        }
+    }
+    result = PyList_New(total);
+    if (result == NULL) goto done;
+    for (Py_ssize_t r = 0; r < total; r++) {
+        PyObject *record = PySequence_Fast_GET_ITEM(records, r);
+        if (!PyBytes_Check(record)) {
+            PyErr_SetString(PyExc_TypeError, "records must be bytes");
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyObject *row =
+            rd_record((const unsigned char *)PyBytes_AS_STRING(record),
+                      (size_t)PyBytes_GET_SIZE(record), name_items, count, found);
+        if (row == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, r, row);
+    }
+done:
+    PyMem_Free(found);
+    Py_DECREF(records);
+    Py_DECREF(names);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"first_values", (PyCFunction)(void (*)(void))first_values, METH_FASTCALL,
+     "first_values(records, names, /)\n--\n\n"
+     "For each serialized Example of records (bytes), the first value of each feature of names "
+     "(bytes), None where absent or empty, in a tuple; None for a record that is not "
+     "well-formed."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_cexample",
-    .m_doc = "JSON payloads to serialized tf.train.Example records, for schemas of plain features.",
+    .m_doc = "JSON payloads to serialized tf.train.Example records, for schemas of plain features; "
+             "chosen features' first values read back from serialized Examples.",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__cexample(void) {

@@ -1,4 +1,5 @@
-"""JSON payloads to serialized ``tf.train.Example`` records, for schemas of plain features."""
+"""JSON payloads to serialized ``tf.train.Example`` records, for schemas of plain features;
+chosen features' first values read back from serialized Examples."""
 
 from collections.abc import Sequence
 from typing import final
@@ -25,3 +26,11 @@ class ExamplePlan:
 
         Payloads that are not ``bytes`` get ``None``. The parsing runs with the GIL released.
         """
+
+def first_values(
+    records: Sequence[bytes], names: Sequence[bytes], /
+) -> list[tuple[int | float | bytes | None, ...] | None]:
+    """For each record, the first value of each feature of ``names`` (``None`` where absent or
+    empty), or ``None`` for a record that is not well-formed: what
+    :class:`tfrecordd.format.features.FeatureReader` reads. Raises ``TypeError`` for a record
+    or a name that is not ``bytes``."""

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tfrecordd.datasets import PartitionSection
 from tfrecordd.errors import ConfigError
-from tfrecordd.format import proto
+from tfrecordd.format import features, proto
 from tfrecordd.format.features import FeatureReader, FeatureValue, Row
 from tfrecordd.format.wire import ExampleWriter, FeatureType
 from tfrecordd.outputs.partitions import (
@@ -518,12 +518,24 @@ def same(a: Row | None, b: Row | None) -> bool:
     return [_bits(v) for v in a] == [_bits(v) for v in b]
 
 
+def read_both(names: list[str], data: bytes) -> Row | None:
+    """The reading of ``data``, the same in C (where built) and in Python."""
+    reader = FeatureReader(names)
+    got = reader.read(data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(features, "COMPILED", False)
+        python = reader.read(data)
+        assert all(same(row, python) for row in reader.read_batch([data, data]))
+    assert same(got, python), (got, python)
+    return got
+
+
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(example_bytes(), st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True))
 def test_reader_reads_what_protobuf_reads(data: bytes, names: list[str]) -> None:
     expected = oracle(data, names)
     assert expected is not None
-    got = FeatureReader(names).read(data)
+    got = read_both(names, data)
     assert same(got, expected), (got, expected)
 
 
@@ -543,20 +555,44 @@ def test_reader_never_raises_and_agrees_wherever_protobuf_parses(
         else:
             mutated[at:at] = draw.draw(st.binary(min_size=1, max_size=3))
     names = ["a", "ts", "k" * 130]
-    got = FeatureReader(names).read(bytes(mutated))
+    got = read_both(names, bytes(mutated))
     expected = oracle(bytes(mutated), names)
     if expected is not None:
         assert same(got, expected), (got, expected)
 
 
+@settings(max_examples=300)
+@given(st.binary(max_size=64))
+def test_reader_on_any_bytes(data: bytes) -> None:
+    read_both(["a", ""], data)
+    read_both(["a", ""], b"\x0a" + bytes([len(data)]) + data if len(data) < 128 else data)
+
+
 def test_reader_on_the_writer_s_records_and_odd_bytes() -> None:
-    reader = FeatureReader(["ts", "country", "score", "n"])
+    names = ["ts", "country", "score", "n"]
     data = record(ts=[-5, 7], country=[b"", b"x"], score=[0.5], n=[2**63 - 1])
-    assert reader.read(data) == (-5, b"", 0.5, 2**63 - 1)
-    assert reader.read(b"") == (None, None, None, None)
-    assert reader.read(record(n=[])) == (None, None, None, None)
-    for bad in [b"\x0a", b"\x0a\x80", b"\x00\x00", b"\x0b", b"\x0a\x02\x0a\x05", b"\xff" * 11]:
-        assert reader.read(bad) is None, bad
+    assert read_both(names, data) == (-5, b"", 0.5, 2**63 - 1)
+    assert read_both(names, b"") == (None, None, None, None)
+    assert read_both(names, record(n=[])) == (None, None, None, None)
+    assert read_both([], data) == ()
+    deep = b"".join(bytes([0x0B]) for _ in range(70)) + b"".join(bytes([0x0C]) for _ in range(70))
+    for bad in [
+        b"\x0a",
+        b"\x0a\x80",
+        b"\x00\x00",
+        b"\x0b",
+        b"\x0a\x02\x0a\x05",
+        b"\xff" * 11,
+        deep,
+    ]:
+        assert read_both(names, bad) is None, bad
+    reader = FeatureReader(names)
     assert reader.read_batch([data, b"\x0a"]) == [reader.read(data), None]
     with pytest.raises(ValueError, match="twice"):
         FeatureReader(["a", "a"])
+
+
+@pytest.mark.skipif(not features.COMPILED, reason="tfrecordd._cexample is not built")
+def test_compiled_reader_refuses_what_is_not_bytes() -> None:
+    with pytest.raises(TypeError, match="bytes"):
+        FeatureReader(["a"]).read_batch(["text"])  # type: ignore[list-item]
