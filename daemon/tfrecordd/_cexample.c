@@ -1093,7 +1093,8 @@ static int rd_skip(const unsigned char *b, size_t *i, size_t end, uint64_t wire,
             uint64_t tag;
             if (rd_varint(b, i, end, &tag) < 0) return -1;
             if ((tag & 7) == 4) return (tag >> 3) == number ? 0 : -1;
-            if ((tag >> 3) == 0 || tag > 0xFFFFFFFFu) return -1;
+            /* Field number 0 is let through in a group, as protobuf does. */
+            if (tag > 0xFFFFFFFFu) return -1;
             if (rd_skip(b, i, end, tag & 7, tag >> 3, depth + 1) < 0) return -1;
         }
     default:

@@ -586,6 +586,11 @@ def test_reader_on_the_writer_s_records_and_odd_bytes() -> None:
         deep,
     ]:
         assert read_both(names, bad) is None, bad
+    # In a group, protobuf lets a field number 0 through, and a group of number 0.
+    for odd in [b"K\x00\x00L", b"K\x03\x04L", b"K\x05\x00\x00\x00\x00L", b"K\x02\x01\x00L"]:
+        assert read_both(names, odd + data) == oracle(odd + data, names) == read_both(names, data)
+    for bad in [b"K\x06L", b"\x03\x04", b"K\x80\x80\x80\x80\x10\x00L"]:
+        assert read_both(names, bad + data) is oracle(bad + data, names) is None
     reader = FeatureReader(names)
     assert reader.read_batch([data, b"\x0a"]) == [reader.read(data), None]
     with pytest.raises(ValueError, match="twice"):

@@ -86,7 +86,7 @@ def _skip(buf: bytes, i: int, end: int, wire: int, number: int, depth: int) -> i
                 if tag >> 3 != number:
                     raise _Malformed
                 return i
-            if tag >> 3 == 0 or tag > 0xFFFF_FFFF:
+            if tag > 0xFFFF_FFFF:  # field number 0 is let through in a group, as protobuf does
                 raise _Malformed
             i = _skip(buf, i, end, tag & 7, tag >> 3, depth + 1)
     else:
