@@ -9,6 +9,7 @@ Unknown keys are errors everywhere. Every problem is collected, with its locatio
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
 from pathlib import Path
@@ -23,9 +24,9 @@ from pydantic import (
     field_validator,
 )
 
+from tfrecordd.datasets import NAME_PATTERN, DatasetSection, OutputSection, legacy_dataset
 from tfrecordd.endpoints import METRICS_LISTEN, split_host_port
 from tfrecordd.errors import ConfigError
-from tfrecordd.format.compression import Compression
 from tfrecordd.pathcheck import check_paths
 from tfrecordd.plugin import EncoderConfig, Registry, SourceConfig
 from tfrecordd.units import Duration, Size
@@ -88,58 +89,16 @@ class MetricsSection(_Section):
         return v
 
 
-class OutputSection(_Section):
-    """``[output]``: where shards go and when they rotate."""
-
-    dir: str
-    """Where shards are published: a local directory, or an fsspec URL such as
-    ``s3://bucket/prefix`` or ``gs://bucket/prefix`` (see ``storage_options``)."""
-    storage_options: dict[str, Any] = Field(default_factory=dict)
-    """Passed as they are to the fsspec file system of a URL ``dir`` (endpoint, region...).
-    Prefer credentials from the environment; values here are never logged, and
-    ``check-config`` prints each as ``***`` unless its key is known to be harmless
-    (``endpoint_url``, ``region_name``, ``anon``...)."""
-    staging_dir: Path | None = None
-    """For a URL ``dir``: the local directory where shards are written before upload, in a
-    subfolder named after ``node_id``. Default: ``staging/`` in ``state_dir``."""
-    compression: Compression = Compression.GZIP
-    """``none``, ``gzip``, ``zlib`` (all read by ``tf.data``) or ``zstd`` (tfrecordd's reader)."""
-    level: int | None = None
-    """Compression level; default: gzip/zlib 6, zstd 3."""
-    max_shard_bytes: Size = Field(default=256 << 20, ge=4096)
-    """Rotate before a shard's size on disk (compressed) would pass this. Only a shard holding a
-    single batch larger than this on its own may exceed it."""
-    max_shard_records: int = Field(default=0, ge=0)
-    """Rotate at this many records; 0: no limit."""
-    max_shard_age: Duration = Field(default=600.0, gt=0)
-    """A shard holding data is published at most this long after its first record arrived."""
-    prefix: str = Field(default="part", pattern=r"^[A-Za-z0-9_.-]+$")
-    """The first part of each shard's name."""
-    min_free_bytes: Size = Field(default=64 << 20, ge=0)
-    """Keep this much space free on the output's file system: before a batch is written, the
-    daemon waits (its sources paused by backpressure) until the batch fits above this reserve,
-    and resumes by itself when space returns. ``0`` turns the check off."""
-    verify: Literal["sha256", "size"] = "sha256"
-    """For a URL ``dir``: after each upload compare the object's size and read it back to
-    compare its SHA-256 (``sha256``), or compare the size only (``size``: no download)."""
-    retry_for: Duration = Field(default=300.0, gt=0)
-    """For a URL ``dir``: how long one upload rides out transient errors (with backoff)
-    before the daemon stops; during a drain, no longer than what is left of
-    ``daemon.drain_timeout``."""
-    manifests: bool = True
-    """Publish a manifest beside each shard (``<name>.manifest.json``: record count and
-    offsets, CRC32C and SHA-256, schema hash, time range, source positions)."""
-    fsync: bool = True
-    """fsync shards, the journal and directories. Turning this off gives up every durability
-    promise across power loss (kill -9 stays safe); for tests and throwaway data only."""
-
-
 class DaemonConfig(_Section):
     """The whole configuration, validated."""
 
     daemon: DaemonSection = DaemonSection()
     metrics: MetricsSection = MetricsSection()
-    output: OutputSection
+    output: OutputSection | None = None
+    """``[output]``, in the older form of a config (one dataset, ``encoder`` on each source);
+    ``None`` in a config with ``[datasets]``."""
+    datasets: dict[str, DatasetSection]
+    """``[datasets.NAME]``; a config of the older form has one, named after its encoder."""
     sources: list[SerializeAsAny[SourceConfig]]
     """``[[sources]]``: each validated by its plugin's model (``type``)."""
     encoders: dict[str, SerializeAsAny[EncoderConfig]]
@@ -147,11 +106,30 @@ class DaemonConfig(_Section):
     path: Path | None = None
     """The file this config was read from, if any."""
 
+    def dataset_key(self, name: str) -> str:
+        """Where dataset ``name`` is configured, for messages: ``output`` in the older form."""
+        return "output" if self.output is not None else f"datasets.{name}"
+
+    def staging_root(self, name: str) -> Path:
+        """For a dataset with a URL ``dir``: the local folder under which each node stages its
+        shards (``staging_dir``, else ``state_dir/staging``, then ``/<dataset>`` with
+        ``[datasets]``: two datasets never share one)."""
+        dataset = self.datasets[name]
+        root = dataset.staging_dir or Path(self.daemon.state_dir) / "staging"
+        return root if self.output is not None else root / name
+
+    def fed_datasets(self, source: SourceConfig) -> list[str]:
+        """The datasets ``source``'s events may go to."""
+        if source.route is None and source.dataset is None:
+            return list(self.datasets)  # the older form: its one dataset
+        return _fed(source)
+
 
 class _Shape(_Section):
     daemon: DaemonSection = DaemonSection()
     metrics: MetricsSection = MetricsSection()
-    output: OutputSection
+    output: OutputSection | None = None
+    datasets: dict[str, DatasetSection] = Field(default_factory=dict)
     sources: list[dict[str, Any]] = Field(min_length=1)
     encoders: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
@@ -160,7 +138,6 @@ class _SourceCommon(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str
     type: str
-    encoder: str
 
 
 def _loc(prefix: str, loc: tuple[int | str, ...]) -> str:
@@ -239,24 +216,44 @@ def parse_config(
         if common.name in seen:
             errors.append(f"sources[{i}].name: duplicate source name {common.name!r}")
         seen.add(common.name)
-        if common.encoder not in (raw_encoders or {}):
-            errors.append(f"sources[{i}].encoder: no [encoders.{common.encoder}] table{where}")
         try:
             source = model.model_validate(raw)
         except ValidationError as e:
             errors.extend(_messages(e, f"sources[{i}]", where))
         else:
             sources.append(source)
-            encoder = (raw_encoders or {}).get(common.encoder)
-            errors.extend(_record_limit_errors(i, source, encoder, where))
 
-    if errors or shape is None:
+    if shape is None:
+        # The shared sections are broken: the references between the rest are still checked,
+        # so that every error is told at once.
+        tables = {
+            "encoder": raw_encoders or {},
+            "dataset": data.get("datasets") if isinstance(data.get("datasets"), dict) else {},
+        }
+        for i, raw in enumerate(raw_sources or []):
+            if not isinstance(raw, dict):
+                continue
+            where = f" [source {raw.get('name')!r}, type {raw.get('type')!r}]"
+            for key, known in tables.items():
+                name = raw.get(key)
+                if isinstance(name, str) and name not in (known or {}):
+                    errors.append(f"sources[{i}].{key}: no [{key}s.{name}] table{where}")
+        raise ConfigError(errors)
+    datasets = _datasets(shape, sources, raw_encoders or {}, errors)
+    for i, source in enumerate(sources):
+        where = f" [source {source.name!r}, type {source.type!r}]"
+        for name in _fed(source) or list(datasets):
+            dataset = datasets.get(name)
+            encoder = (raw_encoders or {}).get(dataset.encoder) if dataset else None
+            errors.extend(_record_limit_errors(i, source, encoder, dataset, where))
+    if errors:
         raise ConfigError(errors)
     try:
         config = DaemonConfig(
             daemon=shape.daemon,
             metrics=shape.metrics,
             output=shape.output,
+            datasets=datasets,
             sources=sources,
             encoders=encoders,
             path=path,
@@ -268,6 +265,127 @@ def parse_config(
     return config
 
 
+def _fed(source: SourceConfig) -> list[str]:
+    """The datasets a source's events may go to."""
+    if source.route is not None:
+        names = [*source.route.to.values()]
+        if source.route.default is not None:
+            names.append(source.route.default)
+        return list(dict.fromkeys(names))
+    return [source.dataset] if source.dataset is not None else []
+
+
+def _datasets(
+    shape: _Shape,
+    sources: list[SourceConfig],
+    raw_encoders: dict[str, Any],
+    errors: list[str],
+) -> dict[str, DatasetSection]:
+    """The config's datasets (one, named after the encoder, in the older form), with every
+    reference between sources, datasets and encoders checked into ``errors``."""
+    if shape.output is not None and shape.datasets:
+        errors.append(
+            "output: a config has either [output] (one dataset, `encoder` on each source) or "
+            "[datasets.NAME] tables, not both: move [output]'s keys into each dataset"
+        )
+        return {}
+    if shape.output is not None:
+        return _legacy_datasets(shape.output, sources, raw_encoders, errors)
+    if not shape.datasets:
+        errors.append("datasets: no [datasets.NAME] table (or [output]): shards go nowhere")
+        return {}
+    for name, dataset in shape.datasets.items():
+        if not re.match(NAME_PATTERN, name):
+            errors.append(f"datasets.{name}: a dataset name is letters, digits, _, . and -")
+        if dataset.encoder not in raw_encoders:
+            errors.append(f"datasets.{name}.encoder: no [encoders.{dataset.encoder}] table")
+            continue
+        errors.extend(_partition_errors(name, dataset, raw_encoders[dataset.encoder]))
+    for i, source in enumerate(sources):
+        where = f" [source {source.name!r}]"
+        if source.encoder is not None:
+            errors.append(
+                f"sources[{i}].encoder: with [datasets], a source names its dataset "
+                f'(`dataset = "NAME"`, whose `encoder` is the schema), not an encoder{where}'
+            )
+        if (source.dataset is None) == (source.route is None):
+            errors.append(
+                f'sources[{i}]: set either `dataset = "NAME"` or a [sources.route] table{where}'
+            )
+            continue
+        key = "dataset" if source.route is None else "route"
+        for name in _fed(source):
+            if name not in shape.datasets:
+                errors.append(f"sources[{i}].{key}: no [datasets.{name}] table{where}")
+    return dict(shape.datasets)
+
+
+def _legacy_datasets(
+    output: OutputSection,
+    sources: list[SourceConfig],
+    raw_encoders: dict[str, Any],
+    errors: list[str],
+) -> dict[str, DatasetSection]:
+    named: dict[str, list[str]] = {}
+    for i, source in enumerate(sources):
+        where = f" [source {source.name!r}]"
+        if source.dataset is not None or source.route is not None:
+            key = "dataset" if source.dataset is not None else "route"
+            errors.append(
+                f"sources[{i}].{key}: datasets are declared as [datasets.NAME] tables, "
+                f"with no [output]{where}"
+            )
+        elif source.encoder is None:
+            errors.append(f"sources[{i}].encoder: missing (or use [datasets]){where}")
+        elif source.encoder not in raw_encoders:
+            errors.append(f"sources[{i}].encoder: no [encoders.{source.encoder}] table{where}")
+        else:
+            named.setdefault(source.encoder, []).append(source.name)
+    if len(named) > 1:
+        uses = "; ".join(f"{e!r} by {', '.join(map(repr, s))}" for e, s in sorted(named.items()))
+        errors.append(
+            f"sources: one [output] would mix the records of several encoders in its shards "
+            f"({uses}): declare a [datasets.NAME] table for each (`encoder`, `dir`, ...) and "
+            'give each source `dataset = "NAME"`'
+        )
+        return {}
+    return {e: legacy_dataset(output, e) for e in named}
+
+
+def _partition_errors(name: str, dataset: DatasetSection, raw_encoder: Any) -> list[str]:
+    """``partition.time_field`` and ``partition.fields`` checked against the schema."""
+    part = dataset.partition
+    wanted = [f for f in [part.time_field, *part.fields] if f]
+    if not wanted:
+        return []
+    features = raw_encoder.get("features") if isinstance(raw_encoder, dict) else None
+    if not isinstance(features, dict):
+        features = (raw_encoder or {}).get("context") if isinstance(raw_encoder, dict) else None
+    if not isinstance(features, dict):
+        return [
+            f"datasets.{name}.partition: encoder {dataset.encoder!r} declares no features to "
+            "read partition values from"
+        ]
+    out = []
+    for field in wanted:
+        if field not in features:
+            out.append(
+                f"datasets.{name}.partition: {field!r} is not a feature of encoder "
+                f"{dataset.encoder!r}"
+            )
+            continue
+        spec = features[field]
+        options = spec if isinstance(spec, dict) else {}
+        kind = spec if isinstance(spec, str) else options.get("type")
+        timed = kind == "bytes" or (kind == "int64" and options.get("time_unit"))
+        if field == part.time_field and not timed:
+            out.append(
+                f"datasets.{name}.partition.time_field: {field!r} must be an int64 "
+                "feature with time_unit, or a bytes feature of RFC 3339 text"
+            )
+    return out
+
+
 MAX_PARSEABLE_RECORD_BYTES = (1 << 31) - 1
 """Protobuf parses no message of 2 GiB or more: nor do ``tf.io.parse_example`` and the tools."""
 
@@ -275,7 +393,9 @@ _WHOLE_EVENT_ENCODERS = ("passthrough", "image")
 """Encoders that write each event's bytes whole into its record."""
 
 
-def _record_limit_errors(i: int, source: SourceConfig, encoder: Any, where: str) -> list[str]:
+def _record_limit_errors(
+    i: int, source: SourceConfig, encoder: Any, dataset: DatasetSection | None, where: str
+) -> list[str]:
     """A source's event limit checked with its encoder: where each event goes whole into a
     record, a limit past what any reader parses would let the daemon write records nobody can
     parse (the daemon itself reads back any record it wrote)."""
@@ -291,8 +411,9 @@ def _record_limit_errors(i: int, source: SourceConfig, encoder: Any, where: str)
         if isinstance(value, int) and value > MAX_PARSEABLE_RECORD_BYTES:
             out.append(
                 f"sources[{i}].{key}: {value} bytes is over {MAX_PARSEABLE_RECORD_BYTES}: encoder "
-                f"{source.encoder!r} (type {encoder['type']!r}) writes each event whole into one "
-                "record, and neither TensorFlow nor protobuf parses a record of 2 GiB or more"
+                f"{dataset.encoder if dataset else source.encoder!r} (type {encoder['type']!r}) "
+                "writes each event whole into one record, and neither TensorFlow nor protobuf "
+                "parses a record of 2 GiB or more"
                 f"{where}"
             )
     return out

@@ -93,10 +93,10 @@ class _Use:
 
 @dataclass(frozen=True, slots=True)
 class OutputPaths:
-    """One output's local paths and naming (a daemon has one today; datasets will add more)."""
+    """One dataset's output: its local paths and naming."""
 
     key: str
-    """The config table of the output (``output``)."""
+    """The config table of the output (``output``, or ``datasets.NAME``)."""
     directory: Path | None
     """The local output directory, or ``None`` for an object store."""
     staging: Path
@@ -114,20 +114,23 @@ def _absolute(path: Path | str) -> Path:
 
 
 def outputs(config: DaemonConfig) -> list[OutputPaths]:
-    """The config's outputs, each with where its shards are staged."""
-    out, node = config.output, config.daemon.node_id
-    if is_url(out.dir):
-        staging = out.staging_dir or Path(config.daemon.state_dir) / "staging"
-        directory, folder = None, _absolute(staging) / node
-        staging_key = "output.staging_dir" if out.staging_dir else "daemon.state_dir"
-    else:
-        directory = _absolute(local_path(out.dir))
-        folder, staging_key = directory / STAGING_DIR / node, "output.dir"
-    return [
-        OutputPaths(
-            "output", directory, folder, staging_key, out.prefix, out.compression, out.manifests
+    """The config's outputs (one per dataset), each with where its shards are staged."""
+    found = []
+    node = config.daemon.node_id
+    for name, out in config.datasets.items():
+        key = config.dataset_key(name)
+        if is_url(out.dir):
+            directory, folder = None, _absolute(config.staging_root(name)) / node
+            staging_key = f"{key}.staging_dir" if out.staging_dir else "daemon.state_dir"
+        else:
+            directory = _absolute(local_path(out.dir))
+            folder, staging_key = directory / STAGING_DIR / node, f"{key}.dir"
+        found.append(
+            OutputPaths(
+                key, directory, folder, staging_key, out.prefix, out.compression, out.manifests
+            )
         )
-    ]
+    return found
 
 
 def _uses(config: DaemonConfig) -> list[_Use]:

@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tfrecordd import crashpoints, descriptors
 from tfrecordd.boundary import InputBoundary, Refusals, describe, refusable
+from tfrecordd.datasets import RouteSection
 from tfrecordd.endpoints import split_host_port
 from tfrecordd.errors import (
     EXIT_CONFIG,
@@ -237,8 +238,14 @@ class SourceConfig(BaseModel):
     """The source's name, unique in the config; used in metrics labels, logs and the journal."""
     type: str
     """The plugin that reads this source (an entry point in ``tfrecordd.sources``)."""
-    encoder: str
-    """The name of the ``[encoders.NAME]`` table that encodes this source's events."""
+    dataset: str | None = None
+    """The ``[datasets.NAME]`` every event of this source goes to (or see ``route``)."""
+    route: RouteSection | None = None
+    """Send each event to the dataset named by the value of one of its fields, instead of one
+    ``dataset`` for all."""
+    encoder: str | None = None
+    """The older form, with one ``[output]`` and no ``[datasets]``: the ``[encoders.NAME]``
+    table that encodes this source's events."""
 
     delivery: ClassVar[str] = "at-least-once"
     """The delivery guarantee this source gives, end to end (shown by ``tfrecordd plugins``)."""

@@ -94,7 +94,7 @@ def test_plugin_keys_with_types_defaults_limits_and_docstrings_from_the_source()
     assert rows["budget"] == ["`Size`", '`"3MiB"`', "The toy's memory \\|budget\\|."]
     assert rows["mode"] == ['`"fast" \\| "slow"`', '`"fast"`', "Which way to run."]
     shared = _rows(text, "## Sources")
-    assert set(shared) == {"name", "type", "encoder"}
+    assert set(shared) == {"name", "type", "dataset", "route", "encoder"}
 
 
 def test_operations_doc_lists_every_metric() -> None:

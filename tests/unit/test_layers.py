@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "tfrecordd.events",
             "tfrecordd.testing",
             "tfrecordd.config",
+            "tfrecordd.datasets",
             "tfrecordd.pathcheck",
             "tfrecordd.metrics",
             "tfrecordd.configref",
