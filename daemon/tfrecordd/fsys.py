@@ -43,6 +43,20 @@ class FileSystem:
             raise OSError(errno.EINVAL, "not a regular file", path)
         return os.fdopen(fd, "ab", buffering=0), created
 
+    def open_existing(self, path: str) -> BinaryIO:
+        """Open the regular file ``path`` for writing where it stands (never through a
+        symlink; nothing is cut)."""
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.fdopen(fd, "wb", buffering=0)
+
+    def truncate(self, f: BinaryIO, size: int) -> None:
+        """Cut ``f`` to ``size`` bytes; what is written next goes there."""
+        os.ftruncate(f.fileno(), size)
+        f.seek(size)
+
     def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
         """Write all of ``data``, retrying short writes."""
         view = memoryview(data)

@@ -306,6 +306,24 @@ class Compressor:
         self._emitted = True
         return out + unit.data
 
+    @property
+    def adler32(self) -> int:
+        """Adler-32 of every raw byte fed so far (zlib only; what :meth:`ending` needs)."""
+        return self._adler
+
+    @staticmethod
+    def ending(compression: Compression, level: int | None, adler32: int) -> bytes:
+        """The bytes that end a non-empty stream cut right after a :meth:`sync`: what
+        :meth:`finish` would add there, for a stream of raw bytes whose Adler-32 is ``adler32``.
+        Only zlib has any (its final empty block and trailer); gzip members and zstd frames end
+        themselves. Recovery uses it to finish a shard from the prefix a crash left."""
+        c = Compression(compression)
+        if c is not Compression.ZLIB:
+            return b""
+        lvl = DEFAULT_LEVELS[c] if level is None else level
+        final = zlib_ng.compressobj(lvl, zlib_ng.DEFLATED, -15).flush(zlib_ng.Z_FINISH)
+        return final + struct.pack(">I", adler32)
+
     def finish(self) -> bytes:
         """End the stream; returns the last bytes. A stream with no data is still a valid one."""
         if self._finished:

@@ -10,15 +10,20 @@ rule as shards.
 from __future__ import annotations
 
 import errno
+import gzip
+import io
 import os
+import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import zstandard
+
 from tfrecordd.format.compress import Compressor, Unit
 from tfrecordd.format.compression import Compression
-from tfrecordd.format.framing import frame_many, frame_parts, framed_size
+from tfrecordd.format.framing import frame_many, frame_parts, framed_size, iter_framed
 from tfrecordd.fsys import LOCAL, FileSystem
 
 _LARGE_RECORD = 64 << 10
@@ -53,6 +58,28 @@ def pack(records: Sequence[bytes], compression: Compression, level: int | None =
     append (:meth:`RecordWriter.write_packed`)."""
     pieces, _ = _framed(records)
     return Packed(Compressor.unit(compression, level, pieces), array("Q", map(len, records)))
+
+
+def unpack(packed: Packed) -> list[bytes]:
+    """The records of a unit :func:`pack` made (for the rare record that must leave its
+    batch: a late one, dead-lettered)."""
+    data = packed.unit.data
+    c = packed.unit.compression
+    if c is Compression.GZIP:
+        raw = gzip.decompress(data)
+    elif c is Compression.ZLIB:
+        raw = zlib.decompressobj(-15).decompress(data)  # a raw deflate segment: no header
+    elif c is Compression.ZSTD:
+        raw = b"".join(_zstd_frames(data))
+    else:
+        raw = data
+    return [record for _, record in iter_framed(io.BytesIO(raw), "unit")]
+
+
+def _zstd_frames(data: bytes) -> Iterator[bytes]:
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+    while chunk := reader.read(1 << 20):
+        yield chunk
 
 
 class RecordWriter:
@@ -135,6 +162,13 @@ class RecordWriter:
         """End the current compression unit and push every pending byte to the sink."""
         self._emit(self._compressor.sync())
         self._pending_raw = 0
+
+    def checkpoint(self) -> int:
+        """End the current compression unit (:meth:`sync`) and return the Adler-32 of the raw
+        stream so far: with the byte count, all it takes to end the stream at this point
+        later (:meth:`Compressor.ending <tfrecordd.format.compress.Compressor.ending>`)."""
+        self.sync()
+        return self._compressor.adler32
 
     def finish(self) -> None:
         """End the stream. The sink's file is left for the caller to fsync and close."""

@@ -55,6 +55,8 @@ from tfrecordd.state.records import (
     STATE_FORMAT,
     Checkpoint,
     Intent,
+    OpenRef,
+    ShardRef,
     damage_advice,
     newer_format_error,
 )
@@ -75,6 +77,8 @@ class Recovered:
     """Per source: the folded state of every finished commit."""
     unfinished: list[Intent]
     """Intents without ``done``, oldest first: the caller decides which were published."""
+    open: list[OpenRef] = field(default_factory=list)
+    """Shards finished commits left open (their durable prefixes), not published since."""
     torn_at: int | None = None
     """Byte offset of the first unsound journal record, if the tail was torn."""
 
@@ -108,6 +112,9 @@ class Journal:
     _unfolded: dict[str, list[Any]] = field(default_factory=dict)
     _finished_count: int = 0
     _open: dict[int, Intent] = field(default_factory=dict)
+    _open_shards: dict[tuple[str, str], OpenRef] = field(default_factory=dict)
+    """Shards left open by finished intents (their latest durable prefixes), not published
+    since: kept in the checkpoint."""
     _identity: _Identity | None = None
     _failed: bool = False
     _ckpt_identity: _Identity | None = None
@@ -194,6 +201,7 @@ class Journal:
             finally:
                 os.close(fd)
         self._states = dict(ckpt.sources)
+        self._open_shards = {o.key: o for o in ckpt.open}
         self._unfolded = {k: list(v) for k, v in ckpt.unfolded.items()}
         for name in [n for n in self._unfolded if n in self.folds]:
             # Configured again (renamed back, or restored): its kept tokens are folded now.
@@ -210,7 +218,12 @@ class Journal:
                 self._append({"t": "sources", "types": dict(self.types)}, sync=False)
         except OSError as e:
             raise _state_write_error(self.path, e) from e
-        return Recovered(states=states, unfinished=unfinished, torn_at=torn_at)
+        return Recovered(
+            states=states,
+            unfinished=unfinished,
+            torn_at=torn_at,
+            open=list(self._open_shards.values()),
+        )
 
     def _add_finished(self, intent: Intent) -> None:
         # Folded at once, not kept until the next compaction: a shard of a million records can
@@ -222,6 +235,10 @@ class Journal:
                 self._unfolded.setdefault(source, []).extend(tokens)
                 continue
             self._states[source] = fold(self._states.get(source), tokens)
+        for shard in intent.shards:
+            self._open_shards.pop((shard.dataset, shard.name), None)
+        for prefix in intent.open:
+            self._open_shards[prefix.key] = prefix
         self._finished_count += 1
 
     def _stat_identity(self, path: str) -> _Identity | None:
@@ -275,10 +292,13 @@ class Journal:
             self._file.flush()
 
     def next_intent(
-        self, shard: str | None, positions: dict[str, list[Any]], **stats: Any
+        self,
+        positions: dict[str, list[Any]],
+        shards: Sequence[ShardRef] = (),
+        open_shards: Sequence[OpenRef] = (),
     ) -> Intent:
         """A new intent with the next sequence number (not yet written)."""
-        intent = Intent(seq=self._next_seq, shard=shard, positions=positions, **stats)
+        intent = Intent(self._next_seq, positions, list(shards), list(open_shards))
         self._next_seq += 1
         return intent
 
@@ -324,7 +344,9 @@ class Journal:
         self.check_files()
         types = {n: t for n, t in self._types.items() if n in self._states or n in self._unfolded}
         types.update(self.types)
-        ckpt = Checkpoint(self._next_seq, self._states, types, self._unfolded)
+        ckpt = Checkpoint(
+            self._next_seq, self._states, types, self._unfolded, list(self._open_shards.values())
+        )
         fresh = b"".join(frame(orjson.dumps(i.to_json())) for i in self._open.values())
         try:
             write_atomically(self.fs, self.checkpoint_path, orjson.dumps(ckpt.to_json()))

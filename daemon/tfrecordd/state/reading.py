@@ -17,6 +17,7 @@ from tfrecordd.state.records import (
     STATE_FORMAT,
     Checkpoint,
     Intent,
+    OpenRef,
     damage_advice,
     newer_format_error,
 )
@@ -98,6 +99,7 @@ def read_checkpoint(path: str) -> Checkpoint | None:
             sources=dict(raw.get("sources", {})),
             types={str(k): str(v) for k, v in dict(raw.get("types", {})).items()},
             unfolded={str(k): list(v) for k, v in dict(raw.get("unfolded", {})).items()},
+            open=[OpenRef.from_json(o) for o in raw.get("open", ())],
         )
     except (orjson.JSONDecodeError, ValueError, TypeError) as e:
         raise StateError(path, f"is damaged ({len(data)} bytes, {e})", damage_advice(path)) from e

@@ -8,7 +8,7 @@ configured sources); the checkpoint (:data:`CHECKPOINT`) is one JSON object
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,56 +20,107 @@ __all__ = [
     "STATE_FORMAT",
     "Checkpoint",
     "Intent",
+    "OpenRef",
+    "ShardRef",
     "damage_advice",
     "newer_format_error",
 ]
 
 JOURNAL = "journal"
 CHECKPOINT = "checkpoint.json"
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 """The format of the journal and checkpoint this version writes, and the newest it reads. Every
 journal record and the checkpoint carry it; state in a newer format is refused, never misread
 (or cut as a torn tail)."""
 
 
-@dataclass(slots=True)
-class Intent:
-    """One commit: a shard (or none, for positions alone) and the source tokens it covers."""
+@dataclass(frozen=True, slots=True)
+class ShardRef:
+    """A shard an intent publishes."""
 
-    seq: int
-    shard: str | None
-    positions: dict[str, list[Any]]
+    dataset: str
+    """Its dataset; ``""`` in intents of versions before datasets (the config's one dataset)."""
+    name: str
+    """Where it is published, relative to its dataset's output: ``[<partition>/]<file name>``."""
     records: int = 0
     size: int = 0
     sha256: str | None = None
+
+    def to_json(self) -> list[Any]:
+        return [self.dataset, self.name, self.records, self.size, self.sha256]
+
+    @classmethod
+    def from_json(cls, rec: Sequence[Any]) -> ShardRef:
+        dataset, name, records, size, sha256 = rec
+        return cls(str(dataset), str(name), int(records), int(size), sha256)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRef:
+    """A shard a commit leaves open, and the prefix of it the commit made durable: after a
+    crash, the shard is finished there and published (its records' positions are committed)."""
+
+    dataset: str
+    name: str
+    size: int
+    """Bytes of the file that are durable, ending a compression unit."""
+    records: int
+    adler32: int
+    """Adler-32 of the raw record stream up to there (for a zlib shard's trailer)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(dataset, name)``: what identifies the shard."""
+        return (self.dataset, self.name)
+
+    def to_json(self) -> list[Any]:
+        return [self.dataset, self.name, self.size, self.records, self.adler32]
+
+    @classmethod
+    def from_json(cls, rec: Sequence[Any]) -> OpenRef:
+        dataset, name, size, records, adler32 = rec
+        return cls(str(dataset), str(name), int(size), int(records), int(adler32))
+
+
+@dataclass(slots=True)
+class Intent:
+    """One commit: the source tokens it covers, the shards it publishes (none, for positions
+    alone) and the prefixes of the shards it leaves open."""
+
+    seq: int
+    positions: dict[str, list[Any]]
+    shards: list[ShardRef] = field(default_factory=list)
+    open: list[OpenRef] = field(default_factory=list)
     kept: bool = True
     """Journalled by a version that removes a shard's in-progress file only when publishing it
     or after a durable drop, so a missing in-progress file means published. Intents of earlier
     versions lack it: for them only the shard or its manifest proves a publish."""
 
     def to_json(self) -> dict[str, Any]:
-        rec = {
-            "t": "intent",
-            "seq": self.seq,
-            "shard": self.shard,
-            "positions": self.positions,
-            "records": self.records,
-            "size": self.size,
-            "sha256": self.sha256,
-        }
+        rec: dict[str, Any] = {"t": "intent", "seq": self.seq, "positions": self.positions}
+        if self.shards:
+            rec["shards"] = [s.to_json() for s in self.shards]
+        if self.open:
+            rec["open"] = [o.to_json() for o in self.open]
         if self.kept:
             rec["kept"] = True
         return rec
 
     @classmethod
     def from_json(cls, rec: Mapping[str, Any]) -> Intent:
+        shards = [ShardRef.from_json(s) for s in rec.get("shards", ())]
+        if rec.get("shard") is not None:
+            # Format 1: one shard, of the config's one dataset.
+            shards.append(
+                ShardRef(
+                    "", rec["shard"], rec.get("records", 0), rec.get("size", 0), rec.get("sha256")
+                )
+            )
         return cls(
             seq=int(rec["seq"]),
-            shard=rec["shard"],
             positions=dict(rec["positions"]),
-            records=rec.get("records", 0),
-            size=rec.get("size", 0),
-            sha256=rec.get("sha256"),
+            shards=shards,
+            open=[OpenRef.from_json(o) for o in rec.get("open", ())],
             kept=bool(rec.get("kept", False)),
         )
 
@@ -83,6 +134,9 @@ class Checkpoint:
     types: dict[str, str] = field(default_factory=dict)
     unfolded: dict[str, list[Any]] = field(default_factory=dict)
     """Tokens of finished commits of sources not configured when they were folded."""
+    open: list[OpenRef] = field(default_factory=list)
+    """Shards left open by finished commits and not published since, with their durable
+    prefixes (finished and published by the next start after a crash)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -94,6 +148,8 @@ class Checkpoint:
             out["types"] = self.types
         if self.unfolded:
             out["unfolded"] = self.unfolded
+        if self.open:
+            out["open"] = [o.to_json() for o in self.open]
         return out
 
 
