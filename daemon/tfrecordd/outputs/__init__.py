@@ -14,13 +14,20 @@ if TYPE_CHECKING:
 __all__ = ["make_output"]
 
 
-def make_output(config: DaemonConfig, fs: FileSystem, metrics: Metrics | None = None) -> Output:
-    """The output of a config: a local directory for paths and ``file://`` / ``local://`` URLs,
-    an fsspec file system (an object store) for other URLs. Each kind is imported only when
-    used: a local output never imports fsspec."""
+def make_output(
+    config: DaemonConfig,
+    fs: FileSystem,
+    metrics: Metrics | None = None,
+    dataset: str | None = None,
+) -> Output:
+    """The output of a config's dataset (default: its first): a local directory for paths and
+    ``file://`` / ``local://`` URLs, an fsspec file system (an object store) for other URLs.
+    Each kind is imported only when used: a local output never imports fsspec."""
     from tfrecordd.fsys import is_url, local_path
 
-    location = config.output.dir
+    dataset = next(iter(config.datasets)) if dataset is None else dataset
+    out = config.datasets[dataset]
+    location = out.dir
     if not is_url(location):
         from tfrecordd.outputs.output import LocalOutput
 
@@ -28,8 +35,8 @@ def make_output(config: DaemonConfig, fs: FileSystem, metrics: Metrics | None = 
             local_path(location),
             fs,
             node_id=config.daemon.node_id,
-            fsync=config.output.fsync,
+            fsync=out.fsync,
         )
     from tfrecordd.outputs.objectstore import FsspecOutput
 
-    return FsspecOutput(config, fs, metrics)
+    return FsspecOutput(config, fs, metrics, dataset=dataset)

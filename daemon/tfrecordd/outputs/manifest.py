@@ -4,7 +4,11 @@
 with the record count, each record's offset in the uncompressed record stream (for random
 access), the file's size, CRC32C and SHA-256, the compression, a hash of each source's encoder
 schema, the time range in which the records were written, and the source positions the shard
-covers. ``tfrecordd verify`` checks a shard against its manifest when one sits beside it.
+covers; in a config with ``[datasets]``, also the shard's dataset, its partition folder
+(``partition``, ``""`` for none) and the earliest and latest event time of its records
+(``event_time_range``, epoch seconds; ``null`` where unknown: a dataset not partitioned by
+event time, or a shard finished by recovery). ``tfrecordd verify`` checks a shard against its
+manifest when one sits beside it.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ def parts(
     last_time: float | None,
     schemas: Mapping[str, str],
     positions: Mapping[str, Any],
+    dataset: str | None = None,
+    partition: str = "",
+    event_times: tuple[float, float] | None = None,
 ) -> Iterator[bytes]:
     """The manifest document as JSON, in pieces: ``offsets`` come in chunks (each a sequence
     of ints, such as an ``array``) and become the last member, ``record_offsets``, a chunk at
@@ -71,6 +78,10 @@ def parts(
         "schemas": dict(schemas),
         "positions": dict(positions),
     }
+    if dataset is not None:
+        doc["dataset"] = dataset
+        doc["partition"] = partition
+        doc["event_time_range"] = list(event_times) if event_times is not None else None
     yield orjson.dumps(doc)[:-1] + b',"record_offsets":['
     first = True
     for chunk in offsets:

@@ -34,7 +34,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol, TypeVar, cast
 
 from prometheus_client import Counter
@@ -43,11 +42,11 @@ from tfrecordd import crashpoints
 from tfrecordd.config import DaemonConfig
 from tfrecordd.errors import ConfigError, UploadError
 from tfrecordd.fsys import FileSystem
-from tfrecordd.outputs.output import Output, stage
+from tfrecordd.outputs.output import Output, is_shard_name, stage
 from tfrecordd.outputs.shards import FinishedShard
 from tfrecordd.redact import redact_options, redact_url
 from tfrecordd.retry import Backoff
-from tfrecordd.state.records import Intent
+from tfrecordd.state.records import ShardRef
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +140,14 @@ class FsspecOutput(Output):
         *,
         verify: Verify | None = None,
         retry_for: float | None = None,
+        dataset: str | None = None,
     ) -> None:
-        out = config.output
+        dataset = next(iter(config.datasets)) if dataset is None else dataset
+        out = config.datasets[dataset]
+        key = config.dataset_key(dataset)
         self.location = redact_url(str(out.dir).rstrip("/"))
         self.storage_options: dict[str, Any] = dict(out.storage_options)
-        staging = out.staging_dir or Path(config.daemon.state_dir) / "staging"
-        self.legacy_dir = os.path.abspath(staging)
+        self.legacy_dir = os.path.abspath(config.staging_root(dataset))
         self.staging_dir = os.path.join(self.legacy_dir, config.daemon.node_id)
         self.fs = fs
         self.metrics = metrics
@@ -164,11 +165,11 @@ class FsspecOutput(Output):
             extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(scheme)
             hint = f": pip install 'tfrecordd[{extra}]'" if extra else ""
             raise ConfigError(
-                [f"output.dir: {scheme}:// needs a package that is not installed{hint} ({e})"]
+                [f"{key}.dir: {scheme}:// needs a package that is not installed{hint} ({e})"]
             ) from e
         except (ValueError, TypeError) as e:
             # The message names option keys at most, never their values.
-            raise ConfigError([f"output.dir / output.storage_options: {e}"]) from e
+            raise ConfigError([f"{key}.dir / {key}.storage_options: {e}"]) from e
         self.root: str = str(root).rstrip("/")
 
     # -- Output ----------------------------------------------------------------------------
@@ -188,36 +189,37 @@ class FsspecOutput(Output):
             self._count_error("staged")
             raise UploadError(f"publishing {shard.name}: {e}", kind="permanent") from e
 
-    def is_published(self, intent: Intent) -> bool:
-        """Whether an object with the intent's shard name and size exists."""
-        if intent.shard is None:
-            return False
-        key = self._key(intent.shard)
-        info = self._retrying(f"checking {intent.shard}", lambda: self._stat(key))
-        return info is not None and info[0] == intent.size
+    def is_published(self, shard: ShardRef) -> bool:
+        """Whether an object with the shard's name and size exists."""
+        key = self._key(shard.name)
+        info = self._retrying(f"checking {shard.name}", lambda: self._stat(key))
+        return info is not None and info[0] == shard.size
 
-    def resume(self, intent: Intent, staged: str) -> bool:
-        """Upload a staged shard left by an earlier run, if the staged copy holds exactly the
-        journalled bytes (size and SHA-256); otherwise it is not resumable (``False``)."""
-        if intent.shard is None or intent.sha256 is None:
-            return False
-        try:
-            size = os.stat(staged).st_size
-        except FileNotFoundError:
-            return False
-        if size != intent.size:
-            log.warning(
-                "staged copy of %s holds %d bytes, not %d: dropped", intent.shard, size, intent.size
-            )
-            return False
-        self._abort_stale_uploads(self._key(intent.shard))
-        try:
-            self._publish_file(staged, intent.shard, intent.size, intent.sha256)
-        except _StagedCopyDamaged as e:
-            log.warning("staged copy of %s is damaged (%s): dropped", intent.shard, e)
-            return False
-        log.info("resumed upload of %s", intent.shard)
-        return True
+    def list_shards(self, folder: str) -> list[str]:
+        top = self._key(folder) if folder else self.root
+
+        def attempt() -> list[str]:
+            try:
+                keys = self.store.find(top)
+            except FileNotFoundError:
+                return []
+            return [str(k) for k in keys]
+
+        names = []
+        for key in self._retrying(f"listing {folder or self.location}", attempt):
+            rel = key[len(self.root) :].lstrip("/")
+            parts = rel.split("/")
+            if any(p.startswith((".", "_")) for p in parts[:-1]) or not is_shard_name(parts[-1]):
+                continue
+            names.append(rel)
+        return sorted(names)
+
+    def resume(self, shard: FinishedShard) -> None:
+        """Upload a staged shard left by an earlier run (an upload it left unfinished is
+        aborted first)."""
+        self._abort_stale_uploads(self._key(shard.name))
+        self.publish(shard)
+        log.info("resumed upload of %s", shard.name)
 
     def publish_sidecar(self, name: str, parts: Iterable[bytes]) -> None:
         """Stage the file locally, then upload it (an object appears whole or not at all),

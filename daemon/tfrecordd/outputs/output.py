@@ -18,10 +18,11 @@ from typing import Any, BinaryIO, TypeVar
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
+from tfrecordd.format.compression import SUFFIXES
 from tfrecordd.format.writer import inprogress_name
 from tfrecordd.fsys import FileSystem, write_file
 from tfrecordd.outputs.shards import FinishedShard, staging_dir
-from tfrecordd.state.records import Intent
+from tfrecordd.state.records import ShardRef
 
 _T = TypeVar("_T")
 
@@ -48,8 +49,8 @@ class Output(abc.ABC):
         atomically and durably; never replace an existing shard. Blocking."""
 
     @abc.abstractmethod
-    def is_published(self, intent: Intent) -> bool:
-        """Whether the intent's shard is published (recovery; blocking)."""
+    def is_published(self, shard: ShardRef) -> bool:
+        """Whether ``shard`` is published (recovery; blocking)."""
 
     @abc.abstractmethod
     def publish_sidecar(self, name: str, parts: Iterable[bytes]) -> None:
@@ -62,9 +63,17 @@ class Output(abc.ABC):
     def sidecar_exists(self, name: str) -> bool:
         """Whether the small file ``name`` is published (recovery; blocking)."""
 
-    def sync(self) -> None:  # noqa: B027
-        """Make every shard published so far durable (recovery calls it before redoing the
-        acks of shards published just before a crash). Default: nothing to do."""
+    @abc.abstractmethod
+    def list_shards(self, folder: str) -> list[str]:
+        """The published shards under the partition folder ``folder`` (relative; ``""``: the
+        whole output), at any depth, as names relative to the output, sorted; folders and
+        files whose name starts with ``.`` or ``_`` are left out (staging, markers, the late
+        tree). Blocking."""
+
+    def sync(self, folders: Iterable[str] = ()) -> None:  # noqa: B027
+        """Make every shard published so far in the output's top folder and in ``folders``
+        (partition folders, relative) durable: recovery calls it before redoing the acks of
+        shards published just before a crash. Default: nothing to do."""
 
     def read_published(self, name: str, read: Callable[[BinaryIO], _T]) -> _T:
         """``read(stream)`` over the published file ``name``, read from its start (recovery
@@ -72,11 +81,10 @@ class Output(abc.ABC):
         with open(self.final_path(name), "rb") as f:
             return read(f)
 
-    def resume(self, intent: Intent, staged: str) -> bool:
-        """Finish publishing an intent's shard from its staged copy at ``staged`` if the copy
-        is complete; return whether it is now published. Default: cannot resume."""
-        del intent, staged
-        return False
+    def resume(self, shard: FinishedShard) -> None:
+        """Publish a shard a stopped run left staged, complete (recovery; blocking). Default:
+        :meth:`publish`."""
+        self.publish(shard)
 
     def redact(self) -> dict[str, Any]:
         """A description for logs and ``check-config`` without secrets."""
@@ -103,34 +111,72 @@ class LocalOutput(Output):
         return os.path.join(self.location, name)
 
     def publish(self, shard: FinishedShard) -> None:
+        final = self.final_path(shard.name)
         try:
-            self.fs.publish(shard.tmp_path, self.final_path(shard.name))
+            self._make_folder(os.path.dirname(shard.name))
+            self.fs.publish(shard.tmp_path, final)
             crashpoints.reached("after-publish")
             if self.fsync:
-                self.fs.fsync_dir(self.location)
+                self.fs.fsync_dir(os.path.dirname(final))
         except OSError as e:
             raise DurabilityError(f"publishing {shard.name}: {e.strerror or e}") from e
         crashpoints.reached("after-dir-fsync")
 
-    def is_published(self, intent: Intent) -> bool:
-        return intent.shard is not None and os.path.lexists(self.final_path(intent.shard))
+    def resume(self, shard: FinishedShard) -> None:
+        if os.path.lexists(self.final_path(shard.name)):
+            # Linked before the crash; its in-progress name only was left.
+            self.fs.remove(shard.tmp_path)
+            if self.fsync:
+                self.fs.fsync_dir(self.staging_dir)
+            return
+        self.publish(shard)
 
-    def sync(self) -> None:
-        # The output directory holds the published names; the staging folder the removal of
+    def _make_folder(self, folder: str) -> None:
+        """Create the partition folder ``folder`` (relative) where missing, each new level's
+        entry made durable in its parent before a shard is published in it."""
+        if not folder:
+            return
+        parts = folder.split("/")
+        for depth in range(1, len(parts) + 1):
+            path = os.path.join(self.location, *parts[:depth])
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            if self.fsync:
+                self.fs.fsync_dir(os.path.dirname(path))
+
+    def is_published(self, shard: ShardRef) -> bool:
+        return os.path.lexists(self.final_path(shard.name))
+
+    def list_shards(self, folder: str) -> list[str]:
+        found: list[str] = []
+        top = self.final_path(folder) if folder else self.location
+        for here, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+            rel = os.path.relpath(here, self.location)
+            found += [f if rel == "." else f"{rel}/{f}" for f in files if is_shard_name(f)]
+        return sorted(found)
+
+    def sync(self, folders: Iterable[str] = ()) -> None:
+        # The output's folders hold the published names; the staging folder the removal of
         # the in-progress names recovery discarded.
         if self.fsync:
-            for directory in (self.location, self.staging_dir):
+            inner = sorted({os.path.join(self.location, f) for f in folders if f})
+            for directory in (self.location, *inner, self.staging_dir):
                 try:
                     self.fs.fsync_dir(directory)
                 except OSError as e:
                     raise DurabilityError(f"{directory}: fsync: {e.strerror or e}") from e
 
     def publish_sidecar(self, name: str, parts: Iterable[bytes]) -> None:
+        final = self.final_path(name)
         try:
+            self._make_folder(os.path.dirname(name))
             tmp = stage(self.fs, self.staging_dir, name, parts, fsync=self.fsync)
-            self.fs.replace(tmp, self.final_path(name))
+            self.fs.replace(tmp, final)
             if self.fsync:
-                self.fs.fsync_dir(self.location)
+                self.fs.fsync_dir(os.path.dirname(final))
         except OSError as e:
             raise DurabilityError(f"publishing {name}: {e.strerror or e}") from e
 
@@ -138,10 +184,16 @@ class LocalOutput(Output):
         return os.path.exists(self.final_path(name))
 
 
+def is_shard_name(name: str) -> bool:
+    """Whether a file name is a published shard's: a shard suffix, and not hidden or
+    ``_``-prefixed."""
+    return not name.startswith((".", "_")) and name.endswith(tuple(SUFFIXES.values()))
+
+
 def stage(fs: FileSystem, directory: str, name: str, parts: Iterable[bytes], *, fsync: bool) -> str:
-    """Write ``parts`` to the in-progress name of ``name`` in ``directory`` (replacing a copy
-    left by a crash), fsync it if asked, close it; return its path. The file is removed again
-    if writing it fails."""
-    tmp = os.path.join(directory, inprogress_name(name))
+    """Write ``parts`` to the in-progress name of ``name`` (its file name: ``name`` may hold a
+    partition folder) in ``directory`` (replacing a copy left by a crash), fsync it if asked,
+    close it; return its path. The file is removed again if writing it fails."""
+    tmp = os.path.join(directory, inprogress_name(os.path.basename(name)))
     write_file(fs, tmp, parts, fsync=fsync)
     return tmp

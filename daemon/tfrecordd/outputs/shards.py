@@ -123,10 +123,55 @@ def leftovers(staging: str, legacy: str, node_id: str) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefix:
+    """How much of an open shard is durable, ending a compression unit: enough to finish the
+    shard there after a crash (:func:`finish_prefix`)."""
+
+    size: int
+    """Bytes of the file."""
+    records: int
+    adler32: int
+    """Adler-32 of the raw record stream up to there (zlib's trailer needs it)."""
+
+
+def finish_prefix(
+    fs: FileSystem, path: str, prefix: Prefix, compression: Compression, level: int | None
+) -> None:
+    """End the shard at ``path`` where ``prefix`` says it was durable: cut what was written
+    after, end the compressed stream there, fsync. Blocking.
+
+    Raises:
+        DurabilityError: the file is shorter than the prefix (it was made durable: something
+            else cut it), or the cut or fsync fails.
+    """
+    try:
+        f = fs.open_existing(path)
+    except OSError as e:
+        raise DurabilityError(f"{path}: {e.strerror or e}") from e
+    try:
+        size = os.fstat(f.fileno()).st_size
+        if size < prefix.size:
+            raise DurabilityError(
+                f"{path}: holds {size} bytes, fewer than the {prefix.size} made durable before; "
+                "the file was cut by something other than tfrecordd"
+            )
+        fs.truncate(f, prefix.size)
+        ending = Compressor.ending(compression, level, prefix.adler32)
+        if ending:
+            fs.write(f, ending)
+        fs.fsync(f)
+    except OSError as e:
+        raise DurabilityError(f"{path}: {e.strerror or e}") from e
+    finally:
+        _close_quietly(f)
+
+
+@dataclass(frozen=True, slots=True)
 class FinishedShard:
     """A complete, fsynced, closed shard still under its in-progress name."""
 
     name: str
+    """Where it is published, relative to its output: ``[<partition>/]<file name>``."""
     tmp_path: str
     records: int
     size: int
@@ -137,6 +182,8 @@ class FinishedShard:
     """Offset of each record in the uncompressed record stream (the file itself for none)."""
     first_time: float
     last_time: float
+    event_times: tuple[float, float] | None = None
+    """The earliest and latest event time of its records (epoch seconds), where known."""
 
 
 class ShardNamer:
@@ -255,10 +302,15 @@ class OpenShard:
         fs: FileSystem,
         *,
         track_offsets: bool = True,
+        folder: str = "",
     ) -> None:
         self.directory = directory
-        self.name = name
+        self.file_name = name
+        self.folder = folder
+        self.name = f"{folder}/{name}" if folder else name
+        """Where it is published, relative to its output (``[<partition>/]<file name>``)."""
         self.compression = compression
+        self.level = level
         self.max_bytes = max_bytes
         self.fs = fs
         self.tmp_path = os.path.join(directory, inprogress_name(name))
@@ -266,6 +318,10 @@ class OpenShard:
         self.offsets = RecordOffsets(fs, spill)
         self.track_offsets = track_offsets
         self.first_time = self.last_time = 0.0
+        self.event_times: tuple[float, float] | None = None
+        self.marked: Prefix | None = None
+        """The prefix last marked (:meth:`mark`), if any: a commit's intent may name it."""
+        self._dir_synced = False
         self._file: BinaryIO | None = fs.create_exclusive(self.tmp_path)
         self._out = _Sink(fs, self._file)
         self._writer = RecordWriter(self._out, compression, level=level)
@@ -303,9 +359,45 @@ class OpenShard:
         self._writer.sync()
         return self.file_bytes + bound(c, raw) <= self.max_bytes
 
-    def write(self, batch: list[bytes] | Packed) -> None:
+    @property
+    def dirty(self) -> bool:
+        """Whether records were written since the last :meth:`mark`."""
+        return self.records > (self.marked.records if self.marked else 0)
+
+    def mark(self) -> Prefix:
+        """End the compression unit where the shard is: the prefix written so far could end
+        the shard (:func:`finish_prefix`) once :meth:`make_durable` returns. The shard stays
+        open."""
+        adler = self._writer.checkpoint()
+        self.marked = Prefix(self.file_bytes, self.records, adler)
+        return self.marked
+
+    def make_durable(self, *, fsync: bool = True) -> None:
+        """fsync what is written (the first time, the staging folder too: the in-progress name
+        an intent holds must survive a crash). Safe while another thread goes on writing: only
+        what was written before is promised. Any failure here is final for this file."""
+        if not fsync:
+            return
+        f = self._file
+        assert f is not None
+        try:
+            self.fs.fsync(f)
+            if not self._dir_synced:
+                self.fs.fsync_dir(os.path.dirname(self.tmp_path))
+                self._dir_synced = True
+        except OSError as e:
+            raise DurabilityError(f"{self.tmp_path}: {e.strerror or e}") from e
+
+    def write(
+        self, batch: list[bytes] | Packed, event_times: tuple[float, float] | None = None
+    ) -> None:
         """Append a batch: records, or records :func:`~tfrecordd.format.writer.pack` made into a
-        unit."""
+        unit; ``event_times``: the earliest and latest event time among them, if known."""
+        if event_times is not None:
+            lo, hi = event_times
+            if self.event_times is not None:
+                lo, hi = min(lo, self.event_times[0]), max(hi, self.event_times[1])
+            self.event_times = (lo, hi)
         if self.track_offsets:
             lengths = batch.lengths if isinstance(batch, Packed) else array("Q", map(len, batch))
             self.offsets.extend(lengths, self._writer.raw_bytes)
@@ -349,7 +441,16 @@ class OpenShard:
             offsets=self.offsets,
             first_time=self.first_time,
             last_time=self.last_time,
+            event_times=self.event_times,
         )
+
+    def leave(self) -> None:
+        """Close the file (errors ignored), keeping it for the next start: a commit may hold a
+        prefix of it. Its offsets' file goes (recovery measures the shard again)."""
+        if self._file is not None:
+            _close_quietly(self._file)
+            self._file = None
+        self.offsets.remove()
 
     def discard(self) -> None:
         """Close (errors ignored) and remove the in-progress file and its offsets' file."""
