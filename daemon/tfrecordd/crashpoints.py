@@ -18,10 +18,12 @@ POINTS = (
     "mid-upload",
     "after-publish",
     "after-dir-fsync",
+    "after-marker",
     "after-ack",
     "after-done",
 )
-"""Every crash point the daemon itself passes, in protocol order."""
+"""Every crash point the daemon itself passes, in protocol order (``after-marker`` only with
+completion markers)."""
 
 STATE_POINTS = ("state-staged", "state-committed", "state-step", "state-finished")
 """Every crash point the writing ``tfrecordd state`` commands pass, in order: the new files

@@ -46,6 +46,13 @@ class FailureReason(StrEnum):
     """Over a limit of the encoder's (an image's pixel count)."""
     ENCODER_ERROR = "encoder-error"
     """The encoder raised on this event instead of reporting it (a bug in the encoder)."""
+    ROUTE = "route"
+    """Its source routes events by a field, and its value names no dataset (and the route has
+    no ``default``)."""
+    EVENT_TIME = "event-time"
+    """Its dataset is partitioned by event time, and its record holds no readable time."""
+    LATE = "late"
+    """Its time partition was already marked complete (``completion.late = "dead-letter"``)."""
 
 
 class Failure(NamedTuple):

@@ -75,24 +75,62 @@ class Metrics:
             registry=r,
         )
         self.records_written = Counter(
-            "tfrecordd_records_written_total", "Records written to shards.", registry=r
+            "tfrecordd_records_written_total",
+            "Records written to shards.",
+            ["dataset"],
+            registry=r,
         )
         self.raw_bytes_written = Counter(
             "tfrecordd_raw_bytes_written_total",
             "Framed record bytes written, before compression.",
+            ["dataset"],
             registry=r,
         )
         self.file_bytes_written = Counter(
             "tfrecordd_compressed_bytes_written_total",
             "Bytes written to shard files, after compression.",
+            ["dataset"],
             registry=r,
         )
         self.shards_published = Counter(
-            "tfrecordd_shards_published_total", "Shards published.", registry=r
+            "tfrecordd_shards_published_total", "Shards published.", ["dataset"], registry=r
         )
         self.shards_discarded = Counter(
             "tfrecordd_shards_discarded_total",
             "In-progress shards discarded (at recovery or after a write error).",
+            registry=r,
+        )
+        self.partition_fallbacks = Counter(
+            "tfrecordd_partition_fallbacks_total",
+            "Records filed under a partition field's fallback value (_other): the value was "
+            "missing, not a safe folder name, or past max_partitions.",
+            ["dataset", "reason"],
+            registry=r,
+        )
+        self.events_late = Counter(
+            "tfrecordd_events_late_total",
+            "Records whose time partition was already marked complete: dead-lettered (reason "
+            "late) or written under _late/, as completion.late says.",
+            ["dataset"],
+            registry=r,
+        )
+        self.partitions_completed = Counter(
+            "tfrecordd_partitions_completed_total",
+            "Time partitions closed and marked complete (their marker published).",
+            ["dataset"],
+            registry=r,
+        )
+        self.partitions_pending = Gauge(
+            "tfrecordd_partitions_pending",
+            "Time partitions holding (or about to hold) shards and not yet marked complete.",
+            ["dataset"],
+            registry=r,
+        )
+        self.watermark = Gauge(
+            "tfrecordd_watermark_timestamp_seconds",
+            "The latest record time seen in a dataset with completion markers (event or "
+            "arrival time; 0 before the first).",
+            ["dataset"],
             registry=r,
         )
         self.last_publish = Gauge(
@@ -100,15 +138,28 @@ class Metrics:
             "Unix time of the last shard published (0 before the first).",
             registry=r,
         )
+        self.open_shards = Gauge(
+            "tfrecordd_open_shards",
+            "Shards open (one per partition folder written to; at most max_open_shards).",
+            ["dataset"],
+            registry=r,
+        )
         self.open_shard_bytes = Gauge(
-            "tfrecordd_open_shard_bytes", "Bytes on disk of the open shard.", registry=r
+            "tfrecordd_open_shard_bytes",
+            "Bytes on disk of the open shards.",
+            ["dataset"],
+            registry=r,
         )
         self.open_shard_records = Gauge(
-            "tfrecordd_open_shard_records", "Records in the open shard.", registry=r
+            "tfrecordd_open_shard_records",
+            "Records in the open shards.",
+            ["dataset"],
+            registry=r,
         )
         self.open_shard_age = Gauge(
             "tfrecordd_open_shard_age_seconds",
-            "Age of the open shard's first record (0 when none is open).",
+            "Age of the oldest open shard's first record (0 when none is open).",
+            ["dataset"],
             registry=r,
         )
         self.publish_duration = Histogram(
@@ -144,7 +195,9 @@ class Metrics:
         )
         self.output_free_bytes = Gauge(
             "tfrecordd_output_free_bytes",
-            "Free bytes (for unprivileged users) on the file system of the output directory.",
+            "Free bytes (for unprivileged users) on the file system of the dataset's output "
+            "directory (its staging folder, for an object store).",
+            ["dataset"],
             registry=r,
         )
         self.paused = Gauge(

@@ -12,6 +12,7 @@ import anyio
 from tfrecordd import heap, logs, speedups
 from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
+from tfrecordd.datasets import PartitionSection
 from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError, find_error
 from tfrecordd.fsys import LOCAL
 from tfrecordd.outputs import make_output
@@ -63,16 +64,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Run the start-up checks on a config file; print a summary or every error."""
     config = load_config(args.config)
-    output = make_output(config, LOCAL).redact()
     print(
         f"{args.config}: OK ({len(config.sources)} source(s), {len(config.encoders)} encoder(s), "
-        f"output {output['location']}, {config.output.compression})"
+        f"{len(config.datasets)} dataset(s))"
     )
-    for key, value in output.items():
-        if key != "location":
-            print(f"  output {key}: {value}")
+    for name, d in config.datasets.items():
+        output = make_output(config, LOCAL, dataset=name).redact()
+        parts = [f"encoder {d.encoder}", f"output {output['location']}", str(d.compression)]
+        if d.partition.partitioned:
+            parts.append(f"partitioned by {_partitioning(d.partition)}")
+        if d.completion is not None:
+            parts.append(f"completion marker {d.completion.marker}")
+        print(f"  dataset {name}: {', '.join(parts)}")
+        for key, value in output.items():
+            if key != "location":
+                print(f"    output {key}: {value}")
     for s in config.sources:
-        print(f"  source {s.name}: type {s.type}, encoder {s.encoder}, {type(s).delivery}")
+        if s.route is not None:
+            feeds = f"routes by {s.route.field!r} to {', '.join(config.fed_datasets(s))}"
+        else:
+            feeds = f"dataset {config.fed_datasets(s)[0]}"
+        print(f"  source {s.name}: type {s.type}, {feeds}, {type(s).delivery}")
     return EXIT_OK
 
 
@@ -102,3 +114,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         for name, error in sorted(reg.broken.items()):
             print(f"  {name}: {error}")
     return EXIT_OK
+
+
+def _partitioning(p: PartitionSection) -> str:
+    what = []
+    if p.time != "none":
+        source = f"event time ({p.time_field})" if p.time == "event" else "arrival time"
+        what.append(f"{source} per {p.granularity} in {p.zone}")
+    what += [f"field {f}" for f in p.fields]
+    return " and ".join(what)

@@ -47,7 +47,14 @@ from tfrecordd.outputs.shards import staged_path, staging_dir
 from tfrecordd.state import change, statelock
 from tfrecordd.state.journal import check_sources
 from tfrecordd.state.reading import Scan, read_checkpoint, scan_journal
-from tfrecordd.state.records import CHECKPOINT, JOURNAL, Checkpoint, Intent, newer_format_error
+from tfrecordd.state.records import (
+    CHECKPOINT,
+    JOURNAL,
+    Checkpoint,
+    Intent,
+    ShardRef,
+    newer_format_error,
+)
 
 
 @contextlib.contextmanager
@@ -65,13 +72,18 @@ def _exclusive(state_dir: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _state_dir(args: argparse.Namespace) -> tuple[str, dict[str, str], tuple[str, str] | None]:
-    """``state_dir``, the configured sources' types, and the local output directory with this
-    node's staging folder in it."""
+_Outputs = dict[str, tuple[str, str] | None]
+"""Per dataset, its local output directory and this node's staging folder in it (``None`` for
+an object store)."""
+
+
+def _state_dir(args: argparse.Namespace) -> tuple[str, dict[str, str], _Outputs]:
+    """``state_dir``, the configured sources' types, and the datasets' outputs."""
     config = load_config(args.config)
-    out = str(config.output.dir)
-    local = None if is_url(out) else local_path(out)
-    where = None if local is None else (local, staging_dir(local, config.daemon.node_id))
+    where: _Outputs = {}
+    for name, d in config.datasets.items():
+        local = None if is_url(d.dir) else local_path(d.dir)
+        where[name] = None if local is None else (local, staging_dir(local, config.daemon.node_id))
     return str(config.daemon.state_dir), {s.name: s.type for s in config.sources}, where
 
 
@@ -97,17 +109,25 @@ def _types(records: list[dict[str, Any]], ckpt: Checkpoint) -> dict[str, str]:
     return types
 
 
-def _shard_state(out: tuple[str, str] | None, shard: str | None) -> str:
-    if shard is None:
-        return "positions only"
+def _shard_state(outputs: _Outputs, ref: ShardRef) -> str:
+    if ref.dataset not in outputs and not (ref.dataset == "" and len(outputs) == 1):
+        return f"dataset {ref.dataset!r} is not configured"
+    out = outputs.get(ref.dataset) or next(iter(outputs.values()))
     if out is None:
         return "remote output: decided at start"
     directory, staging = out
-    if os.path.lexists(os.path.join(directory, shard)):
-        return "published: its acks are redone at start"
-    if os.path.lexists(staged_path(staging, directory, shard)):
-        return "in progress: dropped at start (its events replay)"
-    return "published and moved away: its acks are redone at start"
+    if os.path.lexists(os.path.join(directory, ref.name)):
+        return "published"
+    if os.path.lexists(staged_path(staging, directory, os.path.basename(ref.name))):
+        return "in progress: published at start"
+    return "published and moved away"
+
+
+def _intent_state(outputs: _Outputs, intent: Intent) -> str:
+    if not intent.shards:
+        return "positions only; its acks are redone at start"
+    shards = "; ".join(f"{ref.name}: {_shard_state(outputs, ref)}" for ref in intent.shards)
+    return f"{shards}; its acks are redone at start"
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -163,9 +183,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     elif scan.torn:
         print(f"  torn tail at byte {scan.good_end}: harmless, cut off at the next start")
     for intent in unfinished:
-        print(
-            f"  unfinished commit {intent.seq}: {intent.shard} ({_shard_state(out, intent.shard)})"
-        )
+        print(f"  unfinished commit {intent.seq}: {_intent_state(out, intent)}")
     if ckpt is not None or code == EXIT_OK:
         try:
             check_sources(

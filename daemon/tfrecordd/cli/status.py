@@ -125,7 +125,17 @@ def parse(text: str, taken: float, wall: float) -> Snapshot:
                 attr = _SOURCE_COUNTERS[name]
                 setattr(totals, attr, getattr(totals, attr) + value)
             elif name in _SCALARS:
-                setattr(snap, _SCALARS[name], value)
+                # Per dataset: summed, but for the oldest shard's age and the least free space.
+                attr = _SCALARS[name]
+                before = getattr(snap, attr)
+                if "dataset" not in labels or before is None or attr == "last_publish":
+                    setattr(snap, attr, value)
+                elif attr == "open_shard_age":
+                    setattr(snap, attr, max(before, value))
+                elif attr == "output_free_bytes":
+                    setattr(snap, attr, min(before, value))
+                else:
+                    setattr(snap, attr, before + value)
             elif name == "tfrecordd_stream_depth_batches" and "stage" in labels:
                 snap.stream_depth[labels["stage"]] = value
             elif name == "tfrecordd_up":

@@ -1,25 +1,38 @@
-"""The commit protocol of one unit: what makes a shard's records and its sources' positions durable,
-visible and acknowledged, in an order that a crash at any step leaves recoverable.
+"""The commit protocol of one cut: what makes shards' records and their sources' positions
+durable, visible and acknowledged, in an order that a crash at any step leaves recoverable.
 
-1. the shard's stream is ended, the file fsynced and closed (crash point ``after-fsync``);
+A cut (:class:`CommitUnit`) covers the positions of every batch since the last cut, the shards
+closed since (to publish) and the open shards that took records since (to keep open, made
+durable where they are).
+
+1. each shard to publish: its stream ended, the file fsynced and closed (crash point
+   ``after-fsync``); each shard kept open: fsynced up to the compression unit the write stage
+   ended there (:meth:`~tfrecordd.outputs.shards.OpenShard.mark`);
 2. the dead letters written so far are fsynced;
-3. the intent (shard, positions, size, digest) is appended to the journal and fsynced
-   (``after-intent``);
-4. the shard is published, and the output directory fsynced (``after-publish``,
-   ``after-dir-fsync``, in :meth:`~tfrecordd.outputs.output.Output.publish`);
-5. its manifest is published (when ``manifests`` is on);
-6. each source acks its tokens (``after-ack``);
-7. ``done`` is appended to the journal (``after-done``).
+3. the intent (the positions; each shard to publish with its size and digest; each shard kept
+   open with its durable prefix) is appended to the journal and fsynced (``after-intent``);
+4. each shard is published, and its folder fsynced (``after-publish``, ``after-dir-fsync``, in
+   :meth:`~tfrecordd.outputs.output.Output.publish`), then its manifest (when ``manifests`` is
+   on);
+5. once every shard holding records of the cut's batches is published (those kept open are
+   published by later cuts), and every earlier cut is acknowledged, each source acks its tokens
+   (``after-ack``);
+6. ``done`` is appended to the journal (``after-done``).
 
-A unit with no records (positions only: a file's end, blank lines, bad events) skips 1, 4 and 5.
-If a step before the acks fails, the shard is discarded (:meth:`Committer._abandon`) and nothing
-is acked: the events replay after a restart.
+Once step 3 returns, the cut is committed: a crash after it is rolled forward by the next start
+(:mod:`tfrecordd.pipeline.recovery`), which publishes what is not yet published (a kept shard
+finished at its durable prefix) and redoes the acks. If a step fails, the daemon stops with the
+files as they are, and the next start decides from the journal: nothing of a cut whose intent is
+not in it was acknowledged, and its events replay. Acknowledgements wait for the publish, not
+only for the durable prefix: a published shard may already be off the machine (an object
+store), where a node lost for good does not take it along.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,168 +40,208 @@ from typing import Any
 import anyio
 
 from tfrecordd import crashpoints
-from tfrecordd.errors import DurabilityError, UploadError
+from tfrecordd.errors import DurabilityError
 from tfrecordd.format.compression import Compression
 from tfrecordd.metrics import Metrics, Stopwatch
 from tfrecordd.outputs import manifest
 from tfrecordd.outputs.output import Output
-from tfrecordd.outputs.shards import FinishedShard, OpenShard
+from tfrecordd.outputs.shards import FinishedShard, OpenShard, Prefix
+from tfrecordd.pipeline.completion import Completion
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.plugin import Source, Token
 from tfrecordd.state.deadletter import DeadLetters
 from tfrecordd.state.journal import Journal
-from tfrecordd.state.records import Intent
+from tfrecordd.state.records import Intent, OpenRef, ShardRef
 
 log = logging.getLogger("tfrecordd")
+
+Compact = Callable[[list[Token]], list[Token]]
+
+
+@dataclass(slots=True)
+class Positions:
+    """Source tokens gathered in the order written, compacted as they grow."""
+
+    tokens: dict[str, list[Token]] = field(default_factory=dict)
+    compacted: dict[str, int] = field(default_factory=dict)
+    """Per source, how many tokens it had after they were last compacted."""
+
+    def add(self, source: str, token: Token, compact: Compact | None) -> None:
+        """Append ``token``; ``compact`` is the source's
+        :meth:`~tfrecordd.plugin.Source.compact`."""
+        tokens = self.tokens.setdefault(source, [])
+        tokens.append(token)
+        if compact is not None and len(tokens) >= 2 * self.compacted.get(source, 1):
+            # Merged each time they double: a constant cost per batch, amortized.
+            tokens = self.tokens[source] = compact(tokens)
+            self.compacted[source] = max(1, len(tokens))
+
+
+@dataclass(slots=True)
+class Kept:
+    """A shard of a dataset that a cut publishes (:attr:`CommitUnit.closing`) or keeps open
+    (:attr:`CommitUnit.continuing`, with the prefix it makes durable)."""
+
+    dataset: str
+    shard: OpenShard
+    positions: Positions = field(default_factory=Positions)
+    """The positions of the batches whose records it holds (for its manifest)."""
+    prefix: Prefix | None = None
 
 
 @dataclass(slots=True)
 class CommitUnit:
-    """What one commit covers: an open shard (if any records came) and the batches' tokens."""
+    """What one cut covers: the positions of its batches, and its shards."""
 
-    shard: OpenShard | None = None
-    tokens: dict[str, list[Token]] = field(default_factory=dict)
-    """Per source, in the order written: what the intent journals, the manifest lists and the
-    acks hand back (:meth:`add` gathers them)."""
-    compacted: dict[str, int] = field(default_factory=dict)
-    """Per source, how many tokens it had after they were last compacted."""
+    positions: Positions = field(default_factory=Positions)
     events: dict[str, int] = field(default_factory=dict)
     """Per source, the events the tokens cover (for ``events_acked``)."""
+    closing: list[Kept] = field(default_factory=list)
+    """Shards to finish and publish."""
+    continuing: list[Kept] = field(default_factory=list)
+    """Shards that stay open, with the prefix to make durable."""
+    markers: list[tuple[str, str]] = field(default_factory=list)
+    """``(dataset, time partition)`` of the closed partitions to mark complete, once the
+    cut's shards are published."""
     first_at: float | None = None
-    """``time.monotonic()`` when the first batch came (for ``max_shard_age``)."""
+    """``time.monotonic()`` when the first batch came."""
     intent: Intent | None = None
     """Set once the commit's intent may be in the journal."""
 
+    @property
+    def tokens(self) -> dict[str, list[Token]]:
+        """Per source, the tokens in the order written: what the intent journals and the acks
+        hand back."""
+        return self.positions.tokens
+
     def empty(self) -> bool:
         """Whether there is nothing to commit."""
-        return self.shard is None and not self.tokens
+        return (
+            not self.closing
+            and not self.continuing
+            and not self.markers
+            and not self.positions.tokens
+        )
 
-    def add(
-        self, batch: EncodedBatch, compact: Callable[[list[Token]], list[Token]] | None = None
-    ) -> None:
-        """Take a batch's position (its records are in :attr:`shard` already); ``compact`` is
-        the source's :meth:`~tfrecordd.plugin.Source.compact`."""
-        tokens = self.tokens.setdefault(batch.source, [])
-        tokens.append(batch.token)
-        if compact is not None and len(tokens) >= 2 * self.compacted.get(batch.source, 1):
-            # Merged each time they double: a constant cost per batch, amortized.
-            tokens = self.tokens[batch.source] = compact(tokens)
-            self.compacted[batch.source] = max(1, len(tokens))
+    def add(self, batch: EncodedBatch, compact: Compact | None = None) -> None:
+        """Take a batch's position (its records are in shards already); ``compact`` is the
+        source's :meth:`~tfrecordd.plugin.Source.compact`."""
+        self.positions.add(batch.source, batch.token, compact)
         self.events[batch.source] = self.events.get(batch.source, 0) + batch.events
 
 
 @dataclass(frozen=True, slots=True)
 class Manifests:
-    """Publishes a shard's manifest beside it (``output.manifests``)."""
+    """Publishes a dataset's shard manifests beside them (``manifests = true``)."""
 
     output: Output
     compression: Compression
-    schemas: Mapping[str, str]
-    """Each source's schema fingerprint."""
+    schema: str
+    """The dataset's schema fingerprint."""
+    dataset: str | None = None
+    """The dataset's name (``None``: a config of the older form, whose manifests name none)."""
 
-    def publish(self, shard: str, positions: dict[str, list[Token]], **facts: Any) -> None:
-        """Publish the manifest of ``shard`` (blocking); ``facts`` as :func:`manifest.parts`
-        takes them."""
+    def publish(self, shard: str, positions: Mapping[str, list[Token]], **facts: Any) -> None:
+        """Publish the manifest of ``shard`` (its name relative to the output; blocking);
+        ``facts`` as :func:`manifest.parts` takes them."""
         parts = manifest.parts(
-            shard=shard,
+            shard=shard.rpartition("/")[2],
             compression=self.compression,
-            schemas=self.schemas,
+            schemas=dict.fromkeys(positions, self.schema),
             positions=positions,
+            dataset=self.dataset,
+            partition=shard.rpartition("/")[0],
             **facts,
         )
         self.output.publish_sidecar(manifest.manifest_name(shard), parts)
 
 
 class Committer:
-    """Commits units against an output, a journal and the sources (:meth:`commit`)."""
+    """Commits cuts against the datasets' outputs, a journal and the sources (:meth:`commit`)."""
 
     def __init__(
         self,
         *,
-        output: Output,
+        outputs: Mapping[str, Output],
         journal: Journal,
         sources: Mapping[str, Source],
         dead_letters: DeadLetters,
         metrics: Metrics,
         fsync: bool,
-        manifests: Manifests | None,
+        manifests: Mapping[str, Manifests],
+        completions: Mapping[str, Completion] | None = None,
     ) -> None:
-        self.output = output
+        """``outputs``, ``manifests`` and ``completions`` by dataset (the last two only of the
+        datasets that publish manifests, and markers)."""
+        self.outputs = dict(outputs)
         self.journal = journal
         self.sources = sources
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.fsync = fsync
-        self.manifests = manifests
+        self.manifests = dict(manifests)
+        self.completions = dict(completions or {})
+        self.unacked: deque[_Unacked] = deque()
+        """Committed cuts not yet acknowledged, oldest first."""
 
     async def commit(self, unit: CommitUnit) -> None:
-        """Run the protocol's steps for ``unit``; on a failure before the acks, discard its
-        shard (durably dropping its intent first if it may be journalled) and raise."""
-        counted = unit.shard.file_bytes if unit.shard is not None else 0
+        """Run the protocol's steps for ``unit``, and acknowledge every committed cut whose
+        shards are all published now. On a failure, raise: the files stay as they are for the
+        next start (see the module's docstring)."""
+        counted = {k.shard.name: k.shard.file_bytes for k in unit.closing}
         with Stopwatch(self.metrics.publish_duration):
             try:
                 intent, finished = await anyio.to_thread.run_sync(self._publish, unit)
-            except UploadError:
-                # The intent is journalled and the staged copy is whole: the next start resumes
-                # the upload instead of replaying the events.
-                raise
             except BaseException:
-                if unit.shard is not None:
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(self._abandon, unit)
-                    self.metrics.shards_discarded.inc()
+                # Closed, not removed: whether the intent made it to the journal is the next
+                # start's to decide.
+                for kept in unit.closing:
+                    kept.shard.leave()
                 raise
-        if finished is not None:
-            self.metrics.shards_published.inc()
-            self.metrics.file_bytes_written.inc(finished.size - counted)
+        for dataset, f in finished:
+            self.metrics.shards_published.labels(dataset).inc()
+            # The stream's ending, written by the finish.
+            self.metrics.file_bytes_written.labels(dataset).inc(f.size - counted[f.name])
             self.metrics.last_publish.set(time.time())
-            log.info(
-                "published %s: %d records, %d bytes", finished.name, finished.records, finished.size
-            )
-        for source, tokens in intent.positions.items():
+            log.info("published %s: %d records, %d bytes", f.name, f.records, f.size)
+        published = {(d, f.name) for d, f in finished}
+        for waiting in self.unacked:
+            waiting.shards -= published
+        kept_open = {(k.dataset, k.shard.name) for k in unit.continuing}
+        self.unacked.append(_Unacked(intent, kept_open, unit.events))
+        while self.unacked and not self.unacked[0].shards:
+            await self._acknowledge(self.unacked[0])
+            self.unacked.popleft()
+
+    async def _acknowledge(self, cut: _Unacked) -> None:
+        for source, tokens in cut.intent.positions.items():
             with Stopwatch(self.metrics.ack_duration.labels(source)):
                 await self.sources[source].ack(tokens)
-            self.metrics.events_acked.labels(source).inc(unit.events.get(source, 0))
+            self.metrics.events_acked.labels(source).inc(cut.events.get(source, 0))
             crashpoints.reached("after-ack")
-        await anyio.to_thread.run_sync(self.journal.write_done, intent.seq)
+        await anyio.to_thread.run_sync(self.journal.write_done, cut.intent.seq)
         crashpoints.reached("after-done")
         self.metrics.journal_bytes.set(self.journal.size)
 
-    def _abandon(self, unit: CommitUnit) -> None:
-        """Discard a failed commit's shard. Once its intent may be journalled, the in-progress
-        file goes only after a durable ``drop`` (recovery takes an intent without one for
-        published): if the journal cannot take it, the file stays for recovery to drop."""
-        assert unit.shard is not None
-        intent = unit.intent
-        try:
-            if intent is not None and not self.output.is_published(intent):
-                self.journal.drop(intent.seq)
-        except Exception as e:
-            log.error(
-                "%s: left in progress for the next start to decide on (%s)", unit.shard.name, e
-            )
-            unit.shard.offsets.remove()
-            return
-        unit.shard.discard()
-
-    def _publish(self, unit: CommitUnit) -> tuple[Intent, FinishedShard | None]:
-        """Steps 1 to 5 (blocking): the shard durable, the intent journalled, the shard and its
-        manifest published."""
-        finished: FinishedShard | None = None
-        if unit.shard is not None:
-            with Stopwatch(self.metrics.fsync_duration):
-                finished = unit.shard.finish(fsync=self.fsync)
-            crashpoints.reached("after-fsync")
+    def _publish(self, unit: CommitUnit) -> tuple[Intent, list[tuple[str, FinishedShard]]]:
+        """Steps 1 to 4 (blocking): the shards durable, the intent journalled, the shards and
+        their manifests published."""
+        finished: list[tuple[str, FinishedShard]] = []
+        with Stopwatch(self.metrics.fsync_duration):
+            for kept in unit.closing:
+                finished.append((kept.dataset, kept.shard.finish(fsync=self.fsync)))
+            if finished:
+                crashpoints.reached("after-fsync")
+            for kept in unit.continuing:
+                kept.shard.make_durable(fsync=self.fsync)
         try:
             self.dead_letters.sync()
         except OSError as e:
             raise DurabilityError(f"dead letters: fsync failed: {e.strerror or e}") from e
         intent = self.journal.next_intent(
-            finished.name if finished else None,
             unit.tokens,
-            records=finished.records if finished else 0,
-            size=finished.size if finished else 0,
-            sha256=finished.sha256 if finished else None,
+            [ShardRef(d, f.name, f.records, f.size, f.sha256) for d, f in finished],
+            [_open_ref(k) for k in unit.continuing],
         )
         unit.intent = intent
         try:
@@ -197,22 +250,45 @@ class Committer:
         except OSError as e:
             raise DurabilityError(f"journal: {e.strerror or e}") from e
         crashpoints.reached("after-intent")
-        if finished is not None:
+        for (dataset, f), kept in zip(finished, unit.closing, strict=True):
             try:
-                self.output.publish(finished)
-                if self.manifests is not None:
-                    self.manifests.publish(
-                        finished.name,
-                        intent.positions,
-                        records=finished.records,
-                        size=finished.size,
-                        sha256=finished.sha256,
-                        crc=finished.crc32c,
-                        offsets=finished.offsets.chunks(),
-                        first_time=finished.first_time,
-                        last_time=finished.last_time,
+                self.outputs[dataset].publish(f)
+                manifests = self.manifests.get(dataset)
+                if manifests is not None:
+                    manifests.publish(
+                        f.name,
+                        kept.positions.tokens,
+                        records=f.records,
+                        size=f.size,
+                        sha256=f.sha256,
+                        crc=f.crc32c,
+                        offsets=f.offsets.chunks(),
+                        first_time=f.first_time,
+                        last_time=f.last_time,
+                        event_times=f.event_times,
                     )
             finally:
                 # A manifest lost to a crash or an error here is rebuilt from the shard itself.
-                finished.offsets.remove()
+                f.offsets.remove()
+        for dataset, prefix in unit.markers:
+            self.completions[dataset].mark(prefix)
+            self.metrics.partitions_completed.labels(dataset).inc()
+            crashpoints.reached("after-marker")
         return intent, finished
+
+
+@dataclass(slots=True)
+class _Unacked:
+    """A committed cut waiting for its acknowledgements: until the shards it kept open, which
+    hold records of its batches, are published."""
+
+    intent: Intent
+    shards: set[tuple[str, str]]
+    """``(dataset, name)`` of the shards still to be published."""
+    events: dict[str, int]
+
+
+def _open_ref(kept: Kept) -> OpenRef:
+    p = kept.prefix
+    assert p is not None
+    return OpenRef(kept.dataset, kept.shard.name, p.size, p.records, p.adler32)

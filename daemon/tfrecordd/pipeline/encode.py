@@ -14,26 +14,25 @@ kept back for the dead letters) and each outcome an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from tfrecordd.format.compression import Compression
-from tfrecordd.format.writer import Packed
 from tfrecordd.metrics import Metrics
 from tfrecordd.pipeline.encoding import (
     EncodedBatch,
     EncodeRequest,
     EventFailure,
     Outcome,
-    encode,
+    Part,
 )
+from tfrecordd.pipeline.routing import EncodePlan, Target, encode_with
 from tfrecordd.pipeline.workerio import DEPTH
 from tfrecordd.pipeline.workers import EncodeWorkers
-from tfrecordd.plugin import Encoder, EncoderConfig, FailureReason, RawBatch, RawEvent
+from tfrecordd.plugin import Encoder, FailureReason, RawBatch, RawEvent
 
 GROUP_BATCHES = 4
 """The most batches encoded in one trip to the encode thread or to a worker process (those
@@ -91,26 +90,14 @@ class _Slot:
 
 
 class EncodeStage:
-    """Encodes the batches of every source with the encoder configured for it."""
+    """Encodes the batches of every source as ``plan`` says: each with its dataset's encoder,
+    routed and partitioned where its source's config asks for it."""
 
-    def __init__(
-        self,
-        encoders: Mapping[str, EncoderConfig],
-        encoder_of: Mapping[str, str],
-        *,
-        workers: int,
-        compression: Compression,
-        level: int | None,
-        metrics: Metrics,
-    ) -> None:
-        """``encoders`` by name; ``encoder_of`` maps each source to its encoder's name;
-        ``workers`` is ``encode_workers``."""
-        self.configs = dict(encoders)
-        self.encoders: dict[str, Encoder] = {n: e.build() for n, e in encoders.items()}
-        self.encoder_of = dict(encoder_of)
+    def __init__(self, plan: EncodePlan, *, workers: int, metrics: Metrics) -> None:
+        """``workers`` is ``encode_workers``."""
+        self.plan = plan
+        self.built: dict[str, Encoder | Target] = {n: b.build() for n, b in plan.builders.items()}
         self.workers = workers
-        self.compression = compression
-        self.level = level
         self.metrics = metrics
 
     async def run(
@@ -132,7 +119,7 @@ class EncodeStage:
                     for encoded in encoded_group:
                         await send.send(encoded)
                 return
-            pool = EncodeWorkers(self.workers - 1, self.configs, local=self.encode_requests)
+            pool = EncodeWorkers(self.workers - 1, self.plan.builders, local=self.encode_requests)
             order_send, order_recv = anyio.create_memory_object_stream[_Slot](self.workers * DEPTH)
 
             async def encode_group(batches: list[RawBatch], slot: _Slot) -> None:
@@ -168,7 +155,7 @@ class EncodeStage:
 
     def encode_requests(self, requests: list[EncodeRequest]) -> list[Outcome]:
         """The daemon's own encoder: requests as a worker process takes them."""
-        return [encode(r, self.encoders[r.encoder]) for r in requests]
+        return [encode_with(self.built[r.encoder], r) for r in requests]
 
     def _group(self, batches: list[RawBatch]) -> _Group:
         splits = [_split_rejected(b.events) for b in batches]
@@ -177,13 +164,16 @@ class EncodeStage:
             for i, (b, (good, _)) in enumerate(zip(batches, splits, strict=True))
             if good or (b.lines is not None and not blank(b))
         ]
+        plans = self.plan.sources
+        arrival = time.time()
         requests = [
             EncodeRequest(
-                self.encoder_of[batches[i].source],
+                (plan := plans[batches[i].source]).target,
                 splits[i][0],
                 batches[i].lines,
-                self.compression,
-                self.level,
+                plan.compression,
+                plan.level,
+                arrival,
             )
             for i in sent
         ]
@@ -211,14 +201,23 @@ class EncodeStage:
         failures: list[EventFailure] = [
             (ev, FailureReason.REJECTED, ev.error or "") for ev in rejected
         ]
-        records: list[bytes] | Packed = []
+        parts: list[Part] = []
         events = len(batch.events)
         if outcome is not None:
-            records = outcome.records
+            if outcome.parts is not None:
+                parts = outcome.parts
+                for (dataset, reason), n in outcome.fallbacks.items():
+                    self.metrics.partition_fallbacks.labels(dataset, reason).inc(n)
+            else:
+                only = self.plan.sources[batch.source].dataset
+                assert only is not None
+                parts = [Part(only, "", outcome.records)]
             failures.extend((good[i], reason, detail) for i, reason, detail in outcome.failures)
             failures.extend(outcome.line_failures)
             if outcome.line_events:
                 # Events sent as lines are counted here, where they were first split.
                 self.metrics.events_received.labels(batch.source).inc(outcome.line_events)
                 events += outcome.line_events
-        return EncodedBatch(batch.source, records, batch.token, events, failures)
+        return EncodedBatch(
+            batch.source, [p for p in parts if p.count], batch.token, events, failures
+        )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tfrecordd.format.compression import Compression
@@ -55,6 +55,9 @@ class EncodeRequest:
     lines: Lines | None
     compression: Compression
     level: int | None
+    arrival: float = 0.0
+    """When the batch reached the encode stage (``time.time()``): the arrival time that
+    ``partition.time = "arrival"`` files it by."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The main process is the pipeline's narrow part, and pickling one joined payload costs
@@ -67,7 +70,10 @@ class EncodeRequest:
             if ev.value is not None or ev.format is not None
         ]
         shipment = (b"".join(payloads), array("Q", map(len, payloads)), extras)
-        return (_received, (self.encoder, shipment, self.lines, self.compression, self.level))
+        return (
+            _received,
+            (self.encoder, shipment, self.lines, self.compression, self.level, self.arrival),
+        )
 
 
 def _received(
@@ -76,6 +82,7 @@ def _received(
     lines: Lines | None,
     compression: Compression,
     level: int | None,
+    arrival: float = 0.0,
 ) -> EncodeRequest:
     blob, lengths, extras = shipment
     events = []
@@ -85,40 +92,61 @@ def _received(
         at += n
     for i, value, fmt in extras:
         events[i].value, events[i].format = value, fmt
-    return EncodeRequest(encoder, events, lines, compression, level)
+    return EncodeRequest(encoder, events, lines, compression, level, arrival)
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """The records of a batch that go to one shard: one dataset's, in one partition folder."""
+
+    dataset: str
+    folder: str
+    """The partition folder, relative to the dataset's output (``""``: none)."""
+    records: list[bytes] | Packed
+    times: tuple[float, float] | None = None
+    """The earliest and latest event time of the records (epoch seconds), where known."""
+
+    @property
+    def count(self) -> int:
+        """How many records."""
+        r = self.records
+        return r.records if isinstance(r, Packed) else len(r)
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What encoding a request gave: records (packed when worth it), failures of the events sent
     (by index), failures of the events split from the request's lines (with the event: the
-    daemon's process never split them), and how many events the lines held."""
+    daemon's process never split them), and how many events the lines held. A request for a
+    routed or partitioned source gives ``parts`` instead of ``records``, and counts the values
+    sent to a fallback partition in ``fallbacks`` (``(dataset, reason) → count``)."""
 
     records: list[bytes] | Packed
     failures: list[Failure]
     line_failures: list[EventFailure]
     line_events: int
+    parts: list[Part] | None = None
+    fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class EncodedBatch:
-    """A batch after encoding: records for the shard (or already packed into a compression
-    unit), failures for the dead letters."""
+    """A batch after encoding: its records by the shard they go to (each part's records framed
+    and compressed into a unit already, when large enough), failures for the dead letters."""
 
     source: str
-    records: list[bytes] | Packed
+    parts: list[Part]
     token: Token
     events: int
     failures: list[EventFailure]
 
     @property
     def count(self) -> int:
-        """Records for the shard."""
-        r = self.records
-        return r.records if isinstance(r, Packed) else len(r)
+        """Records for the shards."""
+        return sum(p.count for p in self.parts)
 
 
-def _guarded(encode: Callable[[list[_T]], EncodeResult], items: list[_T]) -> EncodeResult:
+def guarded(encode: Callable[[list[_T]], EncodeResult], items: list[_T]) -> EncodeResult:
     """``encode(items)``; if it raises, each item alone, so that one event an encoder cannot
     take (whatever it raises) fails alone, as :data:`ENCODER_ERROR`, and the others go on."""
     try:
@@ -144,7 +172,7 @@ def encode(request: EncodeRequest, encoder: Encoder) -> Outcome:
     and compress the records into a unit of their own when they are large enough to be worth
     one."""
     events, lines = request.events, request.lines
-    result = _guarded(encoder.encode_batch, events) if events else EncodeResult()
+    result = guarded(encoder.encode_batch, events) if events else EncodeResult()
     records, failures = result.records, result.failures
     line_failures: list[EventFailure] = []
     line_events = 0
@@ -152,7 +180,7 @@ def encode(request: EncodeRequest, encoder: Encoder) -> Outcome:
         payloads, refused = lines.split()
         line_events = len(payloads) + len(refused)
         line_failures = [(ev, FailureReason.REJECTED, ev.error or "") for ev in refused]
-        result = _guarded(encoder.encode_lines, payloads)
+        result = guarded(encoder.encode_lines, payloads)
         records = records + result.records if records else result.records
         if result.failures:
             offsets = lines.offsets()
@@ -160,10 +188,19 @@ def encode(request: EncodeRequest, encoder: Encoder) -> Outcome:
                 (RawEvent(payloads[i], lines.at(offsets[i])), reason, detail)
                 for i, reason, detail in result.failures
             ]
-    packed: list[bytes] | Packed = records
+    return Outcome(
+        packed(records, request.compression, request.level), failures, line_failures, line_events
+    )
+
+
+def packed(
+    records: list[bytes], compression: Compression, level: int | None
+) -> list[bytes] | Packed:
+    """``records`` framed and compressed into a unit of their own if they are large enough to
+    be worth one (:data:`PACK_MIN_BYTES`), else as they are."""
     if framed_size(records) >= PACK_MIN_BYTES:
-        packed = pack(records, request.compression, request.level)
-    return Outcome(packed, failures, line_failures, line_events)
+        return pack(records, compression, level)
+    return records
 
 
 def encode_events(

@@ -1,16 +1,18 @@
-"""Start-up recovery: what the journal's unfinished intents become (:func:`recover`).
+"""Start-up recovery: the journal's commits rolled forward (:func:`recover`).
 
-An intent without ``done`` is one of:
+Once its intent is in the journal, a commit is committed: every shard it publishes was complete
+and fsynced before, and every shard it keeps open was fsynced up to the prefix it names. So an
+intent without ``done`` is rolled forward: each of its shards not yet published is published from
+its staged copy (one whose staged copy is gone was published, and moved away since), manifests
+missing are rebuilt, and its acks are redone. Then each shard kept open by a commit and not
+published since is finished at its durable prefix (what was written after is cut: those records'
+positions were never acknowledged, and their events replay) and published, and a commit saying
+so is journalled.
 
-- positions only (no shard): its acks are redone;
-- published (or its publishing can be finished from the staged copy): its manifest is rebuilt
-  if missing, its acks are redone;
-- not published: it is dropped (durably, before any in-progress file goes), and its events
-  replay from their sources.
-
-Then this node's remaining in-progress files are discarded, the output is made durable before
-any ack is redone, the sources recover from their committed state and the tokens to redo, and
-``done`` is written for each redone intent.
+Only intents of versions before kept in-progress files can still be dropped: when nothing shows
+that their shard was published (events replay). Then this node's remaining in-progress files are
+discarded, the outputs are made durable before any ack is redone, the sources recover from their
+committed state and the tokens to redo, and ``done`` is written for each redone intent.
 """
 
 from __future__ import annotations
@@ -18,21 +20,30 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import anyio
 
-from tfrecordd.format.compression import compression_from_name
+from tfrecordd.errors import ConfigError, StateError
+from tfrecordd.format.compression import Compression, compression_from_name
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
 from tfrecordd.outputs import manifest
 from tfrecordd.outputs.output import LocalOutput, Output
-from tfrecordd.outputs.shards import RecordOffsets, leftovers, offsets_name, staged_path
+from tfrecordd.outputs.shards import (
+    FinishedShard,
+    Prefix,
+    RecordOffsets,
+    finish_prefix,
+    leftovers,
+    offsets_name,
+    staged_path,
+)
 from tfrecordd.pipeline.commit import Manifests
 from tfrecordd.plugin import Source, Token
 from tfrecordd.state.journal import Journal
-from tfrecordd.state.records import Intent
+from tfrecordd.state.records import Intent, OpenRef, ShardRef
 
 log = logging.getLogger("tfrecordd")
 
@@ -42,37 +53,41 @@ class RecoveryReport:
     """What :func:`recover` did."""
 
     redone: tuple[Intent, ...]
-    """Unfinished intents taken for committed: their acks were redone, ``done`` written."""
+    """Unfinished intents rolled forward: their shards published, their acks redone."""
     dropped: tuple[Intent, ...]
-    """Unfinished intents whose shard was never published: dropped, their events replay."""
+    """Unfinished intents (of older versions) whose shard was never published: dropped, their
+    events replay."""
     discarded: tuple[str, ...]
     """In-progress files of this node removed."""
     torn_at: int | None = None
     """Where a torn journal tail (a crash mid-append) was cut off, if there was one."""
+    finished: tuple[str, ...] = ()
+    """Shards kept open by commits before the stop, finished at their durable prefix and
+    published (as ``<dataset>:<name>``)."""
 
 
 async def recover(
     journal: Journal,
-    output: Output,
+    outputs: Mapping[str, Output],
     sources: Mapping[str, Source],
     *,
     fs: FileSystem,
     node_id: str,
-    manifests: Manifests | None,
+    manifests: Mapping[str, Manifests],
     metrics: Metrics,
 ) -> RecoveryReport:
-    """Recover from ``journal`` (see the module's docstring): finish or drop each unfinished
-    intent, discard this node's in-progress files in ``output``, and let each source recover.
-    ``manifests`` is ``None`` when manifests are off (none is rebuilt)."""
+    """Recover from ``journal`` (see the module's docstring) into the datasets' ``outputs``;
+    ``manifests`` of the datasets that publish them."""
     rec = await anyio.to_thread.run_sync(journal.recover)
-    sorter = _Sorter(journal, output, fs, node_id, manifests)
-    redo, dropped, discarded = await anyio.to_thread.run_sync(sorter.sort, rec.unfinished)
+    roller = _Roller(journal, dict(outputs), fs, node_id, dict(manifests))
+    redo, dropped = await anyio.to_thread.run_sync(roller.roll, rec.unfinished, rec.open)
+    discarded = await anyio.to_thread.run_sync(roller.discard_leftovers)
     metrics.shards_discarded.inc(len(discarded))
-    if any(intent.shard is not None for intent in redo):
-        # A shard linked just before a crash may not be durable yet: its directory is
-        # fsynced before any of its acks is redone (a manifest rebuilt for it would do it
-        # too, but not every redone shard needs one).
-        await anyio.to_thread.run_sync(output.sync)
+    if roller.folders:
+        # A shard linked just before a crash may not be durable yet: its folder is fsynced
+        # before any of its acks is redone.
+        for dataset, folders in roller.folders.items():
+            await anyio.to_thread.run_sync(outputs[dataset].sync, folders)
     pending: dict[str, list[Token]] = {}
     for intent in redo:
         for source, tokens in intent.positions.items():
@@ -85,98 +100,232 @@ async def recover(
     metrics.recovered.labels("dropped").inc(len(dropped))
     metrics.journal_bytes.set(journal.size)
     log.info(
-        "recovered: %d commit(s) redone, %d dropped, %d in-progress file(s) discarded%s",
+        "recovered: %d commit(s) redone, %d dropped, %d in-progress file(s) discarded, %d "
+        "open shard(s) finished%s",
         len(redo),
         len(dropped),
         len(discarded),
+        len(roller.finished),
         f", journal tail torn at byte {rec.torn_at}" if rec.torn_at is not None else "",
     )
-    return RecoveryReport(tuple(redo), tuple(dropped), tuple(discarded), rec.torn_at)
+    return RecoveryReport(
+        tuple(redo), tuple(dropped), tuple(discarded), rec.torn_at, tuple(roller.finished)
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class _Sorter:
+@dataclass(slots=True)
+class _Roller:
     journal: Journal
-    output: Output
+    outputs: dict[str, Output]
     fs: FileSystem
     node_id: str
-    manifests: Manifests | None
+    manifests: dict[str, Manifests]
+    folders: dict[str, set[str]] = field(default_factory=dict)
+    """Per dataset, the folders of shards published by the commits rolled forward."""
+    finished: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+    """This node's in-progress files found in another node's folder (an earlier node id)."""
 
-    def sort(self, unfinished: list[Intent]) -> tuple[list[Intent], list[Intent], list[str]]:
-        """Split unfinished intents into redo and dropped (finishing the publishing of those
-        that can be finished), then discard our remaining in-progress files."""
-        out_dir, legacy = self.output.staging_dir, self.output.legacy_dir
+    def dataset(self, name: str) -> str:
+        """The configured dataset a journal record names (``""``: the config's only one)."""
+        if name in self.outputs:
+            return name
+        if name == "" and len(self.outputs) == 1:
+            return next(iter(self.outputs))
+        configured = ", ".join(sorted(self.outputs))
+        what = repr(name) if name else "the one dataset of a config before [datasets]"
+        raise ConfigError(
+            [
+                f"datasets: state_dir holds commits of dataset {what}, not configured (have: "
+                f"{configured}): start once with the config that wrote them so they finish, or "
+                "restore the dataset's table"
+            ]
+        )
+
+    def roll(
+        self, unfinished: list[Intent], kept_open: list[OpenRef]
+    ) -> tuple[list[Intent], list[Intent]]:
+        """Roll every unfinished intent forward, then finish the shards left open; the intents
+        redone and those dropped. Blocking."""
+        open_shards = {(self.dataset(o.dataset), o.name): o for o in kept_open}
         redo: list[Intent] = []
         dropped: list[Intent] = []
-        foreign: list[str] = []  # our files in another node's folder (an earlier node_id)
         for intent in unfinished:
-            staged = staged_path(out_dir, legacy, intent.shard or "")
-            if intent.shard is not None and os.path.dirname(staged) not in (out_dir, legacy):
-                foreign.append(staged)
-            if intent.shard is None:
-                redo.append(intent)
-            elif self._was_published(intent, staged):
-                self._ensure_manifest(intent)
-                redo.append(intent)
-            else:
+            if not self._publish(intent):
                 self.journal.drop(intent.seq, sync=False)
                 dropped.append(intent)
+                continue
+            redo.append(intent)
+            for ref in intent.shards:
+                open_shards.pop((self.dataset(ref.dataset), ref.name), None)
+            for o in intent.open:
+                open_shards[(self.dataset(o.dataset), o.name)] = o
         if dropped:
-            # Durable before any in-progress file goes (see _was_published).
+            # Durable before any in-progress file goes.
             self.journal.sync()
-        left = leftovers(out_dir, legacy, self.node_id)
-        left += [p for p in foreign if os.path.lexists(p)]
-        for path in left:
-            self.fs.remove(path)
-        return redo, dropped, left
+        published = [self._finish_open(d, o) for (d, _), o in open_shards.items()]
+        refs = [ref for ref in published if ref is not None]
+        if open_shards:
+            # The shards are published: the next start must not look for them again.
+            intent = self.journal.next_intent({}, refs)
+            self.journal.write_intent(intent)
+            self.journal.write_done(intent.seq)
+        return redo, dropped
 
-    def _was_published(self, intent: Intent, staged: str) -> bool:
-        """Whether an unfinished intent's shard was published (finishing an interrupted upload
-        from the staged copy where the output can).
+    def _staged(self, dataset: str, name: str) -> str:
+        out = self.outputs[dataset]
+        staged = staged_path(out.staging_dir, out.legacy_dir, os.path.basename(name))
+        if os.path.dirname(staged) not in (out.staging_dir, out.legacy_dir):
+            self.foreign.append(staged)
+        return staged
 
-        Decided from the journal, not from the shard's presence: a shipper may have moved the
-        shard away since. Once its intent is journalled, a shard's in-progress file goes only
-        when the shard is published, or after a durable ``drop`` of the intent (recovery's
-        discard, a failed commit). So an intent whose in-progress file is gone was published,
-        whether its shard is still there or not."""
-        assert intent.shard is not None
-        if self.output.is_published(intent):
-            return True
-        try:
-            st = os.lstat(staged)
-        except FileNotFoundError:
-            if not intent.kept:
-                return self.output.sidecar_exists(manifest.manifest_name(intent.shard))
-            log.warning(
-                "%s: published before the restart and moved away since (its in-progress file "
-                "is gone too); its acknowledgements are redone, its events not written again",
-                intent.shard,
+    def _publish(self, intent: Intent) -> bool:
+        """Publish every shard of an unfinished intent that is not yet; ``False`` when the
+        intent must be dropped instead (an older version's intent, of a shard never
+        published)."""
+        todo: list[tuple[str, ShardRef, FinishedShard]] = []
+        for ref in intent.shards:
+            dataset = self.dataset(ref.dataset)
+            out = self.outputs[dataset]
+            self.folders.setdefault(dataset, set()).add(os.path.dirname(ref.name))
+            if out.is_published(ref):
+                self._ensure_manifest(dataset, ref, intent.positions)
+                continue
+            staged = self._staged(dataset, ref.name)
+            try:
+                st = os.lstat(staged)
+            except FileNotFoundError:
+                if intent.kept or out.sidecar_exists(manifest.manifest_name(ref.name)):
+                    log.warning(
+                        "%s: published before the restart and moved away since (its in-progress "
+                        "file is gone too); its acknowledgements are redone, its events not "
+                        "written again",
+                        ref.name,
+                    )
+                    continue
+                return False
+            if isinstance(out, LocalOutput) and st.st_nlink > 1:
+                # Linked to its final name, then moved away before the in-progress name went.
+                self.fs.remove(staged)
+                continue
+            finished = self._scan_staged(dataset, ref.name, staged)
+            if finished.size != ref.size or (ref.sha256 and finished.sha256 != ref.sha256):
+                finished.offsets.remove()
+                if len(intent.shards) == 1:
+                    log.warning("staged copy of %s differs from its intent: dropped", ref.name)
+                    return False
+                raise StateError(
+                    staged,
+                    f"holds {finished.size} bytes (SHA-256 {finished.sha256}), not the "
+                    f"{ref.size} bytes its commit journalled: the staged copy was damaged",
+                    "move it aside and start again: its records are lost, the rest of the "
+                    "commit is published",
+                )
+            todo.append((dataset, ref, finished))
+        for dataset, _, finished in todo:
+            try:
+                self.outputs[dataset].resume(finished)
+                self._publish_manifest(dataset, finished, intent.positions)
+            finally:
+                finished.offsets.remove()
+        return True
+
+    def _finish_open(self, dataset: str, ref: OpenRef) -> ShardRef | None:
+        """Finish a shard left open at its durable prefix and publish it; its ref, or ``None``
+        when it is gone already."""
+        out = self.outputs[dataset]
+        staged = self._staged(dataset, ref.name)
+        self.folders.setdefault(dataset, set()).add(os.path.dirname(ref.name))
+        if not os.path.lexists(staged):
+            if os.path.lexists(out.final_path(ref.name)) or not isinstance(out, LocalOutput):
+                return None
+            log.error(
+                "%s: kept open by a commit, and its in-progress file is gone: published and "
+                "moved away before the restart, or lost",
+                ref.name,
             )
-            return True
-        if isinstance(self.output, LocalOutput) and st.st_nlink > 1:
-            # Linked to its final name, then moved away before the in-progress name was removed.
-            return True
-        return self.output.resume(intent, staged)
+            return None
+        compression = compression_from_name(ref.name) or Compression.NONE
+        finish_prefix(
+            self.fs, staged, Prefix(ref.size, ref.records, ref.adler32), compression, None
+        )
+        finished = self._scan_staged(dataset, ref.name, staged)
+        try:
+            if finished.records != ref.records:
+                raise StateError(
+                    staged,
+                    f"holds {finished.records} records up to its durable prefix, not the "
+                    f"{ref.records} its commit journalled",
+                    "move it aside and start again",
+                )
+            out.resume(finished)
+            self._publish_manifest(dataset, finished, {})
+        finally:
+            finished.offsets.remove()
+        self.finished.append(f"{dataset}:{ref.name}")
+        log.info(
+            "%s: finished at its last commit (%d records) and published", ref.name, ref.records
+        )
+        return ShardRef(dataset, ref.name, finished.records, finished.size, finished.sha256)
 
-    def _ensure_manifest(self, intent: Intent) -> None:
-        """Rebuild the manifest of a shard published just before a crash, if it is missing."""
-        assert intent.shard is not None
-        name = manifest.manifest_name(intent.shard)
-        if self.manifests is None or self.output.sidecar_exists(name):
+    def _scan_staged(self, dataset: str, name: str, staged: str) -> FinishedShard:
+        """A staged shard measured (blocking): it is read whole."""
+        out = self.outputs[dataset]
+        spill = os.path.join(out.staging_dir, offsets_name(os.path.basename(name)))
+        offsets = RecordOffsets(self.fs, spill)
+        m = manifest.scan(staged, offsets)
+        offsets.close()
+        return FinishedShard(
+            name=name,
+            tmp_path=staged,
+            records=m["records"],
+            size=m["size"],
+            raw_bytes=0,
+            sha256=m["sha256"],
+            crc32c=m["crc32c"],
+            offsets=offsets,
+            first_time=0.0,
+            last_time=0.0,
+        )
+
+    def _publish_manifest(
+        self, dataset: str, f: FinishedShard, positions: Mapping[str, list[Token]]
+    ) -> None:
+        manifests = self.manifests.get(dataset)
+        if manifests is None:
             return
-        if isinstance(self.output, LocalOutput) and not self.output.is_published(intent):
-            log.info("%s: moved away; its manifest is not rebuilt", intent.shard)
+        manifests.publish(
+            f.name,
+            positions,
+            records=f.records,
+            size=f.size,
+            sha256=f.sha256,
+            crc=f.crc32c,
+            offsets=f.offsets.chunks(),
+            first_time=None,
+            last_time=None,
+            event_times=None,
+        )
+
+    def _ensure_manifest(
+        self, dataset: str, ref: ShardRef, positions: Mapping[str, list[Token]]
+    ) -> None:
+        """Rebuild the manifest of a shard published just before a crash, if it is missing."""
+        out = self.outputs[dataset]
+        name = manifest.manifest_name(ref.name)
+        manifests = self.manifests.get(dataset)
+        if manifests is None or out.sidecar_exists(name):
             return
         # The offsets wait in a file as a shard's being written do: memory stays bounded
         # whatever the shard's record count.
-        spill = os.path.join(self.output.staging_dir, offsets_name(intent.shard))
+        spill = os.path.join(out.staging_dir, offsets_name(os.path.basename(ref.name)))
         offsets = RecordOffsets(self.fs, spill)
         try:
-            if isinstance(self.output, LocalOutput):
-                m = manifest.scan(self.output.final_path(intent.shard), offsets)
+            if isinstance(out, LocalOutput):
+                m = manifest.scan(out.final_path(ref.name), offsets)
             else:
                 # Streamed back from the store; an attempt cut short starts the offsets again.
-                compression = compression_from_name(intent.shard)
+                compression = compression_from_name(ref.name)
 
                 def scan(f: BinaryIO) -> dict[str, Any]:
                     nonlocal offsets
@@ -184,12 +333,12 @@ class _Sorter:
                     offsets = RecordOffsets(self.fs, spill)
                     return manifest.scan(f, offsets, compression=compression)
 
-                m = self.output.read_published(intent.shard, scan)
-                log.info("%s: manifest rebuilt from the published object", intent.shard)
+                m = out.read_published(ref.name, scan)
+                log.info("%s: manifest rebuilt from the published object", ref.name)
             offsets.close()
-            self.manifests.publish(
-                intent.shard,
-                intent.positions,
+            manifests.publish(
+                ref.name,
+                positions,
                 records=m["records"],
                 size=m["size"],
                 sha256=m["sha256"],
@@ -197,6 +346,18 @@ class _Sorter:
                 offsets=offsets.chunks(),
                 first_time=None,
                 last_time=None,
+                event_times=None,
             )
         finally:
             offsets.remove()
+
+    def discard_leftovers(self) -> list[str]:
+        """Remove this node's in-progress files that no commit holds (blocking); their
+        paths."""
+        left: list[str] = []
+        for out in self.outputs.values():
+            left += leftovers(out.staging_dir, out.legacy_dir, self.node_id)
+        left += [p for p in self.foreign if os.path.lexists(p)]
+        for path in left:
+            self.fs.remove(path)
+        return left

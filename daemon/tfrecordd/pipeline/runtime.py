@@ -39,11 +39,12 @@ from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.metrics import Metrics, serve
 from tfrecordd.notify import SystemdNotifier
 from tfrecordd.outputs import make_output
-from tfrecordd.outputs.shards import ShardNamer
-from tfrecordd.pipeline.commit import Committer, Manifests
+from tfrecordd.pipeline.commit import Committer
+from tfrecordd.pipeline.datasets import completions, dataset_outputs, manifest_writers
 from tfrecordd.pipeline.encode import EncodeStage
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import recover
+from tfrecordd.pipeline.routing import plan_encoding
 from tfrecordd.pipeline.write import WriteStage
 from tfrecordd.plugin import RawBatch, Registry, Source, SourceContext
 from tfrecordd.state import statelock
@@ -73,10 +74,17 @@ class _SourceContext(SourceContext):
         self.name = name
         self.node_id = cfg.daemon.node_id
         self.state_dir = os.path.join(str(cfg.daemon.state_dir), "sources", name)
-        self.max_batch_events = cfg.daemon.max_batch_events
-        if cfg.output.max_shard_records:
-            self.max_batch_events = min(self.max_batch_events, cfg.output.max_shard_records)
-        self.max_batch_bytes = min(cfg.daemon.max_batch_bytes, cfg.output.max_shard_bytes // 4)
+        source = next(s for s in cfg.sources if s.name == name)
+        fed = [cfg.datasets[d] for d in cfg.fed_datasets(source)]
+        self.max_batch_events = min(
+            [
+                cfg.daemon.max_batch_events,
+                *(d.max_shard_records for d in fed if d.max_shard_records),
+            ]
+        )
+        self.max_batch_bytes = min(
+            [cfg.daemon.max_batch_bytes, *(d.max_shard_bytes // 4 for d in fed)]
+        )
         self._send: MemoryObjectSendStream[RawBatch] | None = None
         """The pipeline's stream, set when the source starts running."""
         self._m = daemon.metrics
@@ -151,11 +159,13 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.notifier = notifier or SystemdNotifier()
         self.handle_signals = handle_signals
-        out = config.output
-        self.output = make_output(config, fs, self.metrics)
-        self.out_dir = self.output.staging_dir
+        self.outputs = {
+            name: make_output(config, fs, self.metrics, name) for name in config.datasets
+        }
+        self.output = next(iter(self.outputs.values()))
+        """The first dataset's output (a config of the older form has only it)."""
         self.state_dir = str(config.daemon.state_dir)
-        self.fsync = out.fsync
+        self.fsync = any(d.fsync for d in config.datasets.values())
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
         if crashpoints.armed() is not None:
             declared = [p for s in config.sources for p in type(s).crash_points]
@@ -164,12 +174,7 @@ class Daemon:
         for name, src in self.sources.items():
             src.attach(self._contexts[name])
         self.encode = EncodeStage(
-            config.encoders,
-            {s.name: s.encoder for s in config.sources},
-            workers=config.daemon.encode_workers,
-            compression=out.compression,
-            level=out.level,
-            metrics=self.metrics,
+            plan_encoding(config), workers=config.daemon.encode_workers, metrics=self.metrics
         )
         self.journal = Journal(
             self.state_dir,
@@ -185,22 +190,19 @@ class Daemon:
             fsync=self.fsync,
             on_repair=self.metrics.watch_repairs.labels("dead_letters").inc,
         )
-        schemas = {s.name: config.encoders[s.encoder].schema_fingerprint() for s in config.sources}
+        self.completions = completions(config, self.outputs, self.state_dir, fs)
         self.committer = Committer(
-            output=self.output,
+            outputs=self.outputs,
             journal=self.journal,
             sources=self.sources,
             dead_letters=self.dead_letters,
             metrics=self.metrics,
             fsync=self.fsync,
-            manifests=Manifests(self.output, out.compression, schemas) if out.manifests else None,
+            manifests=manifest_writers(config, self.outputs),
+            completions=self.completions,
         )
         self.write = WriteStage(
-            out,
-            self.out_dir,
-            ShardNamer(out.prefix, config.daemon.node_id, out.compression),
-            self.committer,
-            fs=fs,
+            dataset_outputs(config, self.outputs, self.completions), self.committer, fs=fs
         )
         self.metrics_port: int | None = None
         self._sources_scope: anyio.CancelScope | None = None
@@ -208,7 +210,8 @@ class Daemon:
         self._stopping = False
         self._running = False
         self._state_lock = -1
-        self._node_lock = -1
+        self._node_locks: dict[str, int] = {}
+        """Per dataset, the lock held on this node's staging folder."""
         self._checked_at = time.monotonic()
 
     # -- control ---------------------------------------------------------------------------
@@ -229,7 +232,7 @@ class Daemon:
             self._pipeline_scope.deadline = deadline
 
     def request_flush(self) -> None:
-        """Publish the open shard now (what SIGHUP does)."""
+        """Publish the open shards now (what SIGHUP does)."""
         self.write.request_flush()
 
     def healthy(self, now: float | None = None) -> bool:
@@ -261,27 +264,33 @@ class Daemon:
     async def _run_locked(
         self, pipeline_scope: anyio.CancelScope, task_status: TaskStatus[None]
     ) -> None:
-        os.makedirs(self.out_dir, exist_ok=True)
-        self._node_lock = statelock.acquire_folder(self.out_dir, self.config.daemon.node_id)
         try:
+            for name, out in self.outputs.items():
+                os.makedirs(out.staging_dir, exist_ok=True)
+                self._node_locks[name] = statelock.acquire_folder(
+                    out.staging_dir, self.config.daemon.node_id
+                )
             await self._run_pipeline(pipeline_scope, task_status)
         finally:
-            os.close(self._node_lock)
+            for fd in self._node_locks.values():
+                os.close(fd)
+            self._node_locks.clear()
 
     async def _run_pipeline(
         self, pipeline_scope: anyio.CancelScope, task_status: TaskStatus[None]
     ) -> None:
         if self.fsync:
-            # The staging folder's own entry (and its parent's) durable before any shard in it
+            # Each staging folder's own entry (and its parent's) durable before any shard in it
             # is journalled.
-            for parent in (
-                os.path.dirname(self.out_dir),
-                os.path.dirname(os.path.dirname(self.out_dir)),
-            ):
-                try:
-                    self.fs.fsync_dir(parent)
-                except OSError as e:
-                    raise DurabilityError(f"{parent}: fsync: {e.strerror or e}") from e
+            for out in self.outputs.values():
+                for parent in (
+                    os.path.dirname(out.staging_dir),
+                    os.path.dirname(os.path.dirname(out.staging_dir)),
+                ):
+                    try:
+                        self.fs.fsync_dir(parent)
+                    except OSError as e:
+                        raise DurabilityError(f"{parent}: fsync: {e.strerror or e}") from e
         raw_send, raw_recv = anyio.create_memory_object_stream[RawBatch](
             self.config.daemon.queue_batches
         )
@@ -291,7 +300,7 @@ class Daemon:
         try:
             await recover(
                 self.journal,
-                self.output,
+                self.outputs,
                 self.sources,
                 fs=self.fs,
                 node_id=self.config.daemon.node_id,
@@ -313,11 +322,13 @@ class Daemon:
                 self.metrics.up.set(1)
                 self.notifier.ready(f"running {len(self.sources)} source(s)")
                 log.info(
-                    "started: node %s, %d source(s), output %s (%s)",
+                    "started: node %s, %d source(s), %s",
                     self.config.daemon.node_id,
                     len(self.sources),
-                    self.output.location,
-                    self.config.output.compression,
+                    ", ".join(
+                        f"dataset {n} to {o.location} ({self.config.datasets[n].compression})"
+                        for n, o in self.outputs.items()
+                    ),
                 )
                 task_status.started()
                 if self._stopping:
@@ -407,15 +418,17 @@ class Daemon:
         self.metrics.watch_repairs.labels("state_lock").inc()
 
     def _check_staging(self) -> None:
-        what = _changed(self._node_lock, self.out_dir, follow=True)
-        if what is not None:
-            # Not made again: the open shard is in the old folder, and the node's lock with it.
-            raise DurabilityError(
-                f"{self.out_dir}: the staging folder was {what} while the daemon ran (the "
-                "output directory moved or deleted?); no shard can be published from it; "
-                "stopping. Nothing of the open shard was acknowledged: it replays at the next "
-                "start"
-            )
+        for name, fd in self._node_locks.items():
+            staging = self.outputs[name].staging_dir
+            what = _changed(fd, staging, follow=True)
+            if what is not None:
+                # Not made again: the open shards are in the old folder, and the node's lock too.
+                raise DurabilityError(
+                    f"{staging}: the staging folder was {what} (dataset {name}) while the "
+                    "daemon ran (the output directory moved or deleted?); no shard can be "
+                    "published from it; stopping. Nothing of its open shards was acknowledged "
+                    "since the last commit: it replays at the next start"
+                )
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval()  # already half of WatchdogSec

@@ -36,7 +36,7 @@ import pickle
 import signal
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,8 @@ from anyio.abc import Process, TaskStatus
 
 from tfrecordd import heap
 from tfrecordd.errors import WorkerError
-from tfrecordd.pipeline.encoding import EncodeRequest, Outcome, encode
+from tfrecordd.pipeline.encoding import EncodeRequest, Outcome
+from tfrecordd.pipeline.routing import Target, TargetConfig, encode_with
 from tfrecordd.pipeline.workerio import (
     ANSWER,
     DEPTH,
@@ -107,7 +108,7 @@ class EncodeWorkers:
     def __init__(
         self,
         count: int,
-        encoders: dict[str, EncoderConfig],
+        encoders: Mapping[str, EncoderConfig | TargetConfig],
         *,
         local: Callable[[list[EncodeRequest]], list[Outcome]] | None = None,
     ) -> None:
@@ -331,7 +332,7 @@ def serve() -> None:
     if init is None:
         return
     sys.path[:], configs = pickle.loads(init[0], buffers=init[1])
-    encoders: dict[str, Encoder] = {}
+    encoders: dict[str, Encoder | Target] = {}
 
     out.write(READY)
     out.flush()
@@ -342,10 +343,10 @@ def serve() -> None:
             body, buffers = request
             requests: list[EncodeRequest] = pickle.loads(body, buffers=buffers)
             for one in requests:
-                encoder = encoders.get(one.encoder)
-                if encoder is None:
-                    encoder = encoders[one.encoder] = configs[one.encoder].build()
-                outcomes.append(encode(one, encoder))
+                built = encoders.get(one.encoder)
+                if built is None:
+                    built = encoders[one.encoder] = configs[one.encoder].build()
+                outcomes.append(encode_with(built, one))
             status, answer = b"R", pickle.dumps(outcomes, pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # handed to the daemon, which raises it
             status, answer = b"E", pickled_error(e)

@@ -1,17 +1,28 @@
-"""The write stage: encoded batches in, shards out; it decides when a unit is committed.
+"""The write stage: encoded batches in, shards out; it decides when a commit is cut.
 
-Batches are written in order, in as few trips to a worker thread as the shard's caps allow
-(:data:`WRITE_RUN_BATCHES` at most), to the open shard of the current
-:class:`~tfrecordd.pipeline.commit.CommitUnit`. A batch that would take the shard past
-``max_shard_bytes`` or ``max_shard_records`` goes to the next one (:meth:`OpenShard.fits
-<tfrecordd.outputs.shards.OpenShard.fits>`). Failures go to the dead letters first. While the
-output's file system lacks room above ``min_free_bytes``, the stage waits (and so, by
-backpressure, do the sources).
+Each part of a batch (one dataset's records, in one partition folder) is appended to the open
+shard of its (dataset, folder), opened when it has none. Several shards are open at once, one
+per dataset and folder written to, at most ``max_open_shards`` per dataset: at the cap the least
+recently written one is closed to make room (published at the next commit, never dropped).
+A part that would take its shard past ``max_shard_bytes`` or ``max_shard_records`` closes the
+shard first (:meth:`OpenShard.fits <tfrecordd.outputs.shards.OpenShard.fits>`); a shard that
+reaches its record cap is closed at once. Batches are written in order, in as few trips to a
+worker thread as the caps allow (:data:`WRITE_RUN_BATCHES` at most). Failures go to the dead
+letters first. While an output's file system lacks room above its ``min_free_bytes``, the stage
+waits (and so, by backpressure, do the sources).
 
-A unit is committed when its shard is full, when it is older than ``max_shard_age``, when a
-flush is asked for, when the stream pauses with positions but no shard open, and at the end.
-It is committed in a task of its own while the next unit fills; commits run one at a time, in
-order (:meth:`WriteStage.commit`).
+A commit is *cut* between two batches: when a shard was closed, when the oldest open shard is
+older than its dataset's ``max_shard_age``, when a flush is asked for, when the stream pauses
+with positions but no shard open, and at the end. The cut covers every batch since the last
+one: the closed shards and those past their age are finished and published; every other open
+shard that took records since the last cut is made durable where it is
+(:meth:`OpenShard.mark <tfrecordd.outputs.shards.OpenShard.mark>`), and stays open: the journal
+holds that prefix, and after a crash the next start finishes the shard there and publishes it.
+So every record of the cut's batches is published or durable before any of their positions is
+acknowledged, whatever number of shards they went to, and no shard is published small only
+because another one filled.
+The commit runs in a task of its own while the next batches are written; commits run one at a
+time, in order (:meth:`WriteStage.commit`).
 """
 
 from __future__ import annotations
@@ -21,28 +32,31 @@ import errno
 import logging
 import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from tfrecordd import crashpoints
-from tfrecordd.config import OutputSection
 from tfrecordd.errors import DurabilityError
 from tfrecordd.format.compress import Compressor
 from tfrecordd.format.framing import framed_size
 from tfrecordd.format.writer import Packed
 from tfrecordd.fsys import FileSystem
-from tfrecordd.outputs.shards import OpenShard, ShardNamer
-from tfrecordd.pipeline.commit import Committer, CommitUnit
+from tfrecordd.outputs.shards import OpenShard
+from tfrecordd.pipeline.commit import Committer, CommitUnit, Kept, Positions
+from tfrecordd.pipeline.completion import LATE_TREE
+from tfrecordd.pipeline.datasets import DatasetOutput
 from tfrecordd.pipeline.encode import take_waiting
-from tfrecordd.pipeline.encoding import EncodedBatch
+from tfrecordd.pipeline.encoding import EncodedBatch, Part
 
 log = logging.getLogger("tfrecordd")
 
 WRITE_RUN_BATCHES = 16
 """The most waiting batches the write stage takes at once: written in one trip to its thread
-where the shard's caps allow (each trip costs the event loop and the thread a hand-off)."""
+where the shards' caps allow (each trip costs the event loop and the thread a hand-off)."""
 
 IDLE_COMMIT_AFTER = 1.0
 """Seconds without a batch after which positions that came with no records (a file's end, blank
@@ -52,53 +66,76 @@ POSITIONS_ONLY_BATCHES = 16384
 """A commit without records is made at the latest when this many batches' positions wait (an
 intent of about a megabyte), however fast batches without records keep coming."""
 
+ShardKey = tuple[str, str]
+"""``(dataset, partition folder)``: what one open shard holds."""
+
+
+@dataclass(slots=True)
+class _Open:
+    """An open shard, when it was first and last written (``time.monotonic()``), and the
+    positions of the batches it holds records of."""
+
+    dataset: str
+    shard: OpenShard
+    first_at: float
+    written_at: float
+    positions: Positions = field(default_factory=Positions)
+
 
 class WriteStage:
-    """Writes encoded batches to shards in ``directory`` and hands full units to ``committer``."""
+    """Writes encoded batches to the shards of ``datasets`` and hands cuts to ``committer``."""
 
     def __init__(
         self,
-        output: OutputSection,
-        directory: str,
-        namer: ShardNamer,
+        datasets: Mapping[str, DatasetOutput],
         committer: Committer,
         *,
         fs: FileSystem,
     ) -> None:
-        self.config = output
-        self.directory = directory
-        self.namer = namer
+        self.datasets = dict(datasets)
         self.committer = committer
         # One dead-letter file and one set of metrics for the whole pipeline: the committer's.
         self.dead_letters = committer.dead_letters
         self.metrics = committer.metrics
         self.fs = fs
+        self.open: dict[ShardKey, _Open] = {}
+        """The open shards, least recently written first."""
         self.unit = CommitUnit()
-        """What the next commit covers. A unit being committed stays here until its commit
-        has begun: if the one before fails, the daemon's clean-up discards its shard."""
+        """What the next cut covers so far: the batches' positions, the shards closed since the
+        last cut. A unit being committed stays here until its commit has begun: if the one
+        before fails, the daemon's clean-up sees its shards."""
         self.beat = time.monotonic()
         """``time.monotonic()`` when the stage last showed it is alive (the watchdog's view)."""
         self._flush_requested = False
+        self._cut_wanted = False
         self._commits: TaskGroup | None = None
         self._committed: anyio.Event | None = None
+        self._commit_failed = False
         self._statvfs_at = 0.0
 
     def request_flush(self) -> None:
-        """Commit the open unit at the next turn of the loop."""
+        """Publish every open shard at the next turn of the loop."""
         self._flush_requested = True
+
+    def _next_deadline(self) -> float | None:
+        """``time.monotonic()`` at which the oldest open shard reaches its age cap."""
+        ages = [
+            o.first_at + self.datasets[o.dataset].config.max_shard_age for o in self.open.values()
+        ]
+        return min(ages) if ages else None
 
     async def run(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         """Write what ``recv`` brings until it ends, then commit what is left and wait for the
         last commit."""
         depth = self.metrics.stream_depth.labels("write")
-        max_age = self.config.max_shard_age
         # Leaving the commits' group waits for the last commit.
         async with recv, anyio.create_task_group() as self._commits:
             ended = False
             while not ended:
                 wait = IDLE_COMMIT_AFTER
-                if self.unit.first_at is not None:
-                    wait = min(wait, self.unit.first_at + max_age - time.monotonic())
+                deadline = self._next_deadline()
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
                 batch: EncodedBatch | None = None
                 with anyio.move_on_after(max(wait, 0.0)):
                     try:
@@ -111,56 +148,64 @@ class WriteStage:
                     depth.set(recv.statistics().current_buffer_used)
                     await self._write_batches(batches)
                 self._update_open_gauges()
-                if self.unit.empty():
+                self.close_partitions()
+                if self.unit.empty() and not self.open:
                     self._flush_requested = False
                     continue
-                first = self.unit.first_at
-                # Positions without records ride with the next shard's commit; with no shard
-                # open, they are committed when the stream pauses.
-                idle = batch is None and self.unit.shard is None
+                deadline = self._next_deadline()
+                # Positions without records ride with the next cut; with no shard open, they
+                # are committed when the stream pauses.
+                idle = batch is None and not self.open and not self.unit.empty()
                 if (
                     idle
                     or self._flush_requested
-                    or (first is not None and self.beat - first >= max_age)
+                    or self._cut_wanted
+                    or (deadline is not None and self.beat >= deadline)
                 ):
+                    await self.commit(everything=self._flush_requested)
                     self._flush_requested = False
-                    await self.commit()
-            if not self.unit.empty():
-                await self.commit()
+            if self.open or not self.unit.empty():
+                await self.commit(everything=True)
 
     async def discard(self) -> bool:
-        """Discard the open unit's shard, if any (the daemon stops on an error); whether there
-        was one."""
-        if self.unit.shard is None:
-            return False
-        await anyio.to_thread.run_sync(self.unit.shard.discard)
+        """Discard the open and closed shards no commit has made durable (the daemon stops on
+        an error): those a journalled prefix covers stay for the next start to finish and
+        publish. Whether any was discarded."""
+        shards = [o.shard for o in self.open.values()] + [k.shard for k in self.unit.closing]
+        self.open.clear()
         self.unit = CommitUnit()
-        return True
+        fresh = [s for s in shards if s.marked is None]
+        for shard in shards:
+            await anyio.to_thread.run_sync(shard.discard if shard.marked is None else shard.leave)
+        return bool(fresh)
 
     def _update_open_gauges(self) -> None:
-        shard = self.unit.shard
         m = self.metrics
         now = time.monotonic()
         if now - self._statvfs_at >= 5:
             self._statvfs_at = now
-            with contextlib.suppress(OSError):
-                st = os.statvfs(self.directory)
-                m.output_free_bytes.set(st.f_bavail * st.f_frsize)
-        m.open_shard_bytes.set(shard.file_bytes if shard else 0)
-        m.open_shard_records.set(shard.records if shard else 0)
-        first = self.unit.first_at
-        m.open_shard_age.set(time.monotonic() - first if first is not None else 0)
+            for d in self.datasets.values():
+                with contextlib.suppress(OSError):
+                    st = os.statvfs(d.output.staging_dir)
+                    m.output_free_bytes.labels(d.name).set(st.f_bavail * st.f_frsize)
+        for name in self.datasets:
+            here = [o for o in self.open.values() if o.dataset == name]
+            m.open_shards.labels(name).set(len(here))
+            m.open_shard_bytes.labels(name).set(sum(o.shard.file_bytes for o in here))
+            m.open_shard_records.labels(name).set(sum(o.shard.records for o in here))
+            oldest = min((o.first_at for o in here), default=None)
+            m.open_shard_age.labels(name).set(now - oldest if oldest is not None else 0)
 
     async def _write_batches(self, batches: list[EncodedBatch]) -> None:
-        """Write batches in order, in as few trips to a worker thread as the shard's caps allow,
-        committing each shard that fills. Positions that came with no records wait in the unit
-        for its commit: a storm of blank lines must not cost a journal fsync per batch."""
+        """Write batches in order, in as few trips to a worker thread as the shards' caps allow,
+        cutting a commit after each batch that closed a shard. Positions that came with no
+        records wait in the unit for the next cut: a storm of blank lines must not cost a
+        journal fsync per batch."""
         failed = [b for b in batches if b.failures]
         if failed:
             await anyio.to_thread.run_sync(self._dead_letter, failed)
-        limit = self.config.max_shard_records
         # The free-space check holds back one batch at a time.
-        step = 1 if self.config.min_free_bytes else len(batches)
+        step = 1 if any(d.config.min_free_bytes for d in self.datasets.values()) else len(batches)
         at = 0
         while at < len(batches):
             run = batches[at : at + step]
@@ -171,42 +216,48 @@ class WriteStage:
                     await self.commit()
                     written = await anyio.to_thread.run_sync(self.write_run, run)
             else:
+                for batch in run:
+                    self._add(batch)
                 written = len(run)
-            unit = self.unit
-            sources = self.committer.sources
-            for batch in run[:written]:
-                unit.add(batch, sources[batch.source].compact)
-            if unit.first_at is None:
-                unit.first_at = time.monotonic()
             at += written
-            shard = unit.shard
-            if shard is None:
-                full = sum(map(len, unit.tokens.values())) >= POSITIONS_ONLY_BATCHES
-            else:
-                full = bool(limit) and shard.records >= limit
-            if full:
+            if self.unit.first_at is None:
+                self.unit.first_at = time.monotonic()
+            if not self.open and sum(map(len, self.unit.tokens.values())) >= (
+                POSITIONS_ONLY_BATCHES
+            ):
+                self._cut_wanted = True
+            if self._cut_wanted:
                 await self.commit()
 
+    def _add(self, batch: EncodedBatch) -> None:
+        self.unit.add(batch, self.committer.sources[batch.source].compact)
+
     async def _wait_for_space(self, batch: EncodedBatch) -> None:
-        """Hold the writer (and so, by backpressure, the sources) while the output's file
-        system lacks room for the batch above ``min_free_bytes``."""
-        reserve = self.config.min_free_bytes
-        if not reserve:
-            return
-        records = batch.records
+        """Hold the writer (and so, by backpressure, the sources) while an output's file
+        system lacks room for the batch above its ``min_free_bytes``."""
+        for part in batch.parts:
+            d = self.datasets[part.dataset]
+            if d.config.min_free_bytes:
+                await self._wait_for_room(d, part)
+
+    async def _wait_for_room(self, d: DatasetOutput, part: Part) -> None:
+        records = part.records
         if isinstance(records, Packed):
-            needed = reserve + len(records.unit.data)
+            incoming = len(records.unit.data)
         else:
-            raw = framed_size(records)
-            needed = reserve + Compressor.bound(self.config.compression, raw)
+            incoming = Compressor.bound(d.config.compression, framed_size(records))
+        needed = d.config.min_free_bytes + incoming
         paused_at: float | None = None
-        while (free := self.free_bytes()) is not None and free < needed:
+        while (free := self.free_bytes(d)) is not None and free < needed:
             if paused_at is None:
                 paused_at = time.monotonic()
                 self.metrics.paused.set(1)
                 self.metrics.disk_full_pauses.inc()
                 log.warning(
-                    "output nearly full (%d bytes free, %d needed): sources paused", free, needed
+                    "output of dataset %s nearly full (%d bytes free, %d needed): sources paused",
+                    d.name,
+                    free,
+                    needed,
                 )
             self.beat = time.monotonic()
             await anyio.sleep(1.0)
@@ -214,14 +265,16 @@ class WriteStage:
             self.metrics.paused.set(0)
             log.info("output has room again: resumed after %.1fs", time.monotonic() - paused_at)
 
-    def free_bytes(self) -> int | None:
-        """Bytes free for this process on the shards' file system (``None`` if unknown)."""
+    def free_bytes(self, d: DatasetOutput | None = None) -> int | None:
+        """Bytes free for this process on the file system of dataset ``d``'s shards (default:
+        the first dataset's); ``None`` if unknown."""
+        d = d or next(iter(self.datasets.values()))
         try:
-            st = os.statvfs(self.directory)
+            st = os.statvfs(d.output.staging_dir)
         except OSError:
             return None
         free = st.f_bavail * st.f_frsize
-        self.metrics.output_free_bytes.set(free)
+        self.metrics.output_free_bytes.labels(d.name).set(free)
         return free
 
     def _dead_letter(self, batches: list[EncodedBatch]) -> None:
@@ -237,43 +290,97 @@ class WriteStage:
             log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
 
     def write_run(self, run: list[EncodedBatch]) -> int:
-        """Write the first batches of ``run`` to the open shard (opening one if none is), up to
-        one that would take it past its size or record cap, or through one that fills it to the
-        record cap; the count written, ``0`` when the first does not fit. Blocking."""
-        limit = self.config.max_shard_records
+        """Write the batches of ``run`` in order, taking each one's position into the unit, up
+        to the first that does not fit in its shards as they are (a cut comes first, so that the
+        shards it closes are published without waiting for this batch's records elsewhere) or
+        through one that closed a shard; the count written (``0``: cut, then write again).
+        Blocking."""
         for n, batch in enumerate(run):
-            shard = self.unit.shard
-            if shard is not None and limit and shard.records + batch.count > limit:
+            parts = self._placed(batch)
+            if self._make_room(parts):
                 return n
-            if batch.count and not self._write_records(batch.records, batch.count):
-                return n
-            shard = self.unit.shard
-            if limit and shard is not None and shard.records >= limit:
+            compact = self.committer.sources[batch.source].compact
+            for part in parts:
+                self._write_part(part).positions.add(batch.source, batch.token, compact)
+            self._add(batch)
+            if self._cut_wanted:
                 return n + 1
         return len(run)
 
-    def _write_records(self, records: list[bytes] | Packed, count: int) -> bool:
-        """Write a batch to the open shard (opening one if none is); ``False``, with nothing
-        written, when the batch would take the open shard past its size cap."""
-        shard = self.unit.shard
+    def _placed(self, batch: EncodedBatch) -> list[Part]:
+        """The batch's parts as they are written (:meth:`DatasetOutput.place
+        <tfrecordd.pipeline.datasets.DatasetOutput.place>`)."""
+        placed = []
+        for part in batch.parts:
+            d = self.datasets[part.dataset]
+            if (p := d.place(part, batch.source, self.metrics, self.dead_letters)) is not None:
+                placed.append(p)
+        return placed
+
+    def close_partitions(self) -> None:
+        """Close the time partitions the watermarks have passed: their open shards are closed,
+        and the next cut publishes them, then the partitions' markers."""
+        for d in self.datasets.values():
+            c = d.completion
+            if c is None:
+                continue
+            for prefix in c.due():
+                for key in [k for k in self.open if k[0] == d.name]:
+                    if key[1] == prefix or key[1].startswith(prefix + "/"):
+                        self._close(key)
+                c.scheduled.add(prefix)
+                self.unit.markers.append((d.name, prefix))
+                self._cut_wanted = True
+            self.metrics.partitions_pending.labels(d.name).set(len(c.pending))
+            self.metrics.watermark.labels(d.name).set(c.watermark or 0)
+
+    def _make_room(self, parts: list[Part]) -> bool:
+        """Close the shards that a batch's ``parts`` would take past their caps, and the least
+        recently written ones of a dataset that would pass ``max_open_shards``; whether any was
+        (then a cut is wanted before the batch is written). A batch of more new folders than
+        the cap still closes shards as it is written (:meth:`_open_shard`)."""
+        closed = False
+        new: dict[str, int] = {}
+        for part in parts:
+            key = (part.dataset, part.folder)
+            entry = self.open.get(key)
+            if entry is None:
+                new[part.dataset] = new.get(part.dataset, 0) + 1
+                continue
+            limit = self.datasets[part.dataset].config.max_shard_records
+            if (limit and entry.shard.records + part.count > limit) or not entry.shard.fits(
+                part.records
+            ):
+                self._close(key)
+                closed = True
+        keys = {(p.dataset, p.folder) for p in parts}
+        for dataset, count in new.items():
+            cap = self.datasets[dataset].config.max_open_shards
+            here = [k for k in self.open if k[0] == dataset]
+            others = [k for k in here if k not in keys]  # least recently written first
+            for key in others[: max(0, len(here) + count - cap)]:
+                self._close(key)
+                closed = True
+        return closed
+
+    def _write_part(self, part: Part) -> _Open:
+        """Write a part to its shard; the shard's entry (closed already if the part filled
+        it)."""
+        d = self.datasets[part.dataset]
+        limit = d.config.max_shard_records
+        key = (part.dataset, part.folder)
+        entry = self.open.get(key)
         try:
-            if shard is not None and not shard.fits(records):
-                return False
-            if shard is None:
-                out = self.config
-                shard = OpenShard(
-                    self.directory,
-                    self.namer.next(),
-                    out.compression,
-                    out.level,
-                    out.max_shard_bytes,
-                    self.fs,
-                    track_offsets=out.manifests,
-                )
-                self.unit.shard = shard
-                crashpoints.reached("after-create")
-            before_raw, before_file = shard.raw_bytes, shard.file_bytes
-            shard.write(records)
+            if entry is not None and (
+                (limit and entry.shard.records + part.count > limit)
+                or not entry.shard.fits(part.records)
+            ):
+                self._close(key)
+                entry = None
+            if entry is None:
+                entry = self._open_shard(d, key)
+            before_raw, before_file = entry.shard.raw_bytes, entry.shard.file_bytes
+            entry.shard.write(part.records, part.times)
             crashpoints.reached("mid-write")
         except OSError as e:
             if e.errno == errno.ENOSPC:
@@ -283,28 +390,96 @@ class WriteStage:
                     "replay after a restart"
                 ) from e
             raise DurabilityError(f"writing shard: {e.strerror or e}") from e
-        self.metrics.records_written.inc(count)
-        self.metrics.raw_bytes_written.inc(shard.raw_bytes - before_raw)
-        self.metrics.file_bytes_written.inc(shard.file_bytes - before_file)
-        return True
+        entry.written_at = time.monotonic()
+        if d.completion is not None and not part.folder.startswith(LATE_TREE):
+            d.completion.saw(part.times)
+        # Least recently written first: the one to close at the cap.
+        self.open[key] = self.open.pop(key)
+        shard = entry.shard
+        m = self.metrics
+        m.records_written.labels(part.dataset).inc(part.count)
+        m.raw_bytes_written.labels(part.dataset).inc(shard.raw_bytes - before_raw)
+        m.file_bytes_written.labels(part.dataset).inc(shard.file_bytes - before_file)
+        if limit and shard.records >= limit:
+            self._close(key)
+        return entry
 
-    async def commit(self) -> None:
-        """Close the current unit and commit it while the next one fills: its shard's fsync, the
-        journal's, the publish and the acks overlap the writing of the next shard's batches.
+    def _open_shard(self, d: DatasetOutput, key: ShardKey) -> _Open:
+        if d.completion is not None and not key[1].startswith(LATE_TREE):
+            d.completion.opening(key[1])
+        open_here = [k for k in self.open if k[0] == d.name]
+        if len(open_here) >= d.config.max_open_shards:
+            self._close(open_here[0])
+        out = d.config
+        shard = OpenShard(
+            d.output.staging_dir,
+            d.namer.next(),
+            out.compression,
+            out.level,
+            out.max_shard_bytes,
+            self.fs,
+            track_offsets=out.manifests,
+            folder=key[1],
+        )
+        crashpoints.reached("after-create")
+        now = time.monotonic()
+        entry = self.open[key] = _Open(d.name, shard, now, now)
+        return entry
+
+    def _close(self, key: ShardKey) -> None:
+        """Take a shard out of the open ones: the next cut, which follows the current batch,
+        finishes and publishes it."""
+        entry = self.open.pop(key)
+        self.unit.closing.append(Kept(entry.dataset, entry.shard, entry.positions))
+        self._cut_wanted = True
+
+    async def commit(self, *, everything: bool = False) -> None:
+        """Cut a commit (see the module's docstring): the closed shards, those past their age
+        cap (every open one with ``everything``) finished and published; every other open
+        shard with new records made durable where it is; the positions of every batch since
+        the last cut acknowledged once all that is done. The shards' fsyncs, the journal's,
+        the publishing and the acks run in a task of their own while the next batches are
+        written.
 
         One commit at a time, in order: this waits for the previous one to end first. Called
         from within :meth:`run` only, whose task group the commit runs in."""
         assert self._commits is not None
         if self._committed is not None:
             # The unit stays the stage's until then: if the previous commit fails, the clean-up
-            # discards its shard.
+            # discards its shards.
             await self._committed.wait()
-        unit, self.unit = self.unit, CommitUnit()
+            if self._commit_failed:
+                # Its error is on its way to the task group: nothing more is marked or written.
+                await anyio.sleep_forever()
+        self._cut_wanted = False
+        now = time.monotonic()
+        unit = self.unit
+        for key, entry in list(self.open.items()):
+            age_cap = self.datasets[entry.dataset].config.max_shard_age
+            if everything or now - entry.first_at >= age_cap:
+                self._close(key)
+        self._cut_wanted = False
+        dirty = [Kept(o.dataset, o.shard) for o in self.open.values() if o.shard.dirty]
+        if dirty:
+            unit.continuing = await anyio.to_thread.run_sync(_marked, dirty)
+        if unit.empty():
+            return
+        self.unit = CommitUnit()
         done = self._committed = anyio.Event()
         self._commits.start_soon(self._commit_unit, unit, done)
 
     async def _commit_unit(self, unit: CommitUnit, done: anyio.Event) -> None:
         try:
             await self.committer.commit(unit)
+        except BaseException:
+            self._commit_failed = True
+            raise
         finally:
             done.set()
+
+
+def _marked(shards: list[Kept]) -> list[Kept]:
+    """Each shard with its compression unit ended where it is (the commit fsyncs it). Blocking."""
+    for kept in shards:
+        kept.prefix = kept.shard.mark()
+    return shards

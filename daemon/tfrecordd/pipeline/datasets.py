@@ -1,0 +1,113 @@
+"""Each dataset's side of the write stage: where its shards go, how they are named, and where a
+part of a batch is written (:meth:`DatasetOutput.place`): its folder of field values capped
+(``max_partitions``), and a part of a closed time partition handled as late.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tfrecordd.config import DaemonConfig
+from tfrecordd.datasets import DatasetSection
+from tfrecordd.events import FailureReason
+from tfrecordd.format.writer import Packed, unpack
+from tfrecordd.fsys import FileSystem
+from tfrecordd.metrics import Metrics
+from tfrecordd.outputs.output import Output
+from tfrecordd.outputs.partitions import PartitionCap
+from tfrecordd.outputs.shards import ShardNamer
+from tfrecordd.pipeline.commit import Manifests
+from tfrecordd.pipeline.completion import Completion
+from tfrecordd.pipeline.encoding import Part
+from tfrecordd.state.deadletter import DeadLetters
+
+__all__ = ["DatasetOutput", "completions", "dataset_outputs", "manifest_writers"]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetOutput:
+    """One dataset's side of the write stage: its settings, where its shards are published and
+    how they are named, and its partitions' caps and completion."""
+
+    name: str
+    config: DatasetSection
+    output: Output
+    namer: ShardNamer
+    cap: PartitionCap | None = None
+    """Caps the folders of field values (``partition.fields``), if the dataset has any."""
+    completion: Completion | None = None
+    """Its watermark and markers (``[datasets.NAME.completion]``), if it has them."""
+
+    def place(
+        self, part: Part, source: str, metrics: Metrics, dead_letters: DeadLetters
+    ) -> Part | None:
+        """The part as it is written: its folder capped, a late part moved under ``_late/`` or
+        dead-lettered (then ``None``). Blocking (a dead letter is written)."""
+        if self.cap is not None:
+            folder, reason = self.cap.place(part.folder)
+            if reason is not None:
+                metrics.partition_fallbacks.labels(self.name, reason).inc(part.count)
+                part = Part(part.dataset, folder, part.records, part.times)
+        c = self.completion
+        if c is None or not c.late(part.folder):
+            return part
+        metrics.events_late.labels(self.name).inc(part.count)
+        if c.config.late == "late-partition":
+            return Part(part.dataset, c.late_folder(part.folder), part.records, part.times)
+        detail = (
+            f"dataset {self.name}: partition {part.folder} was marked complete (watermark "
+            f"{c.closed_through + c.config.allowed_lateness:.3f}); the dead letter holds the "
+            "encoded record"
+        )
+        where = f"{self.name}/{part.folder}"
+        records = part.records
+        payloads = unpack(records) if isinstance(records, Packed) else records
+        for payload in payloads:
+            dead_letters.write(source, where, FailureReason.LATE, detail, payload)
+        metrics.events_invalid.labels(source, FailureReason.LATE).inc(len(payloads))
+        metrics.events_dead_lettered.labels(source).inc(len(payloads))
+        return None
+
+
+def completions(
+    config: DaemonConfig, outputs: Mapping[str, Output], state_dir: str, fs: FileSystem
+) -> dict[str, Completion]:
+    """The completion of each dataset that publishes markers."""
+    return {
+        name: Completion(name, d, outputs[name], state_dir, fs)
+        for name, d in config.datasets.items()
+        if d.completion is not None
+    }
+
+
+def manifest_writers(config: DaemonConfig, outputs: Mapping[str, Output]) -> dict[str, Manifests]:
+    """The manifest writer of each dataset that publishes manifests (a config of the older
+    form names no dataset in them)."""
+    return {
+        name: Manifests(
+            outputs[name],
+            d.compression,
+            config.encoders[d.encoder].schema_fingerprint(),
+            None if config.output is not None else name,
+        )
+        for name, d in config.datasets.items()
+        if d.manifests
+    }
+
+
+def dataset_outputs(
+    config: DaemonConfig, outputs: Mapping[str, Output], completions: Mapping[str, Completion]
+) -> dict[str, DatasetOutput]:
+    """Each dataset's side of the write stage."""
+    return {
+        name: DatasetOutput(
+            name,
+            d,
+            outputs[name],
+            ShardNamer(d.prefix, config.daemon.node_id, d.compression),
+            PartitionCap(d.partition) if d.partition.fields else None,
+            completions.get(name),
+        )
+        for name, d in config.datasets.items()
+    }

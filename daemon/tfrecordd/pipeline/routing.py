@@ -1,0 +1,349 @@
+"""Events to datasets and partition folders: what the encode stage does for a source that routes
+its events by a field, or that feeds a partitioned dataset.
+
+A source feeding one dataset without partitions is encoded as it always was: one encoder, one
+list of records (:func:`~tfrecordd.pipeline.encoding.encode`). Any other source has a
+:class:`TargetConfig`, built into a :class:`Target` once in each process that encodes (the
+daemon's encode thread, each worker process). :meth:`Target.encode` picks each event's dataset
+(the value of the route's field: a JSON object's key, a CSV column, a whole file's attribute),
+encodes each dataset's events with its encoder, and splits each dataset's records by partition
+folder: one :class:`~tfrecordd.pipeline.encoding.Part` per (dataset, folder), records in their
+order. An event whose value names no dataset (and no ``default``) fails with the reason
+``route``; one whose record holds no readable event time, with ``event-time``.
+
+The route's field is read from each JSON event by parsing it, besides the encoder's own parse:
+the price of routing, paid in the encode workers, in parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tfrecordd.config import DaemonConfig
+from tfrecordd.datasets import PartitionSection, RouteSection
+from tfrecordd.events import EncodeResult, FailureReason, RawEvent
+from tfrecordd.format.compression import Compression
+from tfrecordd.outputs.partitions import Partitioner
+from tfrecordd.pipeline.encoding import (
+    EncodeRequest,
+    EventFailure,
+    Outcome,
+    Part,
+    encode,
+    guarded,
+    packed,
+)
+from tfrecordd.plugin import Encoder, EncoderConfig, Failure
+from tfrecordd.schema import FeatureSpec
+
+__all__ = [
+    "DatasetPlan",
+    "EncodePlan",
+    "SourcePlan",
+    "Target",
+    "TargetConfig",
+    "encode_with",
+    "plan_encoding",
+    "route_value",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetPlan:
+    """How one dataset's records are made: its encoder, its shards' compression (records large
+    enough are compressed where they are encoded), and its partitioning with the schema's
+    features it reads."""
+
+    encoder: EncoderConfig
+    compression: Compression = Compression.NONE
+    level: int | None = None
+    partition: PartitionSection = field(default_factory=PartitionSection)
+    features: Mapping[str, FeatureSpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetConfig:
+    """Where a source's events go (picklable: worker processes are given it at start-up)."""
+
+    datasets: Mapping[str, DatasetPlan]
+    """Every dataset the source may feed."""
+    dataset: str | None = None
+    """The dataset of every event, for a source without a route."""
+    route: RouteSection | None = None
+
+    def build(self) -> Target:
+        """The target, with its encoders and partitioners built."""
+        return Target(self)
+
+
+def _text(value: Any) -> str | None:
+    """A route value as text, ``None`` where it is no scalar."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    return None
+
+
+def route_value(event: RawEvent, field_name: str) -> str | None:
+    """The value of ``field_name`` in ``event`` as text: from its structured value (a CSV row,
+    a file's attributes) where it has one, else from its payload parsed as a JSON object;
+    ``None`` when missing, not a scalar, or the payload is not a JSON object."""
+    value = event.value
+    if isinstance(value, Mapping):
+        return _text(value.get(field_name))
+    if event.format is not None:
+        return None
+    return _payload_value(event.payload, field_name)
+
+
+def _payload_value(payload: bytes, field_name: str) -> str | None:
+    try:
+        parsed = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return _text(parsed.get(field_name)) if isinstance(parsed, dict) else None
+
+
+@dataclass(slots=True)
+class _Group:
+    """One dataset's share of a request: event indexes and line indexes, in order."""
+
+    events: list[int] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+
+
+class Target:
+    """Encodes requests of one source into parts (see the module's docstring)."""
+
+    def __init__(self, config: TargetConfig) -> None:
+        self.config = config
+        self.encoders: dict[str, Encoder] = {
+            n: p.encoder.build() for n, p in config.datasets.items()
+        }
+        self.partitioners: dict[str, Partitioner] = {
+            n: Partitioner(p.partition, p.features)
+            for n, p in config.datasets.items()
+            if p.partition.partitioned
+        }
+
+    def _dataset_of(self, value: str | None) -> str | None:
+        route = self.config.route
+        if route is None:
+            return self.config.dataset
+        found = route.to.get(value) if value is not None else None
+        return found if found is not None else route.default
+
+    def encode(self, request: EncodeRequest) -> Outcome:
+        """Encode ``request``'s events (then its lines' events) into parts."""
+        events = request.events
+        payloads: list[bytes] = []
+        refused: list[RawEvent] = []
+        lines = request.lines
+        if lines is not None:
+            payloads, refused = lines.split()
+        failures: list[Failure] = []
+        line_failures: list[EventFailure] = [
+            (ev, FailureReason.REJECTED, ev.error or "") for ev in refused
+        ]
+        offsets: list[int] | None = None
+
+        def line_event(j: int) -> RawEvent:
+            nonlocal offsets
+            assert lines is not None
+            if offsets is None:
+                offsets = lines.offsets()
+            return RawEvent(payloads[j], lines.at(offsets[j]))
+
+        groups = self._groups(events, payloads, failures, line_failures, line_event)
+        parts: list[Part] = []
+        fallbacks: dict[tuple[str, str], int] = {}
+        for name, group in groups.items():
+            records, origins = self._encode_group(
+                name, group, events, payloads, failures, line_failures, line_event
+            )
+            parts.extend(
+                self._parts(
+                    name, records, origins, request, failures, line_failures, line_event, fallbacks
+                )
+            )
+        return Outcome([], failures, line_failures, len(payloads) + len(refused), parts, fallbacks)
+
+    def _groups(
+        self,
+        events: Sequence[RawEvent],
+        payloads: Sequence[bytes],
+        failures: list[Failure],
+        line_failures: list[EventFailure],
+        line_event: Callable[[int], RawEvent],
+    ) -> dict[str, _Group]:
+        groups: dict[str, _Group] = {}
+        route = self.config.route
+        if route is None:
+            dataset = self.config.dataset
+            assert dataset is not None
+            return {dataset: _Group(list(range(len(events))), list(range(len(payloads))))}
+        for i, ev in enumerate(events):
+            value = route_value(ev, route.field)
+            name = self._dataset_of(value)
+            if name is None:
+                failures.append(Failure(i, FailureReason.ROUTE, _no_route(route.field, value)))
+            else:
+                groups.setdefault(name, _Group()).events.append(i)
+        for j, payload in enumerate(payloads):
+            value = _payload_value(payload, route.field)
+            name = self._dataset_of(value)
+            if name is None:
+                line_failures.append(
+                    (line_event(j), FailureReason.ROUTE, _no_route(route.field, value))
+                )
+            else:
+                groups.setdefault(name, _Group()).lines.append(j)
+        return groups
+
+    def _encode_group(
+        self,
+        name: str,
+        group: _Group,
+        events: Sequence[RawEvent],
+        payloads: Sequence[bytes],
+        failures: list[Failure],
+        line_failures: list[EventFailure],
+        line_event: Callable[[int], RawEvent],
+    ) -> tuple[list[bytes], list[int]]:
+        """The dataset's records, and for each, where it came from: ``i`` for event ``i``,
+        ``-1 - j`` for line ``j``."""
+        encoder = self.encoders[name]
+        records: list[bytes] = []
+        origins: list[int] = []
+        if group.events:
+            result = guarded(encoder.encode_batch, [events[i] for i in group.events])
+            failed = _failed(result)
+            for f in result.failures:
+                failures.append(Failure(group.events[f.at], f.reason, f.detail))
+            records.extend(result.records)
+            origins.extend(i for k, i in enumerate(group.events) if k not in failed)
+        if group.lines:
+            result = guarded(encoder.encode_lines, [payloads[j] for j in group.lines])
+            failed = _failed(result)
+            for f in result.failures:
+                line_failures.append((line_event(group.lines[f.at]), f.reason, f.detail))
+            records.extend(result.records)
+            origins.extend(-1 - j for k, j in enumerate(group.lines) if k not in failed)
+        return records, origins
+
+    def _parts(
+        self,
+        name: str,
+        records: list[bytes],
+        origins: list[int],
+        request: EncodeRequest,
+        failures: list[Failure],
+        line_failures: list[EventFailure],
+        line_event: Callable[[int], RawEvent],
+        fallbacks: dict[tuple[str, str], int],
+    ) -> list[Part]:
+        if not records:
+            return []
+        partitioner = self.partitioners.get(name)
+        plan = self.config.datasets[name]
+        if partitioner is None:
+            return [Part(name, "", packed(records, plan.compression, plan.level))]
+        assigned = partitioner.assign(records, request.arrival)
+        for k, detail in assigned.refused.items():
+            origin = origins[k]
+            if origin >= 0:
+                failures.append(Failure(origin, FailureReason.EVENT_TIME, detail))
+            else:
+                line_failures.append((line_event(-1 - origin), FailureReason.EVENT_TIME, detail))
+        for reason, n in assigned.fallbacks.items():
+            fallbacks[(name, reason)] = fallbacks.get((name, reason), 0) + n
+        return [
+            Part(
+                name,
+                folder,
+                packed([records[k] for k in indexes], plan.compression, plan.level),
+                assigned.times.get(folder),
+            )
+            for folder, indexes in assigned.groups.items()
+        ]
+
+
+def _failed(result: EncodeResult) -> set[int]:
+    return {f.at for f in result.failures}
+
+
+def _no_route(field_name: str, value: str | None) -> str:
+    if value is None:
+        return f"no routable value in field {field_name!r} (missing, or not a scalar)"
+    return f"field {field_name!r} is {value!r}, which no route names (and there is no default)"
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePlan:
+    """How one source's batches are encoded."""
+
+    target: str
+    """The name of what encodes them (a key of :attr:`EncodePlan.builders`)."""
+    dataset: str | None
+    """The dataset of all its records, when one encoder makes them and they go to no partition
+    (the encoder's records become one part); ``None`` when a :class:`Target` gives parts."""
+    compression: Compression
+    level: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EncodePlan:
+    """What the encode stage builds, and which of it each source's batches go through."""
+
+    builders: dict[str, EncoderConfig | TargetConfig]
+    """Encoders (by their config's name) and targets (``@<source>``), built once per process."""
+    sources: dict[str, SourcePlan]
+
+
+def plan_encoding(config: DaemonConfig) -> EncodePlan:
+    """The encode plan of a config: a plain encoder for each source feeding one dataset without
+    partitions, a :class:`TargetConfig` for any other."""
+    builders: dict[str, EncoderConfig | TargetConfig] = {}
+    sources: dict[str, SourcePlan] = {}
+
+    def dataset_plan(name: str) -> DatasetPlan:
+        d = config.datasets[name]
+        encoder = config.encoders[d.encoder]
+        schema = encoder.declared_schema()
+        features: Mapping[str, FeatureSpec] = {}
+        if schema is not None:
+            features = getattr(schema, "features", None) or getattr(schema, "context", {})
+        return DatasetPlan(encoder, d.compression, d.level, d.partition, dict(features))
+
+    for source in config.sources:
+        fed = config.fed_datasets(source)
+        first = config.datasets[fed[0]]
+        if source.route is None and not first.partition.partitioned:
+            builders[first.encoder] = config.encoders[first.encoder]
+            sources[source.name] = SourcePlan(first.encoder, fed[0], first.compression, first.level)
+            continue
+        name = f"@{source.name}"
+        builders[name] = TargetConfig(
+            {n: dataset_plan(n) for n in fed},
+            dataset=fed[0] if source.route is None else None,
+            route=source.route,
+        )
+        sources[source.name] = SourcePlan(name, None, first.compression, first.level)
+    return EncodePlan(builders, sources)
+
+
+def encode_with(built: Encoder | Target, request: EncodeRequest) -> Outcome:
+    """Encode ``request`` with what was built from its builder: a target's parts, or an
+    encoder's records."""
+    if isinstance(built, Target):
+        return built.encode(request)
+    return encode(request, built)
