@@ -185,6 +185,72 @@ def write_config(
     return path
 
 
+def write_datasets_config(
+    root: Path,
+    datasets: Mapping[str, Mapping[str, Any]],
+    *,
+    encoders: Mapping[str, Mapping[str, Any]],
+    sources: Iterable[Mapping[str, Any]],
+    daemon: Mapping[str, Any] | None = None,
+) -> Path:
+    """A config with ``[datasets.NAME]`` tables under ``root``: each dataset's ``dir`` defaults
+    to ``root/<name>``; each encoder is an ``example`` encoder of the features given; each
+    source is a spool directory under ``root`` unless it says otherwise. Returns its path."""
+    lines = ["[daemon]"]
+    table = {"node_id": "test", "state_dir": root / "state", "drain_timeout": "20s"}
+    lines += [f"{k} = {_toml(v)}" for k, v in (table | dict(daemon or {})).items()]
+    lines += ["[metrics]", "enabled = false"]
+    for name, dataset in datasets.items():
+        defaults = {"dir": root / name, "max_shard_age": "2s", "min_free_bytes": 0}
+        lines.append(f"[datasets.{name}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in (defaults | dict(dataset)).items()]
+    for source in sources:
+        src = {"type": "directory", "poll_interval": "100ms"} | dict(source)
+        if src["type"] == "directory":
+            src.setdefault("path", root / str(src["name"]))
+            Path(src["path"]).mkdir(parents=True, exist_ok=True)
+        lines.append("[[sources]]")
+        lines += [f"{k} = {_toml(v)}" for k, v in src.items()]
+    for name, features in encoders.items():
+        lines += [f"[encoders.{name}]", 'type = "example"', f"[encoders.{name}.features]"]
+        lines += [f"{json.dumps(k)} = {_toml(v)}" for k, v in features.items()]
+    path = root / "tfrecordd.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def metric_sum(registry: Any, name: str, **labels: str) -> float:
+    """The sum of every sample of ``name`` in a Prometheus ``registry`` whose labels include
+    ``labels`` (a metric with a ``dataset`` label summed over the datasets, say)."""
+    total = 0.0
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def intent_shards(record: Mapping[str, Any]) -> list[str]:
+    """The names of the shards a journal intent publishes (in either state format)."""
+    if record.get("shard"):
+        return [record["shard"]]
+    return [ref[1] for ref in record.get("shards", ())]
+
+
+def dataset_shards(out: Path) -> list[Path]:
+    """Every published shard of a dataset's output, in its partition folders too (folders
+    whose name starts with ``.`` or ``_`` are not partitions)."""
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(out):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        found += [
+            Path(folder) / f
+            for f in files
+            if not f.startswith((".", "_")) and f.endswith(SHARD_SUFFIXES)
+        ]
+    return sorted(found)
+
+
 def spool_file(spool: Path, name: str, lines: Iterable[str | bytes | dict[str, Any]]) -> Path:
     """Write a spool file the way producers should: under a hidden name, then rename."""
     tmp = spool / f".{name}.tmp"

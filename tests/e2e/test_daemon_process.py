@@ -114,7 +114,7 @@ def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
         status, text = scrape("/metrics")
         assert status == 200
         assert 'tfrecordd_events_received_total{source="spool"} 104.0' in text
-        assert "tfrecordd_records_written_total 100.0" in text
+        assert 'tfrecordd_records_written_total{dataset="movies"} 100.0' in text
         assert 'tfrecordd_events_dead_lettered_total{source="spool"} 4.0' in text
         assert 'tfrecordd_events_invalid_total{reason="malformed",source="spool"} 4.0' in text
         assert "tfrecordd_up 1.0" in text

@@ -123,7 +123,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     try:
         d.wait_started()
         url = f"http://127.0.0.1:{port}/metrics"
-        wait_for(lambda: "tfrecordd_shards_published_total 1.0" in _get(url), 30)
+        wait_for(lambda: 'tfrecordd_shards_published_total{dataset="movies"} 1.0' in _get(url), 30)
         text = _get(url)
         assert d.stop() == 0, d.output()
     finally:

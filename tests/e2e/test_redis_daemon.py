@@ -23,6 +23,7 @@ from tests.support import (
     assert_exactly_once,
     crash_cases,
     dead_letters,
+    intent_shards,
     movie_event,
     read_shard,
     record_id,
@@ -282,11 +283,11 @@ def journal_ranges(state: Path) -> list[tuple[str, list[Any]]]:
     intents = [orjson.loads(p) for _, p in iter_framed(io.BytesIO(data), "journal")]
     return [
         (
-            rec["shard"],
+            intent_shards(rec)[0],
             [t for token in rec["positions"].get("events", []) for t in read_token(token)],
         )
         for rec in intents
-        if rec["t"] == "intent" and rec["shard"]
+        if rec["t"] == "intent" and intent_shards(rec)
     ]
 
 

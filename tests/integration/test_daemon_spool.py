@@ -17,6 +17,7 @@ from tests.support import (
     claimed_files,
     dead_letters,
     inprogress_files,
+    metric_sum,
     movie_event,
     read_ids,
     shard_files,
@@ -42,8 +43,7 @@ pytestmark = pytest.mark.anyio
 
 
 def metric(m: Metrics, name: str, **labels: str) -> float:
-    value = m.registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
+    return metric_sum(m.registry, name, **labels)
 
 
 async def until(predicate: object, timeout: float = 30.0) -> None:

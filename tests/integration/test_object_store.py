@@ -17,7 +17,14 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.s3_server import SECRET_KEY, S3Server, running_s3
-from tests.support import free_port, movie_event, spool_drained, spool_file, write_config
+from tests.support import (
+    free_port,
+    metric_sum,
+    movie_event,
+    spool_drained,
+    spool_file,
+    write_config,
+)
 from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.errors import UploadError
 from tfrecordd.format.compression import Compression
@@ -29,7 +36,7 @@ from tfrecordd.outputs.objectstore import FsspecOutput, is_transient
 from tfrecordd.outputs.shards import FinishedShard, OpenShard
 from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.redact import REDACTED, redact_options, redact_url
-from tfrecordd.state.records import Intent
+from tfrecordd.state.records import ShardRef
 
 PART = 5 << 20
 """S3's smallest multipart part: shards above it are uploaded in several parts."""
@@ -75,8 +82,8 @@ def random_records(total_bytes: int, size: int = 64 << 10) -> list[bytes]:
     return [secrets.token_bytes(size) for _ in range(total_bytes // size)]
 
 
-def intent_of(shard: FinishedShard) -> Intent:
-    return Intent(1, shard.name, {}, shard.records, shard.size, shard.sha256)
+def intent_of(shard: FinishedShard) -> ShardRef:
+    return ShardRef("", shard.name, shard.records, shard.size, shard.sha256)
 
 
 def output(
@@ -269,7 +276,7 @@ def test_resume_uploads_an_intact_staged_copy(
     assert staged == shard.tmp_path
 
     assert not out.is_published(intent)
-    assert out.resume(intent, staged)
+    out.resume(shard)
 
     assert out.is_published(intent)
     assert s3_server.incomplete_uploads(s3_bucket) == []
@@ -279,23 +286,26 @@ def test_resume_uploads_an_intact_staged_copy(
 def test_resume_refuses_a_damaged_or_missing_staged_copy(
     tmp_path: Path, s3_server: S3Server, s3_bucket: str
 ) -> None:
+    # The staged copy is uploaded only if it holds exactly what its intent journalled.
     out = output(tmp_path, s3_server, s3_bucket)
     shard = make_shard(out.staging_dir, "part-i.tfrecord", random_records(PART + 1000))
-    intent = intent_of(shard)
     with open(shard.tmp_path, "r+b") as f:  # same size, one byte changed
         f.seek(shard.size // 2)
         byte = f.read(1)
         f.seek(shard.size // 2)
         f.write(bytes([byte[0] ^ 1]))
-    assert not out.resume(intent, shard.tmp_path)
+    with pytest.raises(UploadError):
+        out.resume(shard)
     assert s3_server.keys(s3_bucket) == []
     assert s3_server.incomplete_uploads(s3_bucket) == []
 
     with open(shard.tmp_path, "ab") as f:
         f.write(b"x")
-    assert not out.resume(intent, shard.tmp_path)
+    with pytest.raises(UploadError):
+        out.resume(shard)
     os.unlink(shard.tmp_path)
-    assert not out.resume(intent, shard.tmp_path)
+    with pytest.raises(UploadError):
+        out.resume(shard)
     assert s3_server.keys(s3_bucket) == []
 
 
@@ -304,9 +314,9 @@ def test_published_needs_the_journalled_size(
 ) -> None:
     out = output(tmp_path, s3_server, s3_bucket)
     s3_server.client().put_object(Bucket=s3_bucket, Key="shards/part-j.tfrecord", Body=b"12345")
-    assert out.is_published(Intent(1, "part-j.tfrecord", {}, 1, 5, "0" * 64))
-    assert not out.is_published(Intent(1, "part-j.tfrecord", {}, 1, 6, "0" * 64))
-    assert not out.is_published(Intent(1, "part-k.tfrecord", {}, 1, 5, "0" * 64))
+    assert out.is_published(ShardRef("", "part-j.tfrecord", 1, 5, "0" * 64))
+    assert not out.is_published(ShardRef("", "part-j.tfrecord", 1, 6, "0" * 64))
+    assert not out.is_published(ShardRef("", "part-k.tfrecord", 1, 5, "0" * 64))
 
 
 def test_sidecars_replace_earlier_copies(
@@ -371,7 +381,7 @@ def test_staging_defaults_to_the_state_dir(
 
 
 def _metric(daemon: Daemon, name: str, **labels: str) -> float:
-    return daemon.metrics.registry.get_sample_value(name, labels) or 0.0
+    return metric_sum(daemon.metrics.registry, name, **labels)
 
 
 async def _run_until_drained(daemons: list[tuple[Daemon, Path]], timeout: float = 60) -> None:

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from tests.integration.test_redis_source import GROUP, STREAM, pending, run_until, until, xadd
 from tests.redis_server import RedisServer, write_redis_config
-from tests.support import movie_event, read_ids
+from tests.support import intent_shards, movie_event, read_ids
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_UNAVAILABLE, SourceLostError
 from tfrecordd.format.framing import iter_framed
@@ -124,7 +124,7 @@ async def test_positions_of_a_big_shard_are_a_few_ranges(
     finally:
         await r.aclose()
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(n), 1)
-    intents = [i for i in journal_intents(tmp_path / "state") if i["shard"]]
+    intents = [i for i in journal_intents(tmp_path / "state") if intent_shards(i)]
     assert len(intents) == 1, "one shard holds every entry"
     tokens = intents[0]["positions"]["events"]
     size = len(orjson.dumps(intents[0]["positions"]))
@@ -180,11 +180,11 @@ async def test_tokens_of_an_older_release_are_acked_and_folded(
         # their tokens lists of entry IDs (the first 150 entries, read as "test").
         journal = Journal(str(state), LOCAL, folds={"events": RedisStreamSource.fold})
         journal.recover()
-        done = journal.next_intent(None, {"events": [ids[0:50], ids[50:100]]})
+        done = journal.next_intent({"events": [ids[0:50], ids[50:100]]})
         journal.write_intent(done)
         await r.xack(STREAM, GROUP, *ids[0:100])
         journal.write_done(done.seq)
-        journal.write_intent(journal.next_intent(None, {"events": [ids[100:150]]}))
+        journal.write_intent(journal.next_intent({"events": [ids[100:150]]}))
         journal.close()
         assert committed_state(state) == {"last": ids[99]}
 

@@ -14,7 +14,14 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.redis_server import RedisServer, write_redis_config
-from tests.support import dead_letters, movie_event, read_examples, read_ids, shard_files
+from tests.support import (
+    dead_letters,
+    metric_sum,
+    movie_event,
+    read_examples,
+    read_ids,
+    shard_files,
+)
 from tfrecordd.config import load_config
 from tfrecordd.metrics import Metrics
 from tfrecordd.pipeline.runtime import Daemon
@@ -28,8 +35,7 @@ STREAM, GROUP = "events", "tfrecordd"
 
 
 def metric(m: Metrics, name: str, **labels: str) -> float:
-    value = m.registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
+    return metric_sum(m.registry, name, **labels)
 
 
 async def until(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30.0) -> None:

@@ -59,9 +59,11 @@ POINTS = Registry.from_entry_points().crash_points()
 """Every crash point: the daemon's and the built-in sources'."""
 
 CRASH_PHASES = {
-    "directory": tuple(p for p in POINTS if p != "mid-upload"),
+    "directory": tuple(p for p in POINTS if p not in ("mid-upload", "after-marker")),
     "redis-stream": tuple(
-        p for p in POINTS if p not in ("mid-upload", "after-claim", "after-spool-ack")
+        p
+        for p in POINTS
+        if p not in ("mid-upload", "after-claim", "after-spool-ack", "after-marker")
     ),
 }
 """The named crash points each source passes on a local output (``mid-upload`` is object

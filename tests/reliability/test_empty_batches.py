@@ -20,6 +20,7 @@ import pytest
 from tests.support import (
     DaemonProcess,
     inprogress_files,
+    metric_sum,
     movie_event,
     read_ids,
     shard_files,
@@ -57,7 +58,7 @@ def _good(spool: Path) -> Path:
 
 
 def _value(m: Metrics, name: str) -> float:
-    return m.registry.get_sample_value(name) or 0.0
+    return metric_sum(m.registry, name)
 
 
 def _commits(m: Metrics) -> float:

@@ -140,15 +140,14 @@ async def test_io_error_is_fatal_and_nothing_is_lost(
     assert fs.failed is not None, "the fault was injected"
     # Never retried: after the failure, no fsync (or anything else) touches that file again.
     assert [c for c in fs.after_fault if c[1] == fs.failed and c[0] == "fsync"] == []
-    # Nothing acked: the spool file is still there. A failed shard, or a manifest whose write,
-    # fsync or close failed (after its shard was published), is removed at once; the restart
-    # rebuilds the manifest from the shard. When the journal failed, its intent may be in it
-    # and cannot be dropped: the shard stays in progress for the restart to drop and discard
-    # (recovery takes an intent whose in-progress file is gone for published).
+    # Nothing acked: the spool file is still there. The failed commit's shards stay in progress
+    # for the restart to decide on from the journal: published if its intent is in it,
+    # discarded if not (a manifest whose write failed after its shard was published is rebuilt
+    # from the shard); so does the shard the commit before kept open, if it made it durable.
     assert _claimed_or_spooled(tmp_path), "the spool file was acked after an I/O error"
     out = tmp_path / "shards"
     left = [p.name for p in out.rglob(".*.inprogress")]
-    assert left == [] if kind != "journal" else len(left) <= 1, left
+    assert len(left) <= 2, left
     # Restart on a healthy file system: everything arrives, once.
     daemon = Daemon(cfg, handle_signals=False)
     async with anyio.create_task_group() as tg:
@@ -180,4 +179,5 @@ def test_cli_exits_non_zero_on_an_fsync_error(
     args = argparse.Namespace(config=str(cfg), log_format=None)
     assert service.cmd_run(args) == EXIT_IO
     assert _claimed_or_spooled(tmp_path)
-    assert list((tmp_path / "shards").rglob(".*.inprogress")) == []
+    # At most the shard whose fsync failed stays in progress, for the next start to discard.
+    assert len(list((tmp_path / "shards").rglob(".*.inprogress"))) <= 1

@@ -22,6 +22,7 @@ import pytest
 from tests.support import (
     DaemonProcess,
     inprogress_files,
+    metric_sum,
     movie_event,
     read_ids,
     shard_files,
@@ -105,7 +106,7 @@ async def _until(predicate: Any, timeout: float = 60.0) -> None:
 
 
 def _written(m: Metrics) -> float:
-    return m.registry.get_sample_value("tfrecordd_records_written_total") or 0.0
+    return metric_sum(m.registry, "tfrecordd_records_written_total")
 
 
 @pytest.mark.anyio

@@ -190,7 +190,7 @@ def overload(root: Path, redis_url: str, seconds: float) -> None:
         elapsed = time.monotonic() - t0
         peak_rss = rss_high_water(proc.pid)
         m = _scrape(metrics_port)
-        written = m["tfrecordd_records_written_total"]
+        written = sum(v for k, v in m.items() if k.startswith("tfrecordd_records_written_total"))
         produced = len(producers.spool_ids) + len(producers.redis_ids) + producers.udp_sent
         lag = int(r.xinfo_groups("events")[0]["lag"] or 0)
         waiting_files = sum(1 for p in (root / "spool").rglob("*.jsonl"))

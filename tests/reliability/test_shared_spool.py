@@ -145,7 +145,7 @@ def test_claims_of_the_old_layout_resume_once_after_an_upgrade(
     journal = Journal(str(state), LOCAL, {"spool": DirectorySource.fold})
     journal.recover()
     intent = journal.next_intent(
-        None, {"spool": [{"f": f"{1:020d}-half.jsonl", "o": committed, "eof": False}]}
+        {"spool": [{"f": f"{1:020d}-half.jsonl", "o": committed, "eof": False}]}
     )
     journal.write_intent(intent)
     journal.write_done(intent.seq)

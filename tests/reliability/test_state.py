@@ -10,13 +10,15 @@ import pytest
 
 from tests.e2e.test_daemon_process import drained, fill_spool
 from tests.reliability.harness import count_ids
-from tests.support import DaemonProcess, run_clean_until, run_tfrecordd, write_config
+from tests.support import DaemonProcess, intent_shards, run_clean_until, run_tfrecordd, write_config
 from tfrecordd.plugin import Registry
 
 POINTS = Registry.from_entry_points().crash_points()
 """Every crash point: the daemon's and the built-in sources'."""
 
-COMMIT_POINTS = [p for p in POINTS if p not in ("mid-upload", "after-claim", "mid-write")]
+COMMIT_POINTS = [
+    p for p in POINTS if p not in ("mid-upload", "after-claim", "mid-write", "after-marker")
+]
 
 
 def _ship(out: Path, shipped: Path) -> int:
@@ -247,7 +249,7 @@ def test_an_in_progress_shard_of_the_layout_before_staging_folders_is_not_taken_
     assert d.wait(60) == 137, d.output()
     out = tmp_path / "shards"
     scan = scan_journal(str(tmp_path / "state" / "journal"))
-    (shard,) = [r["shard"] for r in scan.records if r["t"] == "intent" and r["shard"]]
+    (shard,) = [s for r in scan.records if r["t"] == "intent" for s in intent_shards(r)]
     staging = Path(staging_dir(str(out), "test"))
     (staging / inprogress_name(shard)).rename(out / f".{shard}.inprogress")
     if (staging / offsets_name(shard)).exists():
@@ -297,7 +299,7 @@ def test_an_intent_of_the_version_before_is_published_only_if_its_shard_or_manif
     assert d.wait(60) == 137, d.output()
     journal = tmp_path / "state" / "journal"
     records = scan_journal(str(journal)).records
-    (shard,) = [r["shard"] for r in records if r["t"] == "intent" and r["shard"]]
+    (shard,) = [s for r in records if r["t"] == "intent" for s in intent_shards(r)]
     # As that version wrote it: no "kept"; and its in-progress file gone with no drop.
     journal.write_bytes(
         b"".join(frame(orjson.dumps({k: v for k, v in r.items() if k != "kept"})) for r in records)

@@ -16,8 +16,8 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
 from tfrecordd.outputs.output import LocalOutput
 from tfrecordd.outputs.shards import OpenShard, ShardNamer
-from tfrecordd.pipeline.commit import Committer, CommitUnit, Manifests
-from tfrecordd.pipeline.encoding import EncodedBatch
+from tfrecordd.pipeline.commit import Committer, CommitUnit, Kept, Manifests
+from tfrecordd.pipeline.encoding import EncodedBatch, Part
 from tfrecordd.pipeline.recovery import RecoveryReport, recover
 from tfrecordd.plugin import Source, SourceContext, Token
 from tfrecordd.state.deadletter import DeadLetters
@@ -26,6 +26,7 @@ from tfrecordd.state.records import JOURNAL
 
 NODE = "n1"
 SOURCE = "s"
+DATASET = "d"
 
 
 class StepFs(FileSystem):
@@ -117,7 +118,7 @@ class Parts:
 
     def committer(self, source: Source) -> Committer:
         return Committer(
-            output=self.output,
+            outputs={DATASET: self.output},
             journal=self.journal,
             sources={SOURCE: source},
             dead_letters=DeadLetters(self.state, self.fs, 1 << 20),
@@ -126,27 +127,31 @@ class Parts:
             manifests=self.manifests_writer(),
         )
 
-    def manifests_writer(self) -> Manifests | None:
+    def manifests_writer(self) -> dict[str, Manifests]:
         if not self.manifests:
-            return None
-        return Manifests(self.output, Compression.NONE, {SOURCE: "fingerprint"})
+            return {}
+        return {DATASET: Manifests(self.output, Compression.NONE, "fingerprint")}
+
+    def shard(self, records: list[bytes]) -> OpenShard:
+        """A shard in the staging folder holding ``records``."""
+        shard = OpenShard(
+            self.output.staging_dir,
+            ShardNamer("part", NODE, Compression.NONE).next(),
+            Compression.NONE,
+            None,
+            1 << 20,
+            self.fs,
+            track_offsets=self.manifests,
+        )
+        shard.write(records)
+        return shard
 
     def unit(self, records: list[bytes], token: Token) -> CommitUnit:
-        """A unit with a shard holding ``records`` (none if empty) and ``token``."""
+        """A unit that publishes a shard holding ``records`` (none if empty), with ``token``."""
         unit = CommitUnit()
         if records:
-            name = ShardNamer("part", NODE, Compression.NONE).next()
-            unit.shard = OpenShard(
-                self.output.staging_dir,
-                name,
-                Compression.NONE,
-                None,
-                1 << 20,
-                self.fs,
-                track_offsets=self.manifests,
-            )
-            unit.shard.write(records)
-        unit.add(EncodedBatch(SOURCE, records, token, len(records), []))
+            unit.closing.append(Kept(DATASET, self.shard(records)))
+        unit.add(EncodedBatch(SOURCE, [Part(DATASET, "", records)], token, len(records), []))
         return unit
 
     def published(self) -> list[str]:
@@ -165,7 +170,7 @@ class Parts:
         try:
             return await recover(
                 fresh.journal,
-                fresh.output,
+                {DATASET: fresh.output},
                 {SOURCE: source},
                 fs=fresh.fs,
                 node_id=NODE,

@@ -15,7 +15,7 @@ import pytest
 from tfrecordd.errors import StateError
 from tfrecordd.fsys import LOCAL
 from tfrecordd.state.journal import Journal, Recovered
-from tfrecordd.state.records import CHECKPOINT, JOURNAL
+from tfrecordd.state.records import CHECKPOINT, JOURNAL, ShardRef
 from tfrecordd_plugins.sources.directory import DirectorySource
 
 FOLDS = {"spool": DirectorySource.fold}
@@ -38,7 +38,7 @@ def recovered(path: Path) -> Recovered:
 
 
 def commit(j: Journal, shard: str, tokens: Sequence[dict[str, Any]], done: bool = True) -> int:
-    intent = j.next_intent(shard, {"spool": list(tokens)}, records=len(tokens))
+    intent = j.next_intent({"spool": list(tokens)}, [ShardRef("", shard, len(tokens))])
     j.write_intent(intent)
     if done:
         j.write_done(intent.seq)
@@ -54,7 +54,7 @@ def test_recovery_folds_finished_and_lists_unfinished(tmp_path: Path) -> None:
     j.close()
     rec = recovered(tmp_path)
     assert rec.states == {"spool": {"b": 5}}
-    assert [i.shard for i in rec.unfinished] == ["s3"]
+    assert [[s.name for s in i.shards] for i in rec.unfinished] == [["s3"]]
     assert rec.unfinished[0].positions == {"spool": [tok("b", 9)]}
     assert rec.torn_at is None
 
@@ -252,7 +252,7 @@ def test_a_committed_record_over_any_size_limit_is_read_back_whole(
     assert rec.torn_at is None
     assert os.path.getsize(tmp_path / JOURNAL) == size
     assert len(rec.states["spool"]) == 60_001
-    assert [i.shard for i in rec.unfinished] == ["s3"]
+    assert [[s.name for s in i.shards] for i in rec.unfinished] == [["s3"]]
 
 
 @pytest.mark.parametrize("keep", [0, 1, 10, -1])
@@ -296,7 +296,7 @@ def test_a_journal_removed_or_replaced_while_running_stops_the_next_commit(
         shutil.rmtree(state)
     else:
         os.unlink(state / CHECKPOINT)
-    intent = j.next_intent("s9", {"spool": [tok("a", 99)]})
+    intent = j.next_intent({"spool": [tok("a", 99)]}, [ShardRef("", "s9")])
     with pytest.raises(DurabilityError, match=how.split()[-1]):
         j.write_intent(intent)
     j.close()
@@ -362,7 +362,7 @@ def test_a_removed_sources_positions_are_kept_until_it_comes_back(tmp_path: Path
     j = _typed(tmp_path, both, types, compact_after=2)
     j.recover()
     commit(j, "s1", [tok("a", 10)])
-    intent = j.next_intent("s2", {"spool": [tok("a", 20)], "other": [tok("x", 5)]})
+    intent = j.next_intent({"spool": [tok("a", 20)], "other": [tok("x", 5)]}, [ShardRef("", "s2")])
     j.write_intent(intent)
     j.write_done(intent.seq)
     j.close()
@@ -371,7 +371,7 @@ def test_a_removed_sources_positions_are_kept_until_it_comes_back(tmp_path: Path
     j = _typed(tmp_path, {"other": DirectorySource.fold}, {"other": "directory"}, compact_after=2)
     j.recover()
     for i in range(3):
-        commit_other = j.next_intent(f"o{i}", {"other": [tok("x", 10 + i)]})
+        commit_other = j.next_intent({"other": [tok("x", 10 + i)]}, [ShardRef("", f"o{i}")])
         j.write_intent(commit_other)
         j.write_done(commit_other.seq)
     j.close()
@@ -455,7 +455,7 @@ def test_a_full_state_dir_during_compaction_keeps_the_old_checkpoint(tmp_path: P
     before = (tmp_path / CHECKPOINT).read_bytes()
     commit(j, "s3", [tok("a", 4)])
     commit(j, "s4", [tok("a", 5)])
-    intent = j.next_intent("s5", {"spool": [tok("a", 6)]})
+    intent = j.next_intent({"spool": [tok("a", 6)]}, [ShardRef("", "s5")])
     j.write_intent(intent)
     j.fs = _NoRoomForNewFiles()
     with pytest.raises(DurabilityError, match="state_dir is full"):

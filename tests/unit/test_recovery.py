@@ -8,16 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.pipeline_parts import NODE, SOURCE, Parts, RecordingSource
+from tests.unit.pipeline_parts import DATASET, NODE, SOURCE, Parts, RecordingSource
+from tfrecordd.format.framing import frame
 from tfrecordd.format.writer import inprogress_name
 from tfrecordd.outputs.manifest import manifest_name
 from tfrecordd.state.journal import Journal
 from tfrecordd.state.reading import scan_journal
-from tfrecordd.state.records import STATE_FORMAT, Intent
+from tfrecordd.state.records import STATE_FORMAT, Intent, ShardRef
 
 pytestmark = pytest.mark.anyio
 
 SHARD = f"part-{NODE}-abc-00001.tfrecord"
+
+
+SHARD_BYTES = frame(b"abc")
+"""A shard of one record (no compression)."""
 
 
 def _journal(parts: Parts, *intents: tuple[str | None, int, str, bool]) -> list[Intent]:
@@ -27,7 +32,8 @@ def _journal(parts: Parts, *intents: tuple[str | None, int, str, bool]) -> list[
     journal.recover()
     written = []
     for shard, token, then, kept in intents:
-        intent = journal.next_intent(shard, {SOURCE: [token]}, records=1, size=3)
+        refs = [ShardRef(DATASET, shard, 1, len(SHARD_BYTES))] if shard else []
+        intent = journal.next_intent({SOURCE: [token]}, refs)
         intent.kept = kept
         journal.write_intent(intent)
         if then == "done":
@@ -39,15 +45,15 @@ def _journal(parts: Parts, *intents: tuple[str | None, int, str, bool]) -> list[
     return written
 
 
-def _staged(parts: Parts, shard: str) -> Path:
+def _staged(parts: Parts, shard: str, data: bytes = SHARD_BYTES) -> Path:
     path = Path(parts.output.staging_dir) / inprogress_name(shard)
-    path.write_bytes(b"abc")
+    path.write_bytes(data)
     return path
 
 
 def _published(parts: Parts, shard: str) -> Path:
     path = parts.root / "out" / shard
-    path.write_bytes(b"abc")
+    path.write_bytes(SHARD_BYTES)
     return path
 
 
@@ -74,12 +80,30 @@ async def test_an_unfinished_intent_whose_shard_is_published_is_redone(tmp_path:
     assert parts.published() == [SHARD]
 
 
-async def test_an_unfinished_intent_whose_shard_is_still_in_progress_is_dropped(
+async def test_an_unfinished_intent_whose_shard_is_still_in_progress_is_rolled_forward(
     tmp_path: Path,
 ) -> None:
+    # The intent is journalled only once its shard is complete and fsynced: the commit is
+    # committed, and the next start finishes publishing it.
     parts = Parts(tmp_path)
     (intent,) = _journal(parts, (SHARD, 1, "open", True))
     staged = _staged(parts, SHARD)
+    source = RecordingSource()
+    report = await parts.restart(source)
+    assert [i.seq for i in report.redone] == [intent.seq]
+    assert report.dropped == ()
+    assert source.recovered == (None, [1])
+    assert not staged.exists()
+    assert parts.published() == [SHARD]
+    assert (parts.root / "out" / SHARD).read_bytes() == SHARD_BYTES
+    _, state, pending = await _recover(parts)
+    assert (state, pending) == ([1], [])
+
+
+async def test_an_intent_whose_staged_copy_differs_from_it_is_dropped(tmp_path: Path) -> None:
+    parts = Parts(tmp_path)
+    (intent,) = _journal(parts, (SHARD, 1, "open", True))
+    staged = _staged(parts, SHARD, SHARD_BYTES + frame(b"more"))
     source = RecordingSource()
     report = await parts.restart(source)
     assert [i.seq for i in report.dropped] == [intent.seq]

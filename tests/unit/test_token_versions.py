@@ -14,6 +14,7 @@ import pytest
 from tfrecordd.errors import TfrecorddError, TokenVersionError
 from tfrecordd.fsys import LOCAL
 from tfrecordd.state.journal import Journal
+from tfrecordd.state.records import ShardRef
 from tfrecordd_plugins.sources.directory import DirectorySource, DirectorySourceConfig
 from tfrecordd_plugins.sources.redis_stream import RedisStreamSource, RedisStreamSourceConfig
 from tfrecordd_plugins.sources.socket import TcpSourceConfig
@@ -143,10 +144,14 @@ def test_the_journal_keeps_token_versions_and_refuses_a_future_one(tmp_path: Pat
     state = tmp_path / "state"
     j = Journal(str(state), LOCAL, folds=folds)
     j.recover()
-    finished = j.next_intent("s1", {"spool": [token("node/0001-a.jsonl", 5, False)]})
+    finished = j.next_intent(
+        {"spool": [token("node/0001-a.jsonl", 5, False)]}, [ShardRef("", "s1")]
+    )
     j.write_intent(finished)
     j.write_done(finished.seq)
-    j.write_intent(j.next_intent("s2", {"spool": [token("node/0001-a.jsonl", 9, False)]}))
+    j.write_intent(
+        j.next_intent({"spool": [token("node/0001-a.jsonl", 9, False)]}, [ShardRef("", "s2")])
+    )
     j.compact()
     j.close()
     j = Journal(str(state), LOCAL, folds=folds)
@@ -159,7 +164,7 @@ def test_the_journal_keeps_token_versions_and_refuses_a_future_one(tmp_path: Pat
     # journal keeps an unconfigured source's tokens): folded at start-up, and refused.
     j = Journal(str(state), LOCAL, folds={})
     j.recover()
-    done = j.next_intent("s3", {"spool": [FUTURE_SPOOL]})
+    done = j.next_intent({"spool": [FUTURE_SPOOL]}, [ShardRef("", "s3")])
     j.write_intent(done)
     j.write_done(done.seq)
     j.close()
