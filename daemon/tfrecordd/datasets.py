@@ -114,8 +114,8 @@ class PartitionSection(_Section):
     max_partitions: int = Field(default=1000, ge=1)
     """The most distinct values of ``fields`` (combined) given folders of their own; values
     beyond, and values that are not a safe folder name (letters, digits, ``_``, ``.``, ``-``,
-    at most 64 characters, not starting with ``.``), go to ``FIELD=_other``, counted in
-    ``tfrecordd_partition_fallbacks_total``."""
+    at most 64 characters, not starting with ``.`` or ``_``), go to ``FIELD=_other``, counted
+    in ``tfrecordd_partition_fallbacks_total``."""
 
     @field_validator("zone")
     @classmethod
@@ -132,6 +132,8 @@ class PartitionSection(_Section):
         for name in v:
             if not _SAFE_FIELD.match(name):
                 raise ValueError(f"field {name!r}: a folder key must be letters, digits and _")
+            if name in ("dt", "hour"):
+                raise ValueError(f"field {name!r}: the time folders' own key")
         if len(set(v)) != len(v):
             raise ValueError("a field is listed twice")
         return v

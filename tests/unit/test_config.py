@@ -47,16 +47,22 @@ def test_format_round_trips() -> None:
 def test_shipped_configs_are_valid(name: str) -> None:
     config = load_config(ROOT / "config" / name)
     assert config.sources[0].type == "directory"
-    assert config.encoders[config.sources[0].encoder].type == "example"
+    for dataset in config.fed_datasets(config.sources[0]):
+        assert config.encoders[config.datasets[dataset].encoder].type == "example"
 
 
-def test_the_issue_example_loads_as_written() -> None:
+def test_the_example_config_loads_as_written() -> None:
     config = load_config(ROOT / "config" / "tfrecordd.toml")
     assert config.daemon.node_id == "ingest-01"
     assert config.daemon.drain_timeout == 30
-    assert config.output.max_shard_bytes == 256 << 20
-    assert config.output.max_shard_age == 600
-    assert config.output.compression == "gzip"
+    assert config.output is None
+    clicks = config.datasets["clicks"]
+    assert clicks.max_shard_bytes == 256 << 20
+    assert clicks.max_shard_age == 600
+    assert clicks.compression == "gzip"
+    assert (clicks.partition.time, clicks.partition.time_field) == ("event", "ts")
+    assert clicks.completion is not None
+    assert config.fed_datasets(config.sources[0]) == ["clicks", "impressions"]
     assert config.metrics.listen == "127.0.0.1:9464"
 
 

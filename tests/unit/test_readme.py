@@ -21,7 +21,10 @@ def test_the_readme_config_validates(tmp_path: Path) -> None:
     path.write_text(main_example)
     config = load_config(path)
     assert config.sources[0].name == "spool"
-    assert config.output.compression == "gzip"
+    assert config.fed_datasets(config.sources[0]) == ["clicks", "impressions"]
+    assert config.datasets["clicks"].compression == "gzip"
+    assert config.datasets["clicks"].partition.time == "event"
+    assert config.datasets["clicks"].completion is not None
 
 
 def test_the_readme_socket_client_is_the_documented_one() -> None:
