@@ -12,7 +12,7 @@ import pytest
 from tfrecordd.cli import main
 from tfrecordd.cli.describe import describe_encoder
 from tfrecordd.config import load_config
-from tfrecordd.errors import EXIT_CONFIG
+from tfrecordd.errors import EXIT_CONFIG, EXIT_USAGE
 
 DOCS = Path(__file__).parents[2] / "docs" / "encoders.md"
 
@@ -123,13 +123,32 @@ def test_passthrough_cannot_be_described(config: Path, capsys: pytest.CaptureFix
     assert "writes the records it is given unchanged" in err
 
 
-def test_encoder_must_be_named_and_exist(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "-c", str(config))
-    assert code == 1
-    assert "4 encoders, choose one with --encoder: movies, pets, ready, tagging" in err
-    code, _, err = run(capsys, "-c", str(config), "--encoder", "nope")
-    assert code == 1
+def test_an_older_config_is_one_dataset_described_by_default(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Four encoders, one of them fed: the config's one dataset, named after it."""
+    code, out, err = run(capsys, "-c", str(config))
+    assert (code, err) == (0, "")
+    assert out.splitlines()[2] == (
+        "# dataset 'movies', encoder 'movies' (type 'example'): "
+        "tf.io.parse_example(serialized, features)"
+    )
+    by_encoder = run(capsys, "-c", str(config), "--encoder", "movies")[1]
+    assert out.splitlines()[3:] == by_encoder.splitlines()[3:]
+
+
+def test_a_name_the_config_lacks_is_a_usage_error(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, "-c", str(config), "--encoder", "nope")
+    assert (code, out) == (EXIT_USAGE, "")
     assert "no [encoders.nope] table (encoders: movies, pets, ready, tagging)" in err
+    code, out, err = run(capsys, "-c", str(config), "--dataset", "nope")
+    assert (code, out) == (EXIT_USAGE, "")
+    assert err == f"tfrecordd: {config}: no dataset 'nope' (datasets: movies)\n"
+    code, out, err = run(capsys, "-c", str(config), "--dataset", "movies", "--encoder", "pets")
+    assert (code, out) == (EXIT_USAGE, "")
+    assert "give one" in err
 
 
 def test_only_encoder_is_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

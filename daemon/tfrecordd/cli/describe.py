@@ -1,12 +1,14 @@
 """``tfrecordd schema``: the reader's side of an encoder's schema (``tf.io`` feature descriptions).
 
-``tfrecordd schema --config FILE [--encoder NAME] [--format python|json]`` prints what reads the
-records that encoder writes. ``--format python`` (the default) prints a script to paste into a
-reader::
+``tfrecordd schema --config FILE [--dataset NAME] [--format python|json]`` prints what reads the
+records of that dataset (those its encoder writes); with no ``--dataset``, of the config's only
+dataset, and where it has several the error lists their names (exit 2). ``--encoder NAME``
+describes an ``[encoders.NAME]`` table instead. ``--format python`` (the default) prints a
+script to paste into a reader::
 
     import tensorflow as tf
 
-    # encoder 'movies' (type 'example'): tf.io.parse_example(serialized, features)
+    # dataset 'clicks', encoder 'clicks' (type 'example'): tf.io.parse_example(serialized, features)
     features = {
         'age': tf.io.FixedLenFeature(shape=[], dtype=tf.int64),
         'movie': tf.io.VarLenFeature(dtype=tf.string),
@@ -35,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tfrecordd.cli import help_of
+from tfrecordd.cli.datasetargs import UsageError, add_dataset_options, choose_dataset
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK, TfrecorddError
 from tfrecordd.format.wire import FeatureType
@@ -176,11 +179,16 @@ def _is_sequence(description: dict[str, Any]) -> bool:
     )
 
 
-def render_python(name: str, config: EncoderConfig, description: dict[str, Any]) -> str:
+def render_python(
+    name: str, config: EncoderConfig, description: dict[str, Any], *, dataset: str | None = None
+) -> str:
     """A reader's script: ``import tensorflow as tf`` and the feature dict(s) to pass to
     ``tf.io.parse_example`` (``features``) or ``tf.io.parse_sequence_example``
-    (``context_features``, ``sequence_features``)."""
+    (``context_features``, ``sequence_features``); its comment names the ``dataset`` whose
+    records these are, if given."""
     where = f"encoder {name!r} (type {config.type!r})"
+    if dataset is not None:
+        where = f"dataset {dataset!r}, {where}"
     if _is_sequence(description):
         call = "tf.io.parse_sequence_example(serialized, context_features, sequence_features)"
         body = render_feature_description(description)
@@ -203,26 +211,23 @@ def _strict_json(value: Any) -> Any:
 
 def _schema(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    names = sorted(config.encoders)
+    dataset: str | None = None
     name = args.encoder
+    if name is not None and args.dataset is not None:
+        raise UsageError("--dataset and --encoder each choose what to describe: give one")
     if name is None:
-        if len(names) != 1:
-            raise TfrecorddError(
-                f"{args.config}: {len(names)} encoders, choose one with --encoder: "
-                + ", ".join(names)
-            )
-        name = names[0]
-    if name not in config.encoders:
-        raise TfrecorddError(
-            f"{args.config}: no [encoders.{name}] table (encoders: {', '.join(names) or 'none'})"
-        )
+        dataset = choose_dataset(config, args.config, args.dataset)
+        name = config.datasets[dataset].encoder
+    elif name not in config.encoders:
+        names = ", ".join(sorted(config.encoders)) or "none"
+        raise UsageError(f"{args.config}: no [encoders.{name}] table (encoders: {names})")
     encoder = config.encoders[name]
     description = describe_encoder(name, encoder)
     if args.format == "json":
         json.dump(_strict_json(description), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_python(name, encoder, description))
+        sys.stdout.write(render_python(name, encoder, description, dataset=dataset))
     return EXIT_OK
 
 
@@ -230,9 +235,11 @@ def add_commands(sub: Any) -> None:
     """Register ``schema`` on the CLI's subparsers."""
     help = help_of("schema")
     p: argparse.ArgumentParser = sub.add_parser("schema", help=help, description=help)
-    p.add_argument("--config", "-c", required=True, help="the TOML config file")
+    add_dataset_options(p, config_required=True)
     p.add_argument(
-        "--encoder", metavar="NAME", help="the [encoders.NAME] table (default: the only one)"
+        "--encoder",
+        metavar="NAME",
+        help="describe the [encoders.NAME] table instead of a dataset's encoder",
     )
     p.add_argument(
         "--format",

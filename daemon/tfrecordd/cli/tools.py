@@ -20,6 +20,17 @@ Each command takes a shell glob of an output directory as it is: a manifest, a f
 written (``*.inprogress``) among the paths is skipped with a note on stderr saying
 why (a manifest is checked with its shard by ``verify``); no shard at all among them exits 66.
 
+Instead of PATHs, ``--config FILE [--dataset NAME]`` names a dataset of the daemon's config, and
+a PATH that is a local directory holding partition folders (``dt=…``) stands for the dataset
+it is: the command reads the dataset's published shards (:func:`tfrecordd.reader.list_shards`),
+only those of the partitions ``--partition`` selects (repeatable, folder paths or patterns) and,
+with ``--completed``, only those the completion markers list. ``cat`` reads a dataset's
+``SequenceExample`` records as such without ``--sequence``; ``transcode`` writes a dataset's
+shards into its partition folders under ``--out``. ``verify`` reads a dataset's late shards too
+(``_late/``), and checks each completion marker against its partition
+(:mod:`tfrecordd.cli.markers`): a listed shard missing or of another size, SHA-256 or record
+count, or a shard the marker does not list, is a problem (exit 65).
+
 ``verify`` and ``transcode`` report progress on stderr: a bar when stderr is a terminal, one line
 per finished file otherwise (see :mod:`tfrecordd.progress`).
 """
@@ -34,12 +45,18 @@ from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from tfrecordd.cli import help_of
+from tfrecordd.cli.datasetargs import (
+    add_selection_options,
+    manifest_path,
+    no_shards,
+    select_shards,
+)
+from tfrecordd.cli.markers import check_markers, marker_folders
 from tfrecordd.errors import (
     EXIT_DATA,
     EXIT_OK,
     CompressionError,
     DecodeError,
-    InputError,
     OutputError,
     RecordError,
     TfrecorddError,
@@ -57,6 +74,10 @@ from tfrecordd.format.writer import open_writer
 from tfrecordd.outputs import manifest
 from tfrecordd.progress import Progress
 
+_PATHS_HELP = (
+    "TFRecord files or fsspec URLs, or a dataset directory holding partition folders "
+    "(or use --config)"
+)
 _BATCH_RECORDS = 1024
 _BATCH_BYTES = 4 * 1024 * 1024
 _UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -123,101 +144,107 @@ def _problem(e: TfrecorddError) -> dict[str, Any]:
     return {"kind": "input", "offset": None, "detail": str(e), "message": str(e)}
 
 
-def not_a_shard(path: str, given: set[str]) -> str | None:
-    """Why ``path`` (one of the paths ``given`` on the command line) is no shard to read, or
-    ``None``: what a glob such as ``shards/*`` also picks up beside the shards."""
-    name = os.path.basename(path.rstrip("/"))
-    if name.endswith(manifest.SUFFIX):
-        shard = next(
-            (g for g in given if _manifest_path(g) == path and g != path),
-            None,
-        )
-        return (
-            f"a manifest, checked with its shard {shard}"
-            if shard
-            else "a manifest, not a shard: give its shard to check both"
-        )
-    if name.endswith(".inprogress"):
-        return "a file still being written (not published)"
-    return None
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
-def _shards(paths: list[str]) -> tuple[list[str], list[dict[str, str]]]:
-    """``(shards, skipped)``: the paths to read, and the others with why, each noted on stderr."""
-    given = set(paths)
-    shards: list[str] = []
-    skipped: list[dict[str, str]] = []
-    for path in paths:
-        why = not_a_shard(path, given)
-        if why is None:
-            shards.append(path)
+def _verify_file(
+    args: argparse.Namespace, path: str, progress: Progress, out: TextIO
+) -> tuple[dict[str, Any], int | None]:
+    """Read ``path`` whole and compare it with its manifest: its JSON entry, and the exit
+    code of what is wrong (``None``: sound)."""
+    progress.start(path)
+    count = 0
+    entry: dict[str, Any] = {"path": path}
+    code: int | None = None
+    try:
+        for _ in _records(args, path):
+            count += 1
+            if count % _BATCH_RECORDS == 0:
+                progress.advance(_BATCH_RECORDS)
+    except TfrecorddError as e:
+        entry.update(ok=False, records=count, error=_problem(e))
+        code = e.exit_code
+        line, done = f"BAD  {e}", f"BAD after {_plural(count, 'record')}"
+    else:
+        problems = [] if args.no_manifest else _manifest_problems(args, path)
+        done = _plural(count, "record")
+        if problems:
+            detail = f"{path}: does not match its manifest: " + "; ".join(problems)
+            entry.update(ok=False, records=count, error={"kind": "manifest", "detail": detail})
+            code = EXIT_DATA
+            line = f"BAD  {detail}"
         else:
-            skipped.append({"path": path, "reason": why})
-            print(f"tfrecordd: skipping {path}: {why}", file=sys.stderr)
-    if not shards:
-        raise InputError(" ".join(paths), "no shard among the paths given")
-    return shards, skipped
+            entry.update(ok=True, records=count, error=None)
+            if path_has_manifest(path):
+                entry["manifest"] = True
+            line = f"OK   {path}: {done}"
+    progress.clear()
+    # Without --json, verify prints a line per file itself: no second plain line for it.
+    if not args.json:
+        print(line, file=out, flush=True)
+    progress.advance(count % _BATCH_RECORDS)
+    progress.done(path, done)
+    return entry, code
 
 
 def _verify(args: argparse.Namespace) -> int:
     out: TextIO = sys.stdout
+    listing: list[str] = []
+    selection = select_shards(args, args.paths, late=True, listing_errors=listing)
+    if (
+        not selection.shards
+        and not listing
+        and not any(marker_folders(d)[1] for d in selection.datasets)
+    ):
+        raise no_shards(selection)
     files: list[dict[str, Any]] = []
-    codes: list[int] = []
-    paths, skipped = _shards(args.paths)
-    # Without --json, verify prints a line per file itself: no second plain line for it.
+    codes: list[int] = [EXIT_DATA] * len(listing)
+    for problem in listing:
+        if not args.json:
+            print(f"BAD  {problem}", file=out, flush=True)
+    paths = [s.path for s in selection.shards]
     with Progress("verify", len(paths), lines=args.json) as progress:
         for path in paths:
-            progress.start(path)
-            count = 0
-            entry: dict[str, Any] = {"path": path}
-            try:
-                for _ in _records(args, path):
-                    count += 1
-                    if count % _BATCH_RECORDS == 0:
-                        progress.advance(_BATCH_RECORDS)
-            except TfrecorddError as e:
-                entry.update(ok=False, records=count, error=_problem(e))
-                codes.append(e.exit_code)
-                progress.clear()
-                if not args.json:
-                    print(f"BAD  {e}", file=out, flush=True)
-                progress.advance(count % _BATCH_RECORDS)
-                progress.done(path, f"BAD after {count} records")
-            else:
-                problems = [] if args.no_manifest else _manifest_problems(args, path)
-                if problems:
-                    detail = f"{path}: does not match its manifest: " + "; ".join(problems)
-                    entry.update(
-                        ok=False, records=count, error={"kind": "manifest", "detail": detail}
-                    )
-                    codes.append(EXIT_DATA)
-                    progress.clear()
-                    if not args.json:
-                        print(f"BAD  {detail}", file=out, flush=True)
-                else:
-                    entry.update(ok=True, records=count, error=None)
-                    if path_has_manifest(path):
-                        entry["manifest"] = True
-                    progress.clear()
-                    if not args.json:
-                        print(f"OK   {path}: {count} records", file=out, flush=True)
-                progress.advance(count % _BATCH_RECORDS)
-                progress.done(path, f"{count} records")
+            entry, code = _verify_file(args, path, progress, out)
             files.append(entry)
+            if code is not None:
+                codes.append(code)
+    markers = [m for d in selection.datasets for m in check_markers(d)]
+    for m in markers:
+        if not m.ok:
+            codes.append(EXIT_DATA)
+        if args.json:
+            continue
+        if m.ok:
+            listed = f"{_plural(m.shards or 0, 'shard')}, {_plural(m.records or 0, 'record')}"
+            print(f"OK   {m.path}: {listed}, as in the partition", file=out)
+        for problem in m.problems:
+            print(f"BAD  {m.path}: {problem}", file=out)
     total = sum(f["records"] for f in files)
     bad = sum(not f["ok"] for f in files)
+    bad_markers = sum(not m.ok for m in markers)
     if args.json:
-        doc = {
-            "ok": not bad,
+        doc: dict[str, Any] = {
+            "ok": not codes,
             "files": files,
             "total_records": total,
             "bad_files": bad,
-            "skipped": skipped,
+            "skipped": selection.skipped,
         }
+        if selection.datasets:
+            doc |= {
+                "markers": [m.as_json() for m in markers],
+                "bad_markers": bad_markers,
+                "listing_errors": listing,
+            }
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
-        print(f"total: {total} records in {len(files)} files, {bad} bad", file=out)
+        summary = f"total: {_plural(total, 'record')} in {_plural(len(files), 'file')}, {bad} bad"
+        if markers:
+            summary += f"; {_plural(len(markers), 'completion marker')}, {bad_markers} bad"
+        print(summary, file=out)
     if not codes:
         return EXIT_OK
     return EXIT_DATA if EXIT_DATA in codes else codes[0]
@@ -225,11 +252,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def path_has_manifest(path: str) -> bool:
     """Whether a local shard has a manifest beside it."""
-    return "://" not in path and os.path.exists(_manifest_path(path))
-
-
-def _manifest_path(path: str) -> str:
-    return os.path.join(os.path.dirname(path), manifest.manifest_name(os.path.basename(path)))
+    return "://" not in path and os.path.exists(manifest_path(path))
 
 
 def _manifest_problems(args: argparse.Namespace, path: str) -> list[str]:
@@ -238,7 +261,7 @@ def _manifest_problems(args: argparse.Namespace, path: str) -> list[str]:
     try:
         return manifest.check(
             path,
-            _manifest_path(path),
+            manifest_path(path),
             max_record_bytes=args.max_record_bytes,
             max_decompressed_bytes=args.max_decompressed_bytes,
         )
@@ -267,7 +290,11 @@ def _cat(args: argparse.Namespace) -> int:
 
 def _cat_to(args: argparse.Namespace, out: TextIO) -> int:
     left: int | None = args.limit
-    for path in _shards(args.paths)[0]:
+    selection = select_shards(args, args.paths)
+    if not selection.shards:
+        raise no_shards(selection)
+    sequence = args.sequence or any(d.sequence for d in selection.datasets)
+    for path in (s.path for s in selection.shards):
         if left is not None and left <= 0:
             break
         for offset, record in _records(args, path):
@@ -277,7 +304,7 @@ def _cat_to(args: argparse.Namespace, out: TextIO) -> int:
                 left -= 1
             obj: dict[str, Any]
             try:
-                if args.sequence:
+                if sequence:
                     context, lists = proto.parse_sequence_example(record)
                     obj = {
                         "context": _features(context),
@@ -333,8 +360,8 @@ def _transcode_one(args: argparse.Namespace, src: str, dst: str, progress: Progr
     except OSError as e:
         raise OutputError(dst, f"cannot write: {e.strerror or e}") from e
     progress.clear()
-    print(f"{src} -> {dst}: {count} records", file=sys.stdout, flush=True)
-    progress.done(src, f"{count} records")
+    print(f"{src} -> {dst}: {_plural(count, 'record')}", file=sys.stdout, flush=True)
+    progress.done(src, _plural(count, "record"))
     return EXIT_OK
 
 
@@ -343,12 +370,17 @@ def _transcode(args: argparse.Namespace) -> int:
         raise OutputError(args.out, "output directory does not exist")
     to = Compression(args.to)
     codes: list[int] = []
-    sources = _shards(args.sources)[0]
-    with Progress("transcode", len(sources)) as progress:
-        for src in sources:
-            dst = os.path.join(args.out, output_name(src, to))
+    selection = select_shards(args, args.sources)
+    if not selection.shards:
+        raise no_shards(selection)
+    with Progress("transcode", len(selection.shards)) as progress:
+        for shard in selection.shards:
+            src = shard.path
+            folder = os.path.join(args.out, *shard.partition.split("/"))
+            dst = os.path.join(folder, output_name(src, to))
             progress.start(src)
             try:
+                _make_folders(args.out, shard.partition)
                 codes.append(_transcode_one(args, src, dst, progress))
             except TfrecorddError as e:
                 progress.clear()
@@ -357,6 +389,17 @@ def _transcode(args: argparse.Namespace) -> int:
                 codes.append(e.exit_code)
     failed = [c for c in codes if c != EXIT_OK]
     return failed[0] if failed else EXIT_OK
+
+
+def _make_folders(out: str, partition: str) -> None:
+    """The partition's folders under ``out``, as a dataset's are (a transcoded dataset keeps
+    its layout)."""
+    if not partition:
+        return
+    try:
+        os.makedirs(os.path.join(out, *partition.split("/")), exist_ok=True)
+    except OSError as e:
+        raise OutputError(os.path.join(out, partition), f"cannot create: {e.strerror}") from e
 
 
 def _command(
@@ -375,7 +418,8 @@ def add_commands(sub: Any) -> None:
         _verify,
         help_of("verify"),
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="TFRecord files or fsspec URLs")
+    p.add_argument("paths", nargs="*", metavar="PATH", help=_PATHS_HELP)
+    add_selection_options(p)
     p.add_argument(
         "--no-manifest",
         action="store_true",
@@ -385,19 +429,30 @@ def add_commands(sub: Any) -> None:
     _add_limits(p)
 
     p = _command(sub, "cat", _cat, help_of("cat"))
-    p.add_argument("paths", nargs="+", metavar="PATH", help="TFRecord files or fsspec URLs")
+    p.add_argument("paths", nargs="*", metavar="PATH", help=_PATHS_HELP)
+    add_selection_options(p)
     p.add_argument(
         "--json", action="store_true", help='wrap each line as {"path", "offset", "example"}'
     )
     p.add_argument("--limit", type=int, metavar="N", help="stop after N records in all")
-    p.add_argument("--sequence", action="store_true", help="records are SequenceExamples")
+    p.add_argument(
+        "--sequence",
+        action="store_true",
+        help="records are SequenceExamples (known from the config with --config)",
+    )
     _add_limits(p)
 
     p = _command(sub, "transcode", _transcode, help_of("transcode"))
-    p.add_argument("sources", nargs="+", metavar="SRC", help="TFRecord files or fsspec URLs")
+    p.add_argument("sources", nargs="*", metavar="SRC", help=_PATHS_HELP)
+    add_selection_options(p)
     p.add_argument(
         "--to", required=True, choices=[c.value for c in Compression], help="new compression"
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="directory for the new files")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="directory for the new files (a dataset's in its partition folders)",
+    )
     p.add_argument("--level", type=int, help="compression level (default: per compression)")
     _add_limits(p)
