@@ -1,6 +1,6 @@
 """The commands on a config's datasets: ``schema --dataset``, ``verify``/``cat``/``transcode`` on
 a dataset's published shards (by ``--config``, or its directory) with its completion markers
-checked; on the output of a real daemon run."""
+checked, and ``status`` per dataset; on the output of a real daemon run."""
 
 from __future__ import annotations
 
@@ -320,6 +320,43 @@ def test_arguments_that_choose_nothing_are_usage_errors(
     result = run_tfrecordd(*argv, cwd=tmp_path)
     assert (result.returncode, result.stdout) == (EXIT_USAGE, ""), result.stderr
     assert message in result.stderr
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def test_status_shows_each_dataset(ran: Run) -> None:
+    clicks = dataset_shards(ran.root / "clicks")
+    doc = ran.status_json
+    got = doc["datasets"]["clicks"]
+    assert got["records_written"] == len(CLICK_IDS)
+    assert got["shards_published"] == len(clicks)
+    assert (got["open_shards"], got["partitions_pending"], got["partitions_completed"]) == (0, 0, 3)
+    assert got["events_late"] == 1
+    assert got["watermark"] == pytest.approx(max(e["ts"] for e in EVENTS if e["type"] == "click"))
+    other = doc["datasets"]["impressions"]
+    assert other["records_written"] == len(EVENTS) - len(CLICK_IDS)
+    assert (other["partitions_pending"], other["watermark"], other["events_late"]) == (
+        None,
+        None,
+        None,
+    )
+    assert doc["records_written"] == len(EVENTS), "the totals stay"
+    assert doc["shards_published"] == sum(d["shards_published"] for d in doc["datasets"].values())
+
+    lines = ran.status_text.splitlines()
+    header = next(line for line in lines if line.startswith("DATASET "))
+    assert header.split() == [
+        *("DATASET", "RECORDS", "SHARDS", "OPEN", "PENDING", "COMPLETE", "LATE"),
+        *("WATERMARK", "(UTC)"),
+    ]
+    row = next(line for line in lines if line.startswith("clicks "))
+    watermark = datetime.fromtimestamp(got["watermark"], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert row.split() == ["clicks", "120", str(len(clicks)), "0", "0", "3", "1", watermark]
+    row = next(line for line in lines if line.startswith("impressions "))
+    assert row.split()[1] == "120"
+    assert row.split()[4:] == ["-", "-", "-", "-"]
+    assert f"\nwritten     {len(EVENTS)} records, " in ran.status_text
 
 
 def test_the_late_click_was_dead_lettered(ran: Run) -> None:

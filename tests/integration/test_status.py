@@ -91,6 +91,22 @@ def test_once_json_snapshot_before_and_after_publish(daemon: Daemon) -> None:
     assert snap["shards_published"] == 0
     assert snap["last_publish_seconds_ago"] is None
     assert snap["open_shard"]["records"] == 500
+    assert snap["open_shards"] == 1
+    sizes = {"compressed_bytes_written": 0, "open_shard_bytes": 0, "open_shard_age_seconds": 0}
+    assert snap["datasets"]["movies"] | sizes == {
+        "records_written": 500,
+        "compressed_bytes_written": 0,
+        "shards_published": 0,
+        "open_shards": 1,
+        "open_shard_bytes": 0,
+        "open_shard_records": 500,
+        "open_shard_age_seconds": 0,
+        "partitions_pending": None,
+        "partitions_completed": None,
+        "watermark": None,
+        "events_late": None,
+        "partition_fallbacks": 0,
+    }, "an older config's one dataset is named after its encoder"
     assert snap["open_shard"]["bytes"] > 0
     assert 0 < snap["open_shard"]["age_seconds"] < 60
     assert set(snap["stream_depth_batches"]) >= {"encode", "write"}
@@ -119,10 +135,13 @@ def test_once_text_view(daemon: Daemon) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"tfrecordd 0.1.0 at {daemon.url}: up  (rates over ")
-    assert "open shard  " in result.stdout
-    assert ", 40 records, age " in result.stdout
-    assert "published   0 shards, last never" in result.stdout
+    assert "\nwritten     40 records, " in result.stdout
+    assert "\npublished   0 shards, last never\n" in result.stdout
+    assert "\nopen        1 shard: 40 records, " in result.stdout
+    assert ", oldest " in result.stdout
     assert "dead letters 2" in result.stdout
+    row = next(line for line in lines if line.startswith("movies "))
+    assert row.split() == ["movies", "40", "0", "1", "-", "-", "-", "-"], "no completion"
     row = next(line for line in lines if line.startswith("spool "))
     assert row.split() == ["spool", "0.0", "42", "0%", "42", "2", "2", "0"]
     assert CLEAR not in result.stdout, "no terminal, no escape codes"

@@ -10,8 +10,11 @@
 - **blocked**: the share of the interval the source spent waiting on a full pipeline
   (the rate of ``tfrecordd_backpressure_seconds_total``): 100% means output is the bottleneck;
 
-and for the daemon: the open shard (bytes, records, age), the time since the last publish, shards
-published, dead letters, the batches waiting in front of each stage and free bytes on the output.
+for the daemon: records written, shards published and the time since the last publish, the open
+shards (how many, bytes, records, the oldest one's age), dead letters, the batches waiting in
+front of each stage and free bytes on the output; and per dataset (the metrics' ``dataset``
+label): records written, shards published, open shards, time partitions pending and completed
+(marked), events that came late for a completed partition, and the watermark.
 
 Live mode redraws in place on a terminal (ANSI home and erase, no curses) and prints one frame
 after another elsewhere; Ctrl-C ends it with exit 0. ``--once`` scrapes twice, ``--interval``
@@ -30,6 +33,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,6 +73,25 @@ class SourceTotals:
 
 
 @dataclass(slots=True)
+class DatasetTotals:
+    """One dataset's figures at one scrape; ``None`` where its daemon exports none (the
+    completion figures of a dataset without completion markers)."""
+
+    records_written: float = 0.0
+    compressed_bytes_written: float = 0.0
+    shards_published: float = 0.0
+    open_shards: float = 0.0
+    open_shard_bytes: float = 0.0
+    open_shard_records: float = 0.0
+    open_shard_age: float = 0.0
+    partitions_pending: float | None = None
+    partitions_completed: float | None = None
+    watermark: float | None = None
+    events_late: float | None = None
+    partition_fallbacks: float = 0.0
+
+
+@dataclass(slots=True)
 class Snapshot:
     """What one scrape of ``/metrics`` says, read into the figures the view needs."""
 
@@ -83,6 +106,7 @@ class Snapshot:
     records_written: float = 0.0
     compressed_bytes_written: float = 0.0
     last_publish: float = 0.0
+    open_shards: float = 0.0
     open_shard_bytes: float = 0.0
     open_shard_records: float = 0.0
     open_shard_age: float = 0.0
@@ -90,6 +114,7 @@ class Snapshot:
     dead_letters_discarded: float = 0.0
     stream_depth: dict[str, float] = field(default_factory=dict)
     sources: dict[str, SourceTotals] = field(default_factory=dict)
+    datasets: dict[str, DatasetTotals] = field(default_factory=dict)
 
 
 _SOURCE_COUNTERS = {
@@ -106,12 +131,41 @@ _SCALARS = {
     "tfrecordd_records_written_total": "records_written",
     "tfrecordd_compressed_bytes_written_total": "compressed_bytes_written",
     "tfrecordd_last_publish_timestamp_seconds": "last_publish",
+    "tfrecordd_open_shards": "open_shards",
     "tfrecordd_open_shard_bytes": "open_shard_bytes",
     "tfrecordd_open_shard_records": "open_shard_records",
     "tfrecordd_open_shard_age_seconds": "open_shard_age",
     "tfrecordd_output_free_bytes": "output_free_bytes",
     "tfrecordd_dead_letters_discarded_total": "dead_letters_discarded",
 }
+_DATASET_FIGURES = {
+    "tfrecordd_records_written_total": "records_written",
+    "tfrecordd_compressed_bytes_written_total": "compressed_bytes_written",
+    "tfrecordd_shards_published_total": "shards_published",
+    "tfrecordd_open_shards": "open_shards",
+    "tfrecordd_open_shard_bytes": "open_shard_bytes",
+    "tfrecordd_open_shard_records": "open_shard_records",
+    "tfrecordd_open_shard_age_seconds": "open_shard_age",
+    "tfrecordd_partitions_pending": "partitions_pending",
+    "tfrecordd_partitions_completed_total": "partitions_completed",
+    "tfrecordd_watermark_timestamp_seconds": "watermark",
+    "tfrecordd_events_late_total": "events_late",
+    "tfrecordd_partition_fallbacks_total": "partition_fallbacks",
+}
+
+
+def _total(snap: Snapshot, attr: str, value: float, per_dataset: bool) -> None:
+    """Add one sample to a daemon-wide figure: datasets' figures are summed, but for the oldest
+    shard's age and the least free space."""
+    before = getattr(snap, attr)
+    if not per_dataset or before is None or attr == "last_publish":
+        setattr(snap, attr, value)
+    elif attr == "open_shard_age":
+        setattr(snap, attr, max(before, value))
+    elif attr == "output_free_bytes":
+        setattr(snap, attr, min(before, value))
+    else:
+        setattr(snap, attr, before + value)
 
 
 def parse(text: str, taken: float, wall: float) -> Snapshot:
@@ -120,22 +174,16 @@ def parse(text: str, taken: float, wall: float) -> Snapshot:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             name, labels, value = s.name, s.labels, float(s.value)
+            if name in _DATASET_FIGURES and "dataset" in labels:
+                figures = snap.datasets.setdefault(labels["dataset"], DatasetTotals())
+                attr = _DATASET_FIGURES[name]
+                setattr(figures, attr, (getattr(figures, attr) or 0.0) + value)
             if name in _SOURCE_COUNTERS and "source" in labels:
                 totals = snap.sources.setdefault(labels["source"], SourceTotals())
                 attr = _SOURCE_COUNTERS[name]
                 setattr(totals, attr, getattr(totals, attr) + value)
             elif name in _SCALARS:
-                # Per dataset: summed, but for the oldest shard's age and the least free space.
-                attr = _SCALARS[name]
-                before = getattr(snap, attr)
-                if "dataset" not in labels or before is None or attr == "last_publish":
-                    setattr(snap, attr, value)
-                elif attr == "open_shard_age":
-                    setattr(snap, attr, max(before, value))
-                elif attr == "output_free_bytes":
-                    setattr(snap, attr, min(before, value))
-                else:
-                    setattr(snap, attr, before + value)
+                _total(snap, _SCALARS[name], value, "dataset" in labels)
             elif name == "tfrecordd_stream_depth_batches" and "stage" in labels:
                 snap.stream_depth[labels["stage"]] = value
             elif name == "tfrecordd_up":
@@ -202,6 +250,7 @@ def view(cur: Snapshot, prev: Snapshot | None) -> dict[str, Any]:
         "last_publish_seconds_ago": (
             round(max(cur.wall - cur.last_publish, 0.0), 3) if cur.last_publish > 0 else None
         ),
+        "open_shards": int(cur.open_shards),
         "open_shard": {
             "bytes": int(cur.open_shard_bytes),
             "records": int(cur.open_shard_records),
@@ -215,7 +264,61 @@ def view(cur: Snapshot, prev: Snapshot | None) -> dict[str, Any]:
             int(cur.output_free_bytes) if cur.output_free_bytes is not None else None
         ),
         "sources": sources,
+        "datasets": {name: _dataset_view(d) for name, d in sorted(cur.datasets.items())},
     }
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _dataset_view(d: DatasetTotals) -> dict[str, Any]:
+    return {
+        "records_written": int(d.records_written),
+        "compressed_bytes_written": int(d.compressed_bytes_written),
+        "shards_published": int(d.shards_published),
+        "open_shards": int(d.open_shards),
+        "open_shard_bytes": int(d.open_shard_bytes),
+        "open_shard_records": int(d.open_shard_records),
+        "open_shard_age_seconds": round(d.open_shard_age, 3),
+        "partitions_pending": _int(d.partitions_pending),
+        "partitions_completed": _int(d.partitions_completed),
+        "watermark": d.watermark or None,
+        "events_late": _int(d.events_late),
+        "partition_fallbacks": int(d.partition_fallbacks),
+    }
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _time(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _dataset_rows(datasets: dict[str, Any]) -> list[str]:
+    if not datasets:
+        return []
+    rows = [
+        "",
+        f"{'DATASET':<16} {'RECORDS':>11} {'SHARDS':>7} {'OPEN':>5} {'PENDING':>8} "
+        f"{'COMPLETE':>9} {'LATE':>6}  WATERMARK (UTC)",
+    ]
+    for name, d in datasets.items():
+        rows.append(
+            f"{name:<16} {d['records_written']:>11} {d['shards_published']:>7} "
+            f"{d['open_shards']:>5} {_or_dash(d['partitions_pending']):>8} "
+            f"{_or_dash(d['partitions_completed']):>9} {_or_dash(d['events_late']):>6}  "
+            f"{_time(d['watermark'])}"
+        )
+    return rows
 
 
 def render(v: dict[str, Any], url: str) -> str:
@@ -228,16 +331,21 @@ def render(v: dict[str, Any], url: str) -> str:
     depth = ", ".join(f"{k} {n}" for k, n in v["stream_depth_batches"].items()) or "-"
     free = _bytes(v["output_free_bytes"]) if v["output_free_bytes"] is not None else "-"
     interval = v["interval_seconds"]
+    # Before datasets, the metrics had no open shard count: one shard, if it held anything.
+    opened = v["open_shards"] or int(shard["records"] > 0)
+    oldest = f", oldest {_ago(shard['age_seconds'])}" if opened else ""
     lines = [
         f"tfrecordd {v['version']} at {url}: {state}"
         + (f"  (rates over {interval:g}s)" if interval else "  (totals; rates need two scrapes)"),
-        f"published   {v['shards_published']} shards, last "
-        + (f"{_ago(ago)} ago" if ago is not None else "never")
-        + f"; {v['records_written']} records, {_bytes(v['compressed_bytes_written'])}",
-        f"open shard  {_bytes(shard['bytes'])}, {shard['records']} records, "
-        f"age {_ago(shard['age_seconds'])}",
+        f"written     {_plural(v['records_written'], 'record')}, "
+        f"{_bytes(v['compressed_bytes_written'])} compressed",
+        f"published   {_plural(v['shards_published'], 'shard')}, last "
+        + (f"{_ago(ago)} ago" if ago is not None else "never"),
+        f"open        {_plural(opened, 'shard')}: {_plural(shard['records'], 'record')}, "
+        f"{_bytes(shard['bytes'])}{oldest}",
         f"queued      {depth} (batches)    output free {free}",
         f"dead letters {v['dead_lettered']}",
+        *_dataset_rows(v["datasets"]),
         "",
         f"{'SOURCE':<16} {'RATE/s':>10} {'PENDING':>9} {'BLOCKED':>8} {'RECEIVED':>11} "
         f"{'INVALID':>8} {'DEAD':>7} {'DROPPED':>8}",
