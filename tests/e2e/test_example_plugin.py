@@ -118,7 +118,7 @@ def test_a_daemon_runs_the_installed_example_plugin_end_to_end(site: Path, tmp_p
             check=False,
         )
         assert run.returncode == 0, run.stdout + run.stderr
-    assert "type example-lines, dataset events" in run.stdout
+    assert "type example-lines, routes by 'type' to clicks, impressions" in run.stdout
     lines = tmp_path / "events.txt"
     expected = [f"line {i} \u00e9".encode() for i in range(120)]
     with lines.open("wb") as f:

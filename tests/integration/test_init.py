@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tomllib
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from tests.support import (
     DaemonProcess,
+    dataset_shards,
     free_port,
-    read_examples,
     run_tfrecordd,
-    shard_files,
     skip_or_fail,
     wait_for,
 )
 from tfrecordd.cli import main
-from tfrecordd.cli.initcmd import starter_sources
+from tfrecordd.cli.initcmd import ROUTE_TABLE, routed, sample_event, starter_sources
 from tfrecordd.errors import EXIT_OK
+from tfrecordd.format.reader import iter_examples
 from tfrecordd.plugin import Registry
 
 
@@ -54,10 +56,17 @@ def test_starter_config_passes_check_config(tmp_path: Path, source: str) -> None
     assert "tfrecordd run --config tfrecordd.toml" in result.stdout
     check = run_tfrecordd("check-config", str(config))
     assert check.returncode == EXIT_OK, check.stdout + check.stderr
-    assert f"type {source}, encoder events" in check.stdout
+    assert f"type {source}, routes by 'type' to clicks, impressions" in check.stdout
+    assert (
+        "partitioned by event time (ts) per hour in UTC, completion marker _SUCCESS" in check.stdout
+    )
     data = tomllib.loads(config.read_text())
     base = tmp_path / "tfrecordd-data"
-    assert data["output"]["dir"] == str(base / "shards"), "paths are absolute, under the base"
+    datasets = data["datasets"]
+    assert list(datasets) == ["clicks", "impressions"], "the datasets come first, in this order"
+    assert datasets["clicks"]["dir"] == str(base / "shards" / "clicks"), "absolute, under the base"
+    assert datasets["impressions"]["dir"] == str(base / "shards" / "impressions")
+    assert "output" not in data
     assert data["daemon"]["state_dir"] == str(base / "state")
     assert data["sources"][0]["type"] == source
     assert data["metrics"]["listen"] == "127.0.0.1:9464"
@@ -70,21 +79,22 @@ def test_source_keys_are_the_documented_ones(tmp_path: Path) -> None:
         out = tmp_path / f"{source}.toml"
         assert main(["init", "--source", source, "--output", str(out), "--dir", "b"]) == 0
         keys[source] = tomllib.loads(out.read_text())["sources"][0]
+    route = {"field": "type", "to": {"click": "clicks", "impression": "impressions"}}
     assert keys["directory"] | {"path": "-"} == {
         "name": "spool",
         "type": "directory",
         "path": "-",
         "pattern": "*.jsonl",
         "format": "jsonl",
-        "encoder": "events",
         "on_done": "delete",
+        "route": route,
     }
     assert keys["tcp"] == {
         "name": "tcp",
         "type": "tcp",
         "listen": "127.0.0.1:7070",
         "framing": "lines",
-        "encoder": "events",
+        "route": route,
     }
     assert keys["redis-stream"] == {
         "name": "redis",
@@ -93,8 +103,35 @@ def test_source_keys_are_the_documented_ones(tmp_path: Path) -> None:
         "stream": "events",
         "group": "tfrecordd",
         "field": "data",
-        "encoder": "events",
+        "route": route,
     }
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        (
+            'name = "a"\nencoder = "events"   # x\non_done = "delete"\n',
+            'name = "a"\non_done = "delete"\n\n',
+        ),
+        ("name = 'a'\nencoder = 'events'", "name = 'a'\n\n"),
+        ('name = "a"\n', 'name = "a"\n\n'),
+    ],
+)
+def test_a_plugins_encoder_line_becomes_the_route(table: str, expected: str) -> None:
+    """A plugin's starter table names the encoder ``events``: that line gives way to the
+    route, placed after the table's own keys (TOML puts no key of the table after it)."""
+    assert routed(table) == expected + ROUTE_TABLE
+    parsed = tomllib.loads("[[sources]]\n" + routed(table))["sources"][0]
+    assert parsed["route"] == {
+        "field": "type",
+        "to": {"click": "clicks", "impression": "impressions"},
+    }
+
+
+def test_a_table_that_names_its_dataset_is_kept() -> None:
+    table = 'name = "a"\ndataset = "clicks"\n'
+    assert routed(table) == table
 
 
 def test_refuses_to_overwrite(tmp_path: Path) -> None:
@@ -122,27 +159,46 @@ def test_directory_starter_runs_as_written(tmp_path: Path) -> None:
         tmp_path, "--source", "directory", "--dir", "data", "--metrics-listen", f"127.0.0.1:{port}"
     )
     assert result.returncode == EXIT_OK, result.stderr
+    (try_it,) = [line for line in result.stdout.splitlines() if "try it:" in line]
+    sample = json.loads(try_it.split("'")[1])
+    assert sample["type"] == "click"
     config = tmp_path / "tfrecordd.toml"
+    assert f"#   {json.dumps(sample)}\n" in config.read_text(), "the config shows the same event"
     base = tmp_path / "data"
+    now = datetime.now(UTC)
+    ts = int(now.timestamp())
+    impression = {"type": "impression", "ts": ts, "user": "bo", "slot": 3}
     d = DaemonProcess(config)
     try:
         d.wait_started()
         spool = base / "spool"
         assert spool.is_dir(), "the daemon makes the spool it watches"
         tmp = spool / ".first.tmp"
-        tmp.write_text(
-            '{"id": 1, "text": "hello", "score": 0.5, "tags": ["a", "b"]}\n'
-            '{"id": 2, "text": "world"}\n'
-        )
+        tmp.write_text(f"{json.dumps(sample)}\n{json.dumps(impression)}\n")
         tmp.rename(spool / "first.jsonl")
-        wait_for(lambda: len(shard_files(base / "shards")) == 1, timeout=40)
+        wait_for(lambda: len(dataset_shards(base / "shards")) == 2, timeout=40)
         assert d.proc.poll() is None
         assert d.stop() == 0, d.output()
     finally:
         d.kill()
-    examples = sorted(read_examples(base / "shards"), key=lambda e: e["id"])
-    assert examples == [
-        {"id": [1], "text": [b"hello"], "score": [0.5], "tags": [b"a", b"b"]},
-        {"id": [2], "text": [b"world"]},
+    click, other = dataset_shards(base / "shards")
+    at = datetime.fromisoformat(sample["ts"])
+    assert str(click.parent.relative_to(base / "shards")) == at.strftime(
+        "clicks/dt=%Y-%m-%d/hour=%H"
+    ), "a click lands in its event hour's folder"
+    assert other.parent == base / "shards" / "impressions"
+    assert list(iter_examples(click)) == [
+        {
+            "ts": [int(at.timestamp()) * 1000],
+            "user": [b"ada"],
+            "url": [sample["url"].encode()],
+            "position": [1],
+        }
     ]
-    assert shard_files(base / "shards")[0].name.endswith(".tfrecord.gz")
+    assert list(iter_examples(other)) == [{"ts": [ts * 1000], "user": [b"bo"], "slot": [3]}]
+    assert click.name.endswith(".tfrecord.gz")
+
+
+def test_the_sample_event_is_at_the_given_time() -> None:
+    at = datetime(2026, 11, 25, 3, 12, 5, 123, tzinfo=UTC)
+    assert json.loads(sample_event(at))["ts"] == "2026-11-25T03:12:05Z"

@@ -3,8 +3,12 @@
 ``tfrecordd init --source TYPE [--output FILE] [--dir BASE]`` writes a config for one source of
 the chosen type (each source plugin that has a ``sample_config``: directory, tcp, redis-stream
 among the built-ins), with every path under ``BASE`` (default: ``./tfrecordd-data``, made
-absolute so the config runs from any working directory) and a small example schema. An existing
-file is never overwritten. ``--output -`` prints the config instead.
+absolute so the config runs from any working directory). It shows datasets: the source routes
+each event by its ``type`` field to ``clicks`` (laid out by event hour, each finished hour marked
+complete) or ``impressions`` (unpartitioned), each with its own small schema. The plugin's own
+table reads the events of one encoder (``encoder = "events"``); that line becomes the route
+(:func:`routed`). An existing file is never overwritten. ``--output -`` prints the config
+instead.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,13 +30,38 @@ from tfrecordd.errors import EXIT_OK, OutputError
 if TYPE_CHECKING:
     from tfrecordd.plugin import Registry
 
-__all__ = ["add_commands", "starter_config", "starter_sources"]
+__all__ = ["add_commands", "routed", "sample_event", "starter_config", "starter_sources"]
 
 DEFAULT_BASE = "tfrecordd-data"
 DEFAULT_OUTPUT = "tfrecordd.toml"
 DEFAULT_METRICS = METRICS_LISTEN
 
-_SAMPLE_EVENT = '{"id": 1, "text": "hello", "score": 0.5, "tags": ["a", "b"]}'
+ROUTE_TABLE = """\
+[sources.route]                    # each event to the dataset its "type" names
+field = "type"
+to = { click = "clicks", impression = "impressions" }
+"""
+"""What a starter source's ``encoder = "events"`` becomes."""
+
+_ENCODER_LINE = re.compile(r"""^encoder\s*=\s*["']events["'].*(?:\n|$)""", re.M)
+_FEEDS = re.compile(r"^(?:dataset\s*=|route\s*=|\[sources\.route\])", re.M)
+
+
+def sample_event(now: datetime | None = None) -> str:
+    """The sample event of the starter config: a click, at ``now`` (default: the current time;
+    an event of an hour long marked complete would be late)."""
+    at = (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {"type": "click", "ts": at, "user": "ada", "url": "https://example.com/", "position": 1}
+    return json.dumps(event)
+
+
+def routed(table: str) -> str:
+    """A plugin's starter ``[[sources]]`` table with its ``encoder = "events"`` line taken out
+    and :data:`ROUTE_TABLE` after it (unless the table names a dataset or a route itself)."""
+    table = _ENCODER_LINE.sub("", table)
+    if _FEEDS.search(table):
+        return table
+    return table.rstrip("\n") + "\n\n" + ROUTE_TABLE
 
 
 def starter_sources() -> tuple[str, ...]:
@@ -47,8 +78,12 @@ def _registry() -> Registry:
 
 
 _TEMPLATE = """\
-# tfrecordd starter config: a {source} source -> gzip TFRecord shards under {base}.
-# Every key is described in docs/config-reference.md. Check this file with
+# tfrecordd starter config: a {source} source -> gzip TFRecord shards in two datasets under
+#   {base}
+# Each event goes by its "type" to "clicks" (in a folder per event hour, each finished hour
+# marked complete) or to "impressions".
+# Every key is described in docs/config-reference.md; datasets in docs/datasets.md.
+# Check this file with
 #   tfrecordd check-config {output}
 # and run it with
 #   tfrecordd run --config {output}
@@ -63,46 +98,83 @@ drain_timeout = "30s"              # on SIGTERM: publish open shards within this
 # /metrics for Prometheus, /healthz for liveness checks; loopback unless you choose else.
 listen = {listen}
 
-[output]
-# Shards appear here, each atomically and only once complete.
-dir = {shards}
+# A dataset is a schema (an [encoders.NAME] table) and its own shards: its records never share a
+# shard with another dataset's. Shards appear atomically, and only once complete.
+[datasets.clicks]
+encoder = "clicks"
+dir = {clicks}
 compression = "gzip"               # none | gzip | zlib (tf.data reads all three) | zstd
 max_shard_bytes = "256MiB"         # on disk, compressed
 max_shard_age = "10s"              # short, to see shards soon; "10m" or more in production
 
+[datasets.clicks.partition]
+time = "event"                     # folders by the event's own time: dt=2026-11-25/hour=03/
+time_field = "ts"
+granularity = "hour"
+zone = "UTC"                       # any IANA zone; daylight-saving changes lose no hour
+
+[datasets.clicks.completion]
+marker = "_SUCCESS"                # in each hour's folder once it can take no more events
+allowed_lateness = "5m"            # how far behind the newest event time an event may come
+idle_close = "5m"                  # no event for this long: hours close by the clock
+late = "dead-letter"               # or "late-partition": kept under _late/dt=.../hour=.../
+
+[datasets.impressions]
+encoder = "impressions"
+dir = {impressions}
+compression = "gzip"
+max_shard_age = "10s"
+
 {source_table}
 # An event such as
 #   {sample}
-# becomes one tf.train.Example with these features; a missing key is left out.
-[encoders.events]
+# goes to the dataset its "type" names, as one tf.train.Example with that dataset's features
+# (a missing key is left out); an event of any other type is dead-lettered.
+[encoders.clicks]
 type = "example"
-[encoders.events.features]
-id = "int64"
-text = "bytes"
-score = "float"                    # written as float32
-tags = "bytes"                     # a JSON list gives a list of values
+[encoders.clicks.features]
+ts = {{ type = "int64", time_unit = "ms", required = true }}  # RFC 3339, or epoch seconds
+user = "bytes"
+url = "bytes"
+position = "int64"
+
+[encoders.impressions]
+type = "example"
+[encoders.impressions.features]
+ts = {{ type = "int64", time_unit = "ms" }}
+user = "bytes"
+slot = "int64"
+ad = "bytes"
 """
 
 
 def starter_config(
-    source: str, base: str | os.PathLike[str], *, output: str = DEFAULT_OUTPUT, listen: str = ""
+    source: str,
+    base: str | os.PathLike[str],
+    *,
+    output: str = DEFAULT_OUTPUT,
+    listen: str = "",
+    sample: str | None = None,
 ) -> str:
     """The starter config text for ``source`` (one of :func:`starter_sources`) with paths under
-    ``base`` (made absolute): the plugin's own ``sample_config`` in a common frame."""
+    ``base`` (made absolute): the plugin's own ``sample_config``, :func:`routed`, in a common
+    frame; ``sample`` is the sample event it shows (default: :func:`sample_event`)."""
     model = _registry().sources.get(source)
     if model is None or not model.sample_config:
         raise ValueError(f"no starter config for source type {source!r}")
     root = Path(base).absolute()
     spool = root / "spool"
+    sample = sample or sample_event()
     return _TEMPLATE.format(
         source=source,
         base=root,
         output=output,
         state=_toml_str(root / "state"),
-        shards=_toml_str(root / "shards"),
+        clicks=_toml_str(root / "shards" / "clicks"),
+        impressions=_toml_str(root / "shards" / "impressions"),
         listen=_toml_str(listen or DEFAULT_METRICS),
-        source_table=model.sample_config.format(spool=_toml_str(spool), sample=_SAMPLE_EVENT),
-        sample=_SAMPLE_EVENT,
+        source_table=routed(model.sample_config.format(spool=_toml_str(spool), sample=sample)),
+        sample=sample,
     )
 
 
@@ -121,7 +193,10 @@ def _listen(text: str) -> str:
 
 def _cmd_init(args: argparse.Namespace) -> int:
     output: str = args.output
-    text = starter_config(args.source, args.dir, output=output, listen=args.metrics_listen)
+    sample = sample_event()
+    text = starter_config(
+        args.source, args.dir, output=output, listen=args.metrics_listen, sample=sample
+    )
     if output == "-":
         sys.stdout.write(text)
         return EXIT_OK
@@ -139,7 +214,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     print(f"  run it:    tfrecordd run --config {output}")
     try_it = _registry().sources[args.source].sample_try
     if try_it:
-        print("  try it:    " + try_it.format(sample=_SAMPLE_EVENT, spool_dir=spool_dir))
+        print("  try it:    " + try_it.format(sample=sample, spool_dir=spool_dir))
     return EXIT_OK
 
 
