@@ -258,6 +258,22 @@ def test_verify_a_partition_of_a_dataset(ran: Run) -> None:
     assert all(HOURS[1] in line for line in result.stdout.splitlines()[:-1])
 
 
+def test_verify_reads_the_late_shards_that_cat_leaves_out(ran: Run, tmp_path: Path) -> None:
+    """Late shards sit under _late/<partition>/: published data that verify checks; readers
+    (and cat, like list_shards) leave them out unless asked."""
+    out = _copy(ran, tmp_path)
+    late = out / "_late" / HOURS[0] / "part-late.tfrecord.gz"
+    late.parent.mkdir(parents=True)
+    shutil.copyfile(next((out / HOURS[0]).rglob("part-*.tfrecord.gz")), late)
+    result = run_tfrecordd("verify", str(out))
+    assert result.returncode == EXIT_OK, result.stdout + result.stderr
+    assert f"OK   {late}: 20 records" in result.stdout.splitlines()
+    assert result.stdout.splitlines()[-1].endswith("0 bad; 3 completion markers, 0 bad")
+    cat = run_tfrecordd("cat", "--json", str(out))
+    assert str(late) not in cat.stdout
+    assert len(cat.stdout.splitlines()) == len(CLICK_IDS)
+
+
 # -- cat and transcode --------------------------------------------------------------------------
 
 
