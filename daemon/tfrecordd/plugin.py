@@ -254,8 +254,9 @@ class SourceConfig(BaseModel):
     ``TFRECORDD_CRASH_AT`` may arm, besides the daemon's own."""
     sample_config: ClassVar[str] = ""
     """The ``[[sources]]`` table ``tfrecordd init --source TYPE`` writes for this source (empty:
-    ``init`` offers no starter config for it). It reads the events of the starter config's
-    encoder (``encoder = "events"``) and may use ``{spool}`` (a directory for it under the
+    ``init`` offers no starter config for it). It names the starter config's encoder
+    (``encoder = "events"``), a line ``init`` turns into the starter's route between its two
+    datasets, and may use ``{spool}`` (a directory for it under the
     starter config's base directory, as a TOML string) and ``{sample}`` (a sample JSON event);
     it is filled in with :meth:`str.format`, so a literal brace is written twice (``{{``)."""
     sample_try: ClassVar[str] = ""

@@ -26,11 +26,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "healthcheck": ("health", "exit 0 if a running daemon reports itself healthy"),
     "verify": (
         "tools",
-        "check every record's CRCs, each compressed stream, and the manifest beside a shard",
+        "check every record's CRCs, each compressed stream, the manifest beside a shard, and "
+        "a dataset's completion markers",
     ),
     "cat": ("tools", "print records as JSON lines (feature name → values)"),
     "transcode": ("tools", "re-compress shards, each published atomically"),
-    "schema": ("describe", "print the tf.io feature description that reads an encoder's records"),
+    "schema": ("describe", "print the tf.io feature description that reads a dataset's records"),
     "status": (
         "status",
         "a live view of a running daemon: rates, pending events, shards, dead letters",
