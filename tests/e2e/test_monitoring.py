@@ -318,6 +318,76 @@ def test_alerts_fire_when_they_should(tmp_path: Path) -> None:
                     },
                 ],
             },
+            {
+                "interval": "1m",
+                "input_series": [
+                    _series(
+                        "tfrecordd_events_late_total",
+                        "0 0 2 4 4x20",
+                        instance="a",
+                        dataset="clicks",
+                    ),
+                    _series("tfrecordd_events_late_total", "0x25", instance="a", dataset="views"),
+                    _series(
+                        "tfrecordd_partitions_pending", "60x50", instance="a", dataset="clicks"
+                    ),
+                    _series("tfrecordd_partitions_pending", "3x50", instance="a", dataset="views"),
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "10m",
+                        "alertname": "TfrecorddLateEvents",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": _labels(
+                                    "TfrecorddLateEvents",
+                                    "warning",
+                                    instance="a",
+                                    dataset="clicks",
+                                ),
+                                "exp_annotations": {
+                                    "summary": "tfrecordd dataset clicks on a receives events for "
+                                    "partitions already marked complete",
+                                    "description": "Events of dataset clicks arrive after their "
+                                    "time partition was closed and marked: they are dead-lettered "
+                                    "(reason late) or written under _late/, as completion.late "
+                                    "says. Producers lag more than allowed_lateness: raise it, or "
+                                    "find the late producer.",
+                                },
+                            }
+                        ],
+                    },
+                    {"eval_time": "24m", "alertname": "TfrecorddLateEvents", "exp_alerts": []},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "TfrecorddPartitionsPiling",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "40m",
+                        "alertname": "TfrecorddPartitionsPiling",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": _labels(
+                                    "TfrecorddPartitionsPiling",
+                                    "warning",
+                                    instance="a",
+                                    dataset="clicks",
+                                ),
+                                "exp_annotations": {
+                                    "summary": "tfrecordd dataset clicks on a has more than 48 "
+                                    "time partitions waiting for their marker",
+                                    "description": "Partitions of dataset clicks are opened faster "
+                                    "than they close: events span a wide range of times (a "
+                                    "backfill), or the watermark does not advance. Each waits for "
+                                    "its _SUCCESS marker; check "
+                                    "tfrecordd_watermark_timestamp_seconds.",
+                                },
+                            }
+                        ],
+                    },
+                ],
+            },
         ],
     }
     spec = tmp_path / "alerts.test.yml"
