@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -68,6 +69,9 @@ class Completion:
         self.scheduled: set[str] = set()
         """Closed partitions whose marker a commit will publish."""
         self._last_record = time.monotonic()
+        self._lock = threading.Lock()
+        """Held while the state file is written: the writer's thread (a new partition) and the
+        committer's (a marker) both write it."""
         self._load()
 
     def _load(self) -> None:
@@ -82,16 +86,30 @@ class Completion:
         self.closed_through = float(raw.get("closed_through", float("-inf")))
 
     def _save(self) -> None:
-        doc = {
-            "watermark": self.watermark,
-            "pending": sorted(self.pending),
-            "closed_through": self.closed_through if self.closed_through > float("-inf") else None,
-        }
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        try:
-            write_atomically(self.fs, self.path, orjson.dumps(doc))
-        except OSError as e:
-            raise DurabilityError(f"{self.path}: {e.strerror or e}") from e
+        with self._lock:
+            doc = {
+                "watermark": self.watermark,
+                "pending": sorted(self.pending),
+                "closed_through": (
+                    self.closed_through if self.closed_through > float("-inf") else None
+                ),
+            }
+            try:
+                self._make_folder()
+                write_atomically(self.fs, self.path, orjson.dumps(doc))
+            except OSError as e:
+                raise DurabilityError(f"{self.path}: {e.strerror or e}") from e
+
+    def _make_folder(self) -> None:
+        """``state_dir/datasets/<name>/``, each level made durable in its parent when made."""
+        folder = os.path.dirname(self.path)
+        missing = []
+        while not os.path.isdir(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for path in reversed(missing):
+            os.mkdir(path)
+            self.fs.fsync_dir(os.path.dirname(path))
 
     def saw(self, times: tuple[float, float] | None) -> None:
         """Records of these times (earliest, latest) were written."""
