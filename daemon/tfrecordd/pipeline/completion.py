@@ -83,7 +83,8 @@ class Completion:
             raise DurabilityError(f"{self.path}: cannot be read ({e})") from e
         self.watermark = raw.get("watermark")
         self.pending = set(raw.get("pending", ()))
-        self.closed_through = float(raw.get("closed_through", float("-inf")))
+        closed = raw.get("closed_through")
+        self.closed_through = float("-inf") if closed is None else float(closed)
 
     def _save(self) -> None:
         with self._lock:
