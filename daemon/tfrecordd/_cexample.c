@@ -1255,9 +1255,12 @@ static PyObject *first_values(PyObject *Py_UNUSED(module), PyObject *const *args
         PyErr_SetString(PyExc_TypeError, "first_values(records, names) takes 2 arguments");
         return NULL;
     }
-    PyObject *records = PySequence_Fast(args[0], "records must be a sequence");
+    /* Tuples, not PySequence_Fast: a list given in could be changed by code a garbage
+     * collection runs (a finalizer) while the rows below are allocated, freeing the items read;
+     * a tuple of our own holds every item alive and never changes. */
+    PyObject *records = PySequence_Tuple(args[0]);
     if (records == NULL) return NULL;
-    PyObject *names = PySequence_Fast(args[1], "names must be a sequence");
+    PyObject *names = PySequence_Tuple(args[1]);
     if (names == NULL) {
         Py_DECREF(records);
         return NULL;

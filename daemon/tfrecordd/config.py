@@ -8,6 +8,7 @@ Unknown keys are errors everywhere. Every problem is collected, with its locatio
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -27,6 +28,7 @@ from pydantic import (
 from tfrecordd.datasets import NAME_PATTERN, DatasetSection, OutputSection, legacy_dataset
 from tfrecordd.endpoints import METRICS_LISTEN, split_host_port
 from tfrecordd.errors import ConfigError
+from tfrecordd.fsys import is_url
 from tfrecordd.pathcheck import check_paths
 from tfrecordd.plugin import EncoderConfig, Registry, SourceConfig
 from tfrecordd.units import Duration, Size
@@ -294,6 +296,7 @@ def _datasets(
     if not shape.datasets:
         errors.append("datasets: no [datasets.NAME] table (or [output]): shards go nowhere")
         return {}
+    errors.extend(_url_overlaps(shape.datasets))
     for name, dataset in shape.datasets.items():
         if not re.match(NAME_PATTERN, name):
             errors.append(f"datasets.{name}: a dataset name is letters, digits, _, . and -")
@@ -318,6 +321,24 @@ def _datasets(
             if name not in shape.datasets:
                 errors.append(f"sources[{i}].{key}: no [datasets.{name}] table{where}")
     return dict(shape.datasets)
+
+
+def _url_overlaps(datasets: dict[str, DatasetSection]) -> list[str]:
+    """Datasets whose object-store ``dir`` is another's, or inside it: one would list, mark
+    and read the other's shards (local directories are checked with the other paths)."""
+    urls = {n: d.dir.rstrip("/") for n, d in datasets.items() if is_url(d.dir)}
+    out = []
+    for a, b in itertools.combinations(urls, 2):
+        ua, ub = urls[a], urls[b]
+        if ua == ub:
+            out.append(f"datasets.{b}.dir: is the same location as datasets.{a}.dir ({ua})")
+        elif ub.startswith(ua + "/") or ua.startswith(ub + "/"):
+            inner, outer = (b, a) if ub.startswith(ua + "/") else (a, b)
+            out.append(
+                f"datasets.{inner}.dir: is inside datasets.{outer}.dir ({urls[outer]}): the "
+                "outer dataset's listings would take the inner one's shards"
+            )
+    return out
 
 
 def _legacy_datasets(

@@ -11,13 +11,27 @@ from __future__ import annotations
 
 import resource
 
-__all__ = ["RESERVED", "Backoff", "release", "scarce", "take"]
+__all__ = ["RESERVED", "Backoff", "release", "reserve_for_shards", "reserved", "scarce", "take"]
 
 RESERVED = 128
 """Descriptors connections may never take: the daemon's own files and the metrics endpoint's
-connections (at most ``tfrecordd.metrics.MAX_CONNECTIONS``) use them."""
+connections (at most ``tfrecordd.metrics.MAX_CONNECTIONS``) use them; and two for each shard the
+datasets may hold open at once (:func:`reserve_for_shards`)."""
 
 _held = 0
+_shards = 0
+
+
+def reserve_for_shards(count: int) -> None:
+    """Keep two descriptors (the shard, its record offsets) for each of ``count`` shards the
+    daemon may hold open at once (the sum of its datasets' ``max_open_shards``)."""
+    global _shards
+    _shards = 2 * count
+
+
+def reserved() -> int:
+    """The descriptors connections may never take, now."""
+    return RESERVED + _shards
 
 
 def _limit() -> int:
@@ -25,17 +39,17 @@ def _limit() -> int:
     return 1 << 62 if soft == resource.RLIM_INFINITY else soft
 
 
-def scarce(fd: int, keep: int = RESERVED // 2) -> bool:
-    """True if a newly opened ``fd`` leaves fewer than ``keep`` descriptors free (they are
-    handed out lowest first, so every one below it is in use)."""
-    return fd >= _limit() - keep
+def scarce(fd: int, keep: int | None = None) -> bool:
+    """True if a newly opened ``fd`` leaves fewer than ``keep`` descriptors free (default: half
+    of :func:`reserved`; they are handed out lowest first, so every one below it is in use)."""
+    return fd >= _limit() - (reserved() // 2 if keep is None else keep)
 
 
 def take(fd: int) -> bool:
     """Count a newly accepted connection's descriptor ``fd`` against the budget; ``False``
     (nothing counted) when the budget is spent or ``fd`` is :func:`scarce`."""
     global _held
-    if _held + RESERVED >= _limit() or scarce(fd):
+    if _held + reserved() >= _limit() or scarce(fd):
         return False
     _held += 1
     return True

@@ -195,6 +195,32 @@ def test_an_old_config_is_one_dataset_named_after_its_encoder(tmp_path: Path) ->
         ),
         ({"datasets": {"clicks": {"encoder": "missing"}}}, "no [encoders.missing] table"),
         (
+            {
+                "datasets": {
+                    "clicks": {"encoder": "clicks", "dir": "s3://b/x"},
+                    "more": {"encoder": "clicks", "dir": "s3://b/x/"},
+                }
+            },
+            "is the same location as datasets.clicks.dir",
+        ),
+        (
+            {
+                "datasets": {
+                    "clicks": {"encoder": "clicks", "dir": "s3://b/x"},
+                    "more": {"encoder": "clicks", "dir": "s3://b/x/inner"},
+                }
+            },
+            "datasets.more.dir: is inside datasets.clicks.dir",
+        ),
+        (
+            {
+                "datasets": {
+                    "clicks": {"encoder": "clicks", "partition": {"fields": ["hour"]}},
+                }
+            },
+            "the time folders' own key",
+        ),
+        (
             {"datasets": {"clicks": {"encoder": "clicks", "partition": {"time": "event"}}}},
             "needs time_field",
         ),

@@ -148,6 +148,12 @@ class FsspecOutput(Output):
         self.location = redact_url(str(out.dir).rstrip("/"))
         self.storage_options: dict[str, Any] = dict(out.storage_options)
         self.legacy_dir = os.path.abspath(config.staging_root(dataset))
+        if out.staging_dir is None:
+            # The older form (one [output]) staged in staging/<node>, datasets stage in
+            # staging/<dataset>/<node>: a journalled upload is found after either change.
+            self.staging_roots = (
+                os.path.abspath(os.path.join(config.daemon.state_dir, "staging")),
+            )
         self.staging_dir = os.path.join(self.legacy_dir, config.daemon.node_id)
         self.fs = fs
         self.metrics = metrics

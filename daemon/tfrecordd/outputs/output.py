@@ -38,6 +38,9 @@ class Output(abc.ABC):
     discards this node's there."""
     location: str
     """Where shards are published, for logs (a directory or a URL)."""
+    staging_roots: tuple[str, ...] = ()
+    """Other folders whose node folders may hold this output's staged shards: where a config
+    of another form staged them (recovery looks there too)."""
 
     @abc.abstractmethod
     def final_path(self, name: str) -> str:

@@ -39,7 +39,7 @@ import re
 import secrets
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -68,24 +68,37 @@ def staging_dir(directory: str, node_id: str) -> str:
     return os.path.join(directory, STAGING_DIR, node_id)
 
 
-def staged_path(staging: str, legacy: str, shard: str) -> str:
+def staged_path(staging: str, legacy: str, shard: str, roots: Sequence[str] = ()) -> str:
     """Where shard ``shard``'s in-progress file is: in the node's ``staging`` folder; in
     another node's folder beside it (the daemon ran under another ``node_id`` before, e.g. a
-    container's host name); or, for a commit journalled by a version before staging folders,
-    under its old name in ``legacy`` (beside the shards). Shard names are unique, so the first
-    found is the one. Blocking."""
+    container's host name); in a node folder under one of ``roots``, one or two levels down
+    (an object store's staging root before the config had datasets, or after); or, for a
+    commit journalled by a version before staging folders, under its old name in ``legacy``
+    (beside the shards). Shard names are unique, so the first found is the one. Blocking."""
     name = inprogress_name(shard)
     staged = os.path.join(staging, name)
     if os.path.lexists(staged):
         return staged
-    root = os.path.dirname(staging)
-    with contextlib.suppress(OSError):
-        for node in sorted(os.listdir(root)):
-            other = os.path.join(root, node, name)
-            if os.path.lexists(other):
-                return other
+    for folder in _node_folders(os.path.dirname(staging), roots):
+        other = os.path.join(folder, name)
+        if os.path.lexists(other):
+            return other
     old = os.path.join(legacy, f".{shard}{INPROGRESS_SUFFIX}")
     return old if os.path.lexists(old) else staged
+
+
+def _node_folders(root: str, roots: Sequence[str]) -> Iterator[str]:
+    def subfolders(path: str) -> list[str]:
+        try:
+            return [os.path.join(path, n) for n in sorted(os.listdir(path))]
+        except OSError:
+            return []
+
+    yield from subfolders(root)
+    for extra in roots:
+        for folder in subfolders(extra):
+            yield folder
+            yield from subfolders(folder)
 
 
 def offsets_name(name: str) -> str:

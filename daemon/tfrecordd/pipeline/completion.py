@@ -2,7 +2,7 @@
 can receive no more events (``[datasets.NAME.completion]``).
 
 The watermark is the latest time seen in the dataset's records (event time, or arrival time for
-``partition.time = "arrival"``). When no record has come for ``idle_close``, it moves on with
+``partition.time = "arrival"``), never past the daemon's clock. When no record has come for ``idle_close``, it moves on with
 the clock. A time partition is *closed* once the watermark, less ``allowed_lateness``, has
 passed its end: from then on its records are late (dead-lettered with the reason ``late``, or
 written under ``_late/<partition>/``, as ``late`` says), its open shards are published, and then
@@ -36,7 +36,7 @@ from tfrecordd.format.compression import compression_from_name
 from tfrecordd.fsys import FileSystem, read_nofollow, write_atomically
 from tfrecordd.outputs import manifest
 from tfrecordd.outputs.output import Output
-from tfrecordd.outputs.partitions import folder_range, time_prefix
+from tfrecordd.outputs.partitions import TimeRange, folder_range, time_prefix
 
 log = logging.getLogger("tfrecordd")
 
@@ -44,6 +44,9 @@ LATE_TREE = "_late"
 """The folder, in a dataset's output, where late records go with ``late = "late-partition"``."""
 
 MARKER_VERSION = 1
+
+_RANGES_KEPT = 100_000
+_UNKNOWN = object()
 
 
 class Completion:
@@ -68,6 +71,7 @@ class Completion:
         """Partitions ending at or before this are closed (never lowered)."""
         self.scheduled: set[str] = set()
         """Closed partitions whose marker a commit will publish."""
+        self._ranges: dict[str, object] = {}
         self._last_record = time.monotonic()
         self._lock = threading.Lock()
         """Held while the state file is written: the writer's thread (a new partition) and the
@@ -113,10 +117,15 @@ class Completion:
             self.fs.fsync_dir(os.path.dirname(path))
 
     def saw(self, times: tuple[float, float] | None) -> None:
-        """Records of these times (earliest, latest) were written."""
+        """Records of these times (earliest, latest) were written. The watermark never passes
+        the daemon's clock: one event from a wrong clock, dated ahead, must not close the
+        partitions of the present (its own partition waits for its time to come)."""
         self._last_record = time.monotonic()
-        if times is not None and (self.watermark is None or times[1] > self.watermark):
-            self.watermark = times[1]
+        if times is None:
+            return
+        latest = min(times[1], time.time())
+        if self.watermark is None or latest > self.watermark:
+            self.watermark = latest
 
     def opening(self, folder: str) -> None:
         """A shard is about to be opened in ``folder``: its time partition is remembered first
@@ -126,9 +135,19 @@ class Completion:
             self.pending.add(prefix)
             self._save()
 
+    def _range(self, prefix: str) -> TimeRange | None:
+        """:func:`folder_range` of a time partition, worked out once (each costs zone
+        conversions, and every part of every batch asks)."""
+        r = self._ranges.get(prefix, _UNKNOWN)
+        if r is _UNKNOWN:
+            if len(self._ranges) >= _RANGES_KEPT:
+                self._ranges.clear()
+            r = self._ranges[prefix] = folder_range(self.spec, prefix)
+        return r if isinstance(r, TimeRange) else None
+
     def late(self, folder: str) -> bool:
         """Whether records of ``folder`` are late: its time partition is closed."""
-        r = folder_range(self.spec, time_prefix(self.spec, folder))
+        r = self._range(time_prefix(self.spec, folder))
         return r is not None and r.end <= self.closed_through
 
     def due(self, now: float | None = None) -> list[str]:
@@ -143,7 +162,7 @@ class Completion:
             self.closed_through = max(self.closed_through, watermark - self.config.allowed_lateness)
         found = []
         for prefix in self.pending - self.scheduled:
-            r = folder_range(self.spec, prefix)
+            r = self._range(prefix)
             if r is not None and r.end <= self.closed_through:
                 found.append((r.start, prefix))
         return [prefix for _, prefix in sorted(found)]
@@ -155,8 +174,12 @@ class Completion:
     def mark(self, prefix: str) -> dict[str, Any]:
         """Publish the marker of the closed time partition ``prefix``, listing every shard
         published under it, and forget the partition (blocking); the marker's content."""
-        r = folder_range(self.spec, prefix)
+        r = self._range(prefix)
         assert r is not None
+        # The line past this partition is durable before its marker is published: after a crash
+        # in between, the partition stays closed (its records late), and the next start
+        # publishes the same marker again.
+        self._save()
         shards = [self._described(name) for name in self.output.list_shards(prefix)]
         doc = {
             "version": MARKER_VERSION,

@@ -1,6 +1,7 @@
 """Each dataset's side of the write stage: where its shards go, how they are named, and where a
 part of a batch is written (:meth:`DatasetOutput.place`): its folder of field values capped
-(``max_partitions``), and a part of a closed time partition handled as late.
+(``max_partitions``), and a part of a closed time partition handled as late
+(:meth:`DatasetOutput.account` counts it and writes its dead letters, once).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tfrecordd.pipeline.completion import Completion
 from tfrecordd.pipeline.encoding import Part
 from tfrecordd.state.deadletter import DeadLetters
 
-__all__ = ["DatasetOutput", "completions", "dataset_outputs", "manifest_writers"]
+__all__ = ["DatasetOutput", "Placed", "completions", "dataset_outputs", "manifest_writers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,22 +40,39 @@ class DatasetOutput:
     completion: Completion | None = None
     """Its watermark and markers (``[datasets.NAME.completion]``), if it has them."""
 
-    def place(
-        self, part: Part, source: str, metrics: Metrics, dead_letters: DeadLetters
-    ) -> Part | None:
-        """The part as it is written: its folder capped, a late part moved under ``_late/`` or
-        dead-lettered (then ``None``). Blocking (a dead letter is written)."""
+    def place(self, part: Part) -> Placed:
+        """Where a part is written: its folder capped, a late part moved under ``_late/`` or
+        to be dead-lettered. No side effect but the cap's memory of the folders seen: a batch
+        placed again after a cut is placed the same (:meth:`account` does the rest, once)."""
+        fallback = None
         if self.cap is not None:
-            folder, reason = self.cap.place(part.folder)
-            if reason is not None:
-                metrics.partition_fallbacks.labels(self.name, reason).inc(part.count)
+            folder, fallback = self.cap.place(part.folder)
+            if fallback is not None:
                 part = Part(part.dataset, folder, part.records, part.times)
         c = self.completion
         if c is None or not c.late(part.folder):
-            return part
-        metrics.events_late.labels(self.name).inc(part.count)
+            return Placed(part, fallback)
         if c.config.late == "late-partition":
-            return Part(part.dataset, c.late_folder(part.folder), part.records, part.times)
+            return Placed(
+                Part(part.dataset, c.late_folder(part.folder), part.records, part.times),
+                fallback,
+                late=True,
+            )
+        return Placed(part, fallback, late=True, refused=True)
+
+    def account(
+        self, placed: Placed, source: str, metrics: Metrics, dead_letters: DeadLetters
+    ) -> None:
+        """Count a placed part, and dead-letter it if it is late and refused. Blocking."""
+        part = placed.part
+        if placed.fallback is not None:
+            metrics.partition_fallbacks.labels(self.name, placed.fallback).inc(part.count)
+        if placed.late:
+            metrics.events_late.labels(self.name).inc(part.count)
+        if not placed.refused:
+            return
+        c = self.completion
+        assert c is not None
         detail = (
             f"dataset {self.name}: partition {part.folder} was marked complete (watermark "
             f"{c.closed_through + c.config.allowed_lateness:.3f}); the dead letter holds the "
@@ -67,7 +85,18 @@ class DatasetOutput:
             dead_letters.write(source, where, FailureReason.LATE, detail, payload)
         metrics.events_invalid.labels(source, FailureReason.LATE).inc(len(payloads))
         metrics.events_dead_lettered.labels(source).inc(len(payloads))
-        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A part as :meth:`DatasetOutput.place` placed it."""
+
+    part: Part
+    fallback: str | None = None
+    """Why its folder of field values was replaced by the fallback one, if it was."""
+    late: bool = False
+    refused: bool = False
+    """Late and to be dead-lettered, not written."""
 
 
 def completions(

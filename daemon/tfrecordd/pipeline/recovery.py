@@ -163,8 +163,7 @@ class _Roller:
         if dropped:
             # Durable before any in-progress file goes.
             self.journal.sync()
-        published = [self._finish_open(d, o) for (d, _), o in open_shards.items()]
-        refs = [ref for ref in published if ref is not None]
+        refs = [self._finish_open(d, o) for (d, _), o in open_shards.items()]
         if open_shards:
             # The shards are published: the next start must not look for them again.
             intent = self.journal.next_intent({}, refs)
@@ -174,7 +173,9 @@ class _Roller:
 
     def _staged(self, dataset: str, name: str) -> str:
         out = self.outputs[dataset]
-        staged = staged_path(out.staging_dir, out.legacy_dir, os.path.basename(name))
+        staged = staged_path(
+            out.staging_dir, out.legacy_dir, os.path.basename(name), out.staging_roots
+        )
         if os.path.dirname(staged) not in (out.staging_dir, out.legacy_dir):
             self.foreign.append(staged)
         return staged
@@ -230,21 +231,30 @@ class _Roller:
                 finished.offsets.remove()
         return True
 
-    def _finish_open(self, dataset: str, ref: OpenRef) -> ShardRef | None:
-        """Finish a shard left open at its durable prefix and publish it; its ref, or ``None``
-        when it is gone already."""
+    def _finish_open(self, dataset: str, ref: OpenRef) -> ShardRef:
+        """Finish a shard left open at its durable prefix and publish it (unless it is already);
+        its ref, for the commit that says so."""
         out = self.outputs[dataset]
         staged = self._staged(dataset, ref.name)
         self.folders.setdefault(dataset, set()).add(os.path.dirname(ref.name))
-        if not os.path.lexists(staged):
-            if os.path.lexists(out.final_path(ref.name)) or not isinstance(out, LocalOutput):
-                return None
-            log.error(
-                "%s: kept open by a commit, and its in-progress file is gone: published and "
-                "moved away before the restart, or lost",
-                ref.name,
-            )
-            return None
+        gone = ShardRef(dataset, ref.name, ref.records)
+        try:
+            st = os.lstat(staged)
+        except FileNotFoundError:
+            if not os.path.lexists(out.final_path(ref.name)) and isinstance(out, LocalOutput):
+                log.error(
+                    "%s: kept open by a commit, and its in-progress file is gone: published and "
+                    "moved away before the restart, or lost",
+                    ref.name,
+                )
+            return gone
+        if isinstance(out, LocalOutput) and (
+            st.st_nlink > 1 or os.path.lexists(out.final_path(ref.name))
+        ):
+            # Published by a start before this one (linked, then killed before the in-progress
+            # name went): the published file is never cut again.
+            self.fs.remove(staged)
+            return gone
         compression = compression_from_name(ref.name) or Compression.NONE
         finish_prefix(
             self.fs, staged, Prefix(ref.size, ref.records, ref.adler32), compression, None
@@ -263,9 +273,7 @@ class _Roller:
         finally:
             finished.offsets.remove()
         self.finished.append(f"{dataset}:{ref.name}")
-        log.info(
-            "%s: finished at its last commit (%d records) and published", ref.name, ref.records
-        )
+        log.info("%s: finished at its last commit (%d records), published", ref.name, ref.records)
         return ShardRef(dataset, ref.name, finished.records, finished.size, finished.sha256)
 
     def _scan_staged(self, dataset: str, name: str, staged: str) -> FinishedShard:

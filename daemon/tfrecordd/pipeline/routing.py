@@ -39,6 +39,7 @@ from tfrecordd.pipeline.encoding import (
 )
 from tfrecordd.plugin import Encoder, EncoderConfig, Failure
 from tfrecordd.schema import FeatureSpec
+from tfrecordd.schema.json_values import load_event
 
 __all__ = [
     "DatasetPlan",
@@ -81,7 +82,8 @@ class TargetConfig:
 
 
 def _text(value: Any) -> str | None:
-    """A route value as text, ``None`` where it is no scalar."""
+    """A route value as text, ``None`` where it is no scalar (a number past a double's range is
+    its text, as JSON wrote it)."""
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
@@ -89,7 +91,9 @@ def _text(value: Any) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return repr(value)
+        # A number read again from its text (past what orjson reads) keeps that text.
+        text = getattr(value, "text", None)
+        return text if isinstance(text, str) else repr(value)
     return None
 
 
@@ -107,8 +111,8 @@ def route_value(event: RawEvent, field_name: str) -> str | None:
 
 def _payload_value(payload: bytes, field_name: str) -> str | None:
     try:
-        parsed = orjson.loads(payload)
-    except orjson.JSONDecodeError:
+        parsed, _ = load_event(payload)
+    except (orjson.JSONDecodeError, ValueError):
         return None
     return _text(parsed.get(field_name)) if isinstance(parsed, dict) else None
 

@@ -30,7 +30,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from tfrecordd import crashpoints
+from tfrecordd import crashpoints, descriptors
 from tfrecordd.boundary import PipelineClosedError
 from tfrecordd.config import DaemonConfig
 from tfrecordd.endpoints import split_host_port
@@ -190,6 +190,7 @@ class Daemon:
             fsync=self.fsync,
             on_repair=self.metrics.watch_repairs.labels("dead_letters").inc,
         )
+        descriptors.reserve_for_shards(sum(d.max_open_shards for d in config.datasets.values()))
         self.completions = completions(config, self.outputs, self.state_dir, fs)
         self.committer = Committer(
             outputs=self.outputs,

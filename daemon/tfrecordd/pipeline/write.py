@@ -296,9 +296,14 @@ class WriteStage:
         through one that closed a shard; the count written (``0``: cut, then write again).
         Blocking."""
         for n, batch in enumerate(run):
-            parts = self._placed(batch)
+            placed = [self.datasets[p.dataset].place(p) for p in batch.parts]
+            parts = [p.part for p in placed if not p.refused]
             if self._make_room(parts):
                 return n
+            for p in placed:
+                self.datasets[p.part.dataset].account(
+                    p, batch.source, self.metrics, self.dead_letters
+                )
             compact = self.committer.sources[batch.source].compact
             for part in parts:
                 self._write_part(part).positions.add(batch.source, batch.token, compact)
@@ -306,16 +311,6 @@ class WriteStage:
             if self._cut_wanted:
                 return n + 1
         return len(run)
-
-    def _placed(self, batch: EncodedBatch) -> list[Part]:
-        """The batch's parts as they are written (:meth:`DatasetOutput.place
-        <tfrecordd.pipeline.datasets.DatasetOutput.place>`)."""
-        placed = []
-        for part in batch.parts:
-            d = self.datasets[part.dataset]
-            if (p := d.place(part, batch.source, self.metrics, self.dead_letters)) is not None:
-                placed.append(p)
-        return placed
 
     def close_partitions(self) -> None:
         """Close the time partitions the watermarks have passed: their open shards are closed,

@@ -1,0 +1,295 @@
+"""Edges of datasets that a review found broken, each reproduced here: a staged upload found after
+a config moves to [datasets], a far-future event time, a kill between a marker and the state
+that closes its partition, a late record in a batch that also cuts a commit, a kept-open shard
+published (linked) by a killed start, and routing values JSON allows but orjson refuses."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.s3_server import S3Server, running_s3
+from tests.support import (
+    DaemonProcess,
+    dataset_shards,
+    dead_letters,
+    example_int64,
+    read_shard,
+    run_clean_until,
+    spool_drained,
+    spool_file,
+    wait_for,
+    write_config,
+    write_datasets_config,
+)
+from tfrecordd.events import RawEvent
+from tfrecordd.pipeline.routing import route_value
+
+T0 = 1_790_000_000 - 1_790_000_000 % 3600
+"""An hour boundary in the past (2026-09)."""
+EVENTS = {"id": "int64", "ts": {"type": "int64", "time_unit": "ms"}}
+
+
+def _ids(out: Path) -> list[int]:
+    return sorted(example_int64(r, "id")[0] for s in dataset_shards(out) for r in read_shard(s))
+
+
+def _hour(k: int) -> str:
+    return time.strftime("dt=%Y-%m-%d/hour=%H", time.gmtime(T0 + k * 3600))
+
+
+@pytest.fixture
+def s3_server() -> Iterator[S3Server]:
+    yield from running_s3()
+
+
+def test_an_upload_staged_before_the_config_moved_to_datasets_is_published(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    bucket = s3_server.create_bucket()
+    features = {"id": "int64", "blob": "bytes"}
+    out = {
+        "dir": f"s3://{bucket}/shards",
+        "storage_options": s3_server.storage_options(),
+        "compression": "none",
+        "max_shard_age": "1s",
+    }
+    cfg = write_config(tmp_path, features=features, output=out)
+    spool_file(tmp_path / "spool", "a.jsonl", [{"id": i, "blob": "x" * 50} for i in range(300)])
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-intent"})
+    try:
+        assert d.wait(120) == 137, d.output()
+    finally:
+        d.kill()
+    # The same output written as [datasets]: its staging folder is another one now.
+    cfg = write_datasets_config(
+        tmp_path,
+        {"movies": out | {"encoder": "movies"}},
+        encoders={"movies": features},
+        sources=[{"name": "spool", "dataset": "movies", "path": tmp_path / "spool"}],
+    )
+    run_clean_until(cfg, lambda: spool_drained(tmp_path / "spool"))
+    assert s3_server.read_ids(bucket, "shards") == Counter(range(300))
+
+
+def _dataset(**completion: object) -> dict[str, object]:
+    return {
+        "encoder": "ev",
+        "compression": "none",
+        "partition": {"time": "event", "time_field": "ts"},
+        "completion": {"idle_close": "10m"} | completion,
+    }
+
+
+def test_one_event_dated_far_ahead_closes_nothing_beyond_the_clock(tmp_path: Path) -> None:
+    cfg = write_datasets_config(
+        tmp_path,
+        {"ev": _dataset()},
+        encoders={"ev": EVENTS},
+        sources=[{"name": "in", "dataset": "ev"}],
+    )
+    now = int(time.time())
+    spool_file(tmp_path / "in", "a.jsonl", [{"id": 0, "ts": now + 50 * 365 * 86400}])
+    spool_file(tmp_path / "in", "b.jsonl", [{"id": 1 + i, "ts": now + i} for i in range(10)])
+    run_clean_until(cfg, lambda: spool_drained(tmp_path / "in"))
+    assert _ids(tmp_path / "ev") == list(range(11))
+    assert dead_letters(tmp_path / "state") == []
+
+
+_KILL_AFTER_MARKER = r"""
+import os, sys
+from tfrecordd.pipeline import completion
+mark, save = completion.Completion.mark, completion.Completion._save
+state = {"in": None, "saves": 0}
+def marking(self, prefix):
+    state["in"] = prefix
+    try:
+        return mark(self, prefix)
+    finally:
+        state["in"] = None
+def saving(self):
+    if state["in"] is not None and state["in"].endswith(sys.argv[2]):
+        state["saves"] += 1
+        if state["saves"] == 2:
+            os._exit(137)  # the marker is published; the state saying so is not
+    return save(self)
+completion.Completion.mark, completion.Completion._save = marking, saving
+from tfrecordd.cli import main
+sys.exit(main(["run", "--config", sys.argv[1]]))
+"""
+
+
+def test_a_kill_after_a_marker_never_lets_its_partition_be_written_again(
+    tmp_path: Path,
+) -> None:
+    cfg = write_datasets_config(
+        tmp_path,
+        {"ev": _dataset()},
+        encoders={"ev": EVENTS},
+        sources=[{"name": "in", "dataset": "ev"}],
+        daemon={"max_batch_events": 10},
+    )
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen(
+        [sys.executable, "-c", _KILL_AFTER_MARKER, str(cfg), _hour(1)[-7:]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        for k in range(3):
+            events = [{"id": 10 * k + i, "ts": T0 + k * 3600 + i} for i in range(10)]
+            spool_file(tmp_path / "in", f"a{k}.jsonl", events)
+            wait_for(lambda: spool_drained(tmp_path / "in") or p.poll() is not None, 30)
+        assert p.wait(60) == 137
+    finally:
+        p.kill()
+    marker = tmp_path / "ev" / _hour(1) / "_SUCCESS"
+    first = json.loads(marker.read_bytes())
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        spool_file(tmp_path / "in", "b.jsonl", [{"id": 1000, "ts": T0 + 3600 + 5}])
+        wait_for(lambda: spool_drained(tmp_path / "in"), 30)
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
+    assert json.loads(marker.read_bytes()) == first
+    (late,) = dead_letters(tmp_path / "state")
+    assert late["reason"] == "late"
+
+
+def test_a_late_record_in_a_batch_that_cuts_a_commit_is_dead_lettered_once(
+    tmp_path: Path,
+) -> None:
+    cfg = write_datasets_config(
+        tmp_path,
+        {"ev": _dataset() | {"max_shard_records": 25}},
+        encoders={"ev": EVENTS},
+        sources=[{"name": "in", "dataset": "ev"}],
+        daemon={"max_batch_events": 25},
+    )
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        first = [{"id": i, "ts": T0 + (i // 10) * 3600 + i} for i in range(30)]
+        spool_file(tmp_path / "in", "a.jsonl", first)
+        wait_for(lambda: len(list((tmp_path / "ev").rglob("_SUCCESS"))) == 2, 30)
+        second = [{"id": 1000, "ts": T0 + 5}]
+        second += [{"id": 100 + k, "ts": T0 + 2 * 3600 + 100 + k} for k in range(20)]
+        spool_file(tmp_path / "in", "b.jsonl", second)
+        wait_for(lambda: spool_drained(tmp_path / "in"), 30)
+        assert d.stop() == 0, d.output()
+    finally:
+        d.kill()
+    late = [
+        example_int64(base64.b64decode(letter["raw_base64"]), "id")[0]
+        for letter in dead_letters(tmp_path / "state")
+    ]
+    assert late == [1000]
+    assert _ids(tmp_path / "ev") == [*range(30), *range(100, 120)]
+
+
+_KILL_AT_LINK = r"""
+import os, sys
+from tfrecordd import fsys
+publish, truncate = fsys.FileSystem.publish, fsys.FileSystem.truncate
+def linking(self, src, dst):
+    if sys.argv[2] == "link" and dst.endswith(".zz"):
+        os.link(src, dst)
+        os._exit(137)  # between the link and the unlink
+    return publish(self, src, dst)
+def cutting(self, f, size):
+    truncate(self, f, size)
+    if sys.argv[2] == "cut":
+        os._exit(137)  # between the cut and the stream's ending
+fsys.FileSystem.publish, fsys.FileSystem.truncate = linking, cutting
+from tfrecordd.cli import main
+sys.exit(main(["run", "--config", sys.argv[1]]))
+"""
+
+
+def test_a_kept_open_shard_linked_by_a_killed_start_is_never_cut(tmp_path: Path) -> None:
+    route = {"field": "type", "to": {"click": "clicks"}, "default": "views"}
+    cfg = write_datasets_config(
+        tmp_path,
+        {
+            "clicks": {"encoder": "ev", "compression": "none", "max_shard_records": 50},
+            "views": {"encoder": "ev", "compression": "zlib", "max_shard_age": "10m"},
+        },
+        encoders={"ev": EVENTS | {"type": "bytes"}},
+        sources=[{"name": "in", "route": route}],
+        daemon={"max_batch_events": 30},
+    )
+    events = [{"id": i, "type": ("click", "view")[i % 2]} for i in range(1000)]
+    spool_file(tmp_path / "in", "a.jsonl", events)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-intent:6"})
+    try:
+        assert d.wait(60) == 137, d.output()
+    finally:
+        d.kill()
+    # The next start finishes the views shard at its prefix and is killed between publishing
+    # its link and removing its in-progress name.
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _KILL_AT_LINK, str(cfg), "link"],
+        capture_output=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 137
+    (linked,) = dataset_shards(tmp_path / "views")
+    before = linked.read_bytes()
+    # The start after must not cut the published file (which is the in-progress one too): a
+    # kill between the cut and the ending would leave a published shard that does not read.
+    p = subprocess.Popen([sys.executable, "-c", _KILL_AT_LINK, str(cfg), "cut"], env=env)
+    try:
+        p.wait(8)
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        assert p.wait(60) == 0
+    assert linked.read_bytes() == before
+    assert read_shard(linked)
+    # Every click published means every line was read; the stop publishes the views shard.
+    run_clean_until(cfg, lambda: len(_ids(tmp_path / "clicks")) == 500)
+    assert spool_drained(tmp_path / "in")
+    assert linked.read_bytes() == before, "a published shard was cut"
+    assert _ids(tmp_path / "views") == list(range(1, 1000, 2))
+    assert _ids(tmp_path / "clicks") == list(range(0, 1000, 2))
+
+
+@pytest.mark.parametrize(
+    ("payload", "value"),
+    [
+        (b'{"type": "click", "x": 1e400}', "click"),
+        (b'{"type": 1e400}', "1e400"),
+        (b'{"type": true}', "true"),
+        (b'{"type": 7}', "7"),
+        (b'{"type": [1]}', None),
+        (b"[1]", None),
+        (b"not json", None),
+    ],
+)
+def test_route_values_of_every_json_the_encoders_take(payload: bytes, value: str | None) -> None:
+    assert route_value(RawEvent(payload, ""), "type") == value
+
+
+def test_the_descriptor_reserve_grows_with_the_shards_datasets_may_hold_open() -> None:
+    from tfrecordd import descriptors
+
+    base = descriptors.reserved()
+    try:
+        descriptors.reserve_for_shards(5 * 32)
+        assert descriptors.reserved() == descriptors.RESERVED + 2 * 5 * 32
+    finally:
+        descriptors.reserve_for_shards(0)
+    assert descriptors.reserved() == base == descriptors.RESERVED
