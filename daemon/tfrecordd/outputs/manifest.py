@@ -7,8 +7,10 @@ schema, the time range in which the records were written, and the source positio
 covers; in a config with ``[datasets]``, also the shard's dataset, its partition folder
 (``partition``, ``""`` for none) and the earliest and latest event time of its records
 (``event_time_range``, epoch seconds; ``null`` where unknown: a dataset not partitioned by
-event time, or a shard finished by recovery). ``tfrecordd verify`` checks a shard against its
-manifest when one sits beside it.
+event time, or a shard finished by recovery). A shard that recovery finished at its durable
+prefix names no positions (they were spread over several commits); one whose publishing
+recovery finished names those of the commit that published it. ``tfrecordd verify`` checks a
+shard against its manifest when one sits beside it.
 """
 
 from __future__ import annotations

@@ -170,6 +170,7 @@ class Committer:
         fsync: bool,
         manifests: Mapping[str, Manifests],
         completions: Mapping[str, Completion] | None = None,
+        fsyncs: Mapping[str, bool] | None = None,
     ) -> None:
         """``outputs``, ``manifests`` and ``completions`` by dataset (the last two only of the
         datasets that publish manifests, and markers)."""
@@ -179,6 +180,8 @@ class Committer:
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.fsync = fsync
+        self.fsyncs = dict(fsyncs or {})
+        """Per dataset, whether its shards are fsynced (``fsync`` where not given)."""
         self.manifests = dict(manifests)
         self.completions = dict(completions or {})
         self.unacked: deque[_Unacked] = deque()
@@ -229,11 +232,12 @@ class Committer:
         finished: list[tuple[str, FinishedShard]] = []
         with Stopwatch(self.metrics.fsync_duration):
             for kept in unit.closing:
-                finished.append((kept.dataset, kept.shard.finish(fsync=self.fsync)))
+                fsync = self.fsyncs.get(kept.dataset, self.fsync)
+                finished.append((kept.dataset, kept.shard.finish(fsync=fsync)))
             if finished:
                 crashpoints.reached("after-fsync")
             for kept in unit.continuing:
-                kept.shard.make_durable(fsync=self.fsync)
+                kept.shard.make_durable(fsync=self.fsyncs.get(kept.dataset, self.fsync))
         try:
             self.dead_letters.sync()
         except OSError as e:

@@ -2,14 +2,14 @@
 can receive no more events (``[datasets.NAME.completion]``).
 
 The watermark is the latest time seen in the dataset's records (event time, or arrival time for
-``partition.time = "arrival"``), never past the daemon's clock. When no record has come for ``idle_close``, it moves on with
-the clock. A time partition is *closed* once the watermark, less ``allowed_lateness``, has
-passed its end: from then on its records are late (dead-lettered with the reason ``late``, or
-written under ``_late/<partition>/``, as ``late`` says), its open shards are published, and then
-its marker is published in it: ``<partition>/_SUCCESS`` (``marker``), JSON naming every shard
-under the partition (field folders included) with its record count, size and SHA-256, the
-partition's time range and the watermark that closed it. A marker is published after every
-shard it lists, never before, and a partition once marked is never written again.
+``partition.time = "arrival"``), never past the daemon's clock. When no record has come for
+``idle_close``, it moves on with the clock. A time partition is *closed* once the watermark, less
+``allowed_lateness``, has passed its end: from then on its records are late (dead-lettered with the
+reason ``late``, or written under ``_late/<partition>/``, as ``late`` says), its open shards are
+published, and then its marker is published in it: ``<partition>/_SUCCESS`` (``marker``), JSON
+naming every shard under the partition (field folders included) with its record count, size and
+SHA-256, the partition's time range and the watermark that closed it. A marker is published after
+every shard it lists, never before, and a partition once marked is never written again.
 
 What survives a restart is kept in ``state_dir/datasets/<name>/completion.json``: the watermark,
 and every partition that holds (or may come to hold) a shard and has no marker yet, added

@@ -201,6 +201,7 @@ class Daemon:
             fsync=self.fsync,
             manifests=manifest_writers(config, self.outputs),
             completions=self.completions,
+            fsyncs={name: d.fsync for name, d in config.datasets.items()},
         )
         self.write = WriteStage(
             dataset_outputs(config, self.outputs, self.completions), self.committer, fs=fs
