@@ -4,6 +4,7 @@
     python scripts/crash_harness.py --source directory --kills 300
     python scripts/crash_harness.py --source redis-stream --kills 300 --compression gzip
     python scripts/crash_harness.py --kills 10000 --max-seconds 150 --tf-globs
+    python scripts/crash_harness.py --datasets --kills 10000 --max-seconds 90
 
 Every other run is armed with a named crash point until each phase of the commit protocol has
 been killed in. Prints the figures (kills per phase, events, shards, lost / duplicated /
@@ -11,6 +12,13 @@ unexpected) and exits 0 only when nothing was lost, duplicated or unexpected, ev
 was hit, nothing a reader's shard glob matched after any kill was unpublished, every shard reads
 back with an independent reader and ``tfrecordd verify`` accepts every shard.
 The redis-stream source starts its own redis-server (it must be on PATH).
+
+``--datasets``: one spool source routed by ``type`` into two datasets, one of them in folders
+by event hour across a daylight-saving change (Europe/Berlin, 2026-10-25) and by country, with
+completion markers and shards kept open across commits. After every kill, every acknowledged
+spool file's records must be in published shards; at the end each record must be in its
+dataset and folder, every event routed nowhere dead-lettered, and every marker must list
+exactly its partition's shards.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.reliability.harness import run_crash_trials
+from tests.reliability.harness import Figures, run_crash_trials, run_dataset_trials
 
 
 def main() -> int:
@@ -46,6 +54,11 @@ def main() -> int:
         help="stop killing after this long (then drain and audit): a time-bounded long mode",
     )
     p.add_argument(
+        "--datasets",
+        action="store_true",
+        help="two datasets from one routed spool source, time partitions and markers",
+    )
+    p.add_argument(
         "--tf-globs",
         action="store_true",
         help="look with TensorFlow's globs too after every kill (needs tensorflow)",
@@ -65,6 +78,20 @@ def main() -> int:
             server.start()
             url = server.url
         try:
+            if args.datasets:
+                if args.source != "directory" or args.packed:
+                    p.error("--datasets runs a spool directory, without --packed")
+                figs = run_dataset_trials(
+                    root / "run",
+                    kills=args.kills,
+                    seed=seed,
+                    compression=args.compression,
+                    max_delay=args.max_delay,
+                    progress=lambda s: print(s, flush=True),
+                    max_seconds=args.max_seconds,
+                    tf_globs=args.tf_globs,
+                )
+                return report(figs)
             figs = run_crash_trials(
                 root / "run",
                 source=args.source,
@@ -81,6 +108,10 @@ def main() -> int:
         finally:
             if server is not None:
                 server.stop()
+    return report(figs)
+
+
+def report(figs: Figures) -> int:
     print(figs.summary())
     for note in figs.notes:
         print(f"note: {note}")

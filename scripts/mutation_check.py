@@ -33,6 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 POWER_CUTS = "tests/reliability/test_power_loss.py::test_power_cuts_lose_nothing_acked"
 CRASH_POINTS = "tests/e2e/test_daemon_process.py::test_crash_point_then_restart_is_exactly_once"
 KILLS = "tests/reliability/test_crash_harness.py::test_sigkill_spool_directory"
+DATASET_ACKS = (
+    "tests/reliability/test_datasets_crash.py::"
+    "test_a_batch_is_acknowledged_only_once_every_shard_holding_it_is_published"
+)
 GROWTH = "tests/adversarial/test_spool_growth.py"
 SPOOL_MODEL = "tests/adversarial/test_spool_model.py"
 WATCHED = "tests/reliability/test_watched_files.py"
@@ -90,6 +94,15 @@ MUTATIONS = (
         r"\1if finished is not None:\n\1    self.output.publish(finished)\n"
         r"\1self.journal.write_intent(intent)\n\2\3pass\n",
         (CRASH_POINTS,),
+    ),
+    Mutation(
+        "multi-shard-ack",
+        "a cut is acknowledged once the shards it publishes are, not waiting for those it keeps "
+        "open (which hold records of its batches too)",
+        "daemon/tfrecordd/pipeline/commit.py",
+        r"^(\s*)self\.unacked\.append\(_Unacked\(intent, kept_open, unit\.events\)\)\n",
+        r"\1self.unacked.append(_Unacked(intent, set(), unit.events))\n",
+        (DATASET_ACKS,),
     ),
     Mutation(
         "visible-inprogress-name",

@@ -13,11 +13,20 @@ is killed in at least once whatever the seed. After every kill, before the resta
 reader's shard glob matches must be a published shard (:class:`tests.support.GlobOracle`). At the
 end a clean daemon drains the input and is stopped with SIGTERM, and the audit counts lost,
 duplicated and unexpected events.
+
+The datasets run (:func:`run_dataset_trials`) routes one spool into two datasets, one of them in
+folders by event hour across a daylight-saving change and by country, with completion markers.
+After every kill it also checks that every acknowledged spool file's records are published
+(:class:`AckAudit`): recovery rolls a kept-open shard forward, so an acknowledgement given too
+early shows only then. At the end it places each record (dataset, folder, ``ts``, worked out
+from the event with zoneinfo) and checks the markers against the shards.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import random
 import re
@@ -25,10 +34,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import orjson
 
@@ -38,13 +50,16 @@ from tests.support import (
     GlobOracle,
     ShardError,
     TfGlobber,
+    claimed_files,
     count_ids,
     count_records,
+    dataset_shards,
     decompress,
     example_int64,
     movie_event,
     published_shards,
     read_shard,
+    record_id,
     run_tfrecordd,
     shard_suffix,
     split_records,
@@ -52,8 +67,11 @@ from tests.support import (
     spool_file,
     wait_for,
     write_config,
+    write_datasets_config,
 )
+from tfrecordd.outputs.manifest import manifest_name
 from tfrecordd.plugin import Registry
+from tfrecordd_plugins.sources.spool_names import original
 
 POINTS = Registry.from_entry_points().crash_points()
 """Every crash point: the daemon's and the built-in sources'."""
@@ -65,9 +83,11 @@ CRASH_PHASES = {
         for p in POINTS
         if p not in ("mid-upload", "after-claim", "after-spool-ack", "after-marker")
     ),
+    "datasets": tuple(p for p in POINTS if p != "mid-upload"),
 }
-"""The named crash points each source passes on a local output (``mid-upload`` is object
-storage's; claims and spool acks are the spool directory's)."""
+"""The named crash points each run passes on a local output (``mid-upload`` is object
+storage's; claims and spool acks are the spool directory's; ``after-marker`` is passed only by
+the datasets run, whose partitions get completion markers)."""
 
 
 def tfrecordd_verify(paths: list[Path]) -> tuple[int, str]:
@@ -99,6 +119,10 @@ class Audit:
         return (self.lost, self.duplicated, self.unexpected) == (0, 0, 0) and (
             self.reader_visible_unpublished == 0 and not self.problems and self.verify_exit == 0
         )
+
+    def extra(self) -> str:
+        """What a kind of run audits beyond this, for the summary (ending in ``", "``)."""
+        return ""
 
 
 def audit(
@@ -232,6 +256,7 @@ class RedisProducer(Producer):
 
 _RECOVERED = re.compile(
     r"recovered: (\d+) commit\(s\) redone, (\d+) dropped, (\d+) in-progress file\(s\) discarded"
+    r"(?:, (\d+) open shard\(s\) finished)?"
 )
 
 
@@ -250,6 +275,8 @@ class Figures:
     """Restarts that found an intent whose shard was not published (killed mid-commit)."""
     recovered_discarded: int = 0
     """Restarts that found an in-progress shard (killed while writing)."""
+    recovered_finished: int = 0
+    """Restarts that finished a shard kept open by a commit at its journalled prefix."""
     torn_journal: int = 0
     phases: dict[str, int] = field(default_factory=dict)
     """Each crash phase the run must kill in → how many times a kill landed there."""
@@ -278,10 +305,11 @@ class Figures:
         """Count what a restart's recovery line in ``log`` says it found, if there is one."""
         m = _RECOVERED.search(log)
         if m:
-            redone, dropped, discarded = map(int, m.groups())
+            redone, dropped, discarded, finished = (int(g or 0) for g in m.groups())
             self.recovered_redone += redone > 0
             self.recovered_dropped += dropped > 0
             self.recovered_discarded += discarded > 0
+            self.recovered_finished += finished > 0
 
     def summary(self) -> str:
         a = self.audit
@@ -291,6 +319,7 @@ class Figures:
             f"({self.killed_before_ready} during start-up/recovery; restarts found "
             f"{self.recovered_discarded}x an in-progress shard, {self.recovered_dropped}x an "
             f"unpublished intent, {self.recovered_redone}x a published shard awaiting acks, "
+            f"{self.recovered_finished}x a kept-open shard to finish, "
             f"{self.torn_journal}x a torn journal tail; crash phases hit "
             f"{sum(n > 0 for n in self.phases.values())}/{len(self.phases)}"
             f"{', missed ' + ' '.join(self.phases_missed) if self.phases_missed else ''}), "
@@ -299,7 +328,7 @@ class Figures:
             f"unpublished files a reader's glob matched {a.reader_visible_unpublished} "
             f"({self.glob_looks} looks), problems {len(a.problems)}, "
             f"verify exit {a.verify_exit}, dead letters missing {self.dead_letters_missing}, "
-            f"{self.seconds:.0f}s"
+            f"{a.extra()}{self.seconds:.0f}s"
         )
 
 
@@ -458,6 +487,524 @@ def dead_letter_places(state: Path) -> set[str]:
     return places
 
 
+# -- two datasets, routed, one in event-hour partitions with markers (--datasets) -------------
+
+DST_ZONE = "Europe/Berlin"
+DATASETS_T0 = int(datetime(2026, 10, 24, 23, 0, tzinfo=UTC).timestamp())
+"""The first event's time: 01:00 in Berlin, two hours before its clocks go back (03:00 CEST
+becomes 02:00 CET at 01:00 UTC on 2026-10-25), so the events pass the repeated hour."""
+EVENT_STEP = 0.5
+"""Seconds of event time between two events: an hour of it is 7,200 events, a few seconds of
+writing."""
+TYPES = ("click", "impression", "other")
+"""An event's ``type``, by ``id % 3``: ``other`` is routed nowhere (dead-lettered)."""
+COUNTRIES = ("de", "fr", "../x")
+"""The clicks' folder field; the last value is no safe folder name: ``country=_other``."""
+TS = {"type": "int64", "time_unit": "ms"}
+CLICKS = {"id": "int64", "type": "bytes", "ts": TS, "country": "bytes", "url": "bytes"}
+IMPRESSIONS = {"id": "int64", "type": "bytes", "ts": TS, "slot": "int64"}
+ROUTE = {"field": "type", "to": {"click": "clicks", "impression": "impressions"}}
+DATASETS = ("clicks", "impressions")
+
+Place = tuple[str, str, int]
+"""Where a record belongs: its dataset, its partition folder, and its ``ts`` as written (ms)."""
+
+
+def dataset_event(i: int, step: float = EVENT_STEP) -> dict[str, Any]:
+    """Event ``i`` of a datasets run (``ts``: seconds since the epoch, written as ms)."""
+    return {
+        "id": i,
+        "type": TYPES[i % 3],
+        "ts": DATASETS_T0 + int(i * step),
+        "country": COUNTRIES[i // 3 % 3],
+        "url": f"https://example.com/{i}",
+        "slot": i % 7,
+    }
+
+
+def hour_folder(seconds: int, zone: str = DST_ZONE) -> str:
+    """The hour folder of an instant by the rule the docs state, worked out from zoneinfo
+    alone: the local date and hour; the second pass of a repeated hour gets its UTC offset."""
+    local = datetime.fromtimestamp(seconds, ZoneInfo(zone))
+    hour = f"{local.hour:02d}"
+    if local.fold:
+        offset = local.utcoffset()
+        assert offset is not None
+        minutes = int(offset.total_seconds()) // 60
+        hour += f"+{minutes // 60:02d}{minutes % 60:02d}"
+    return f"dt={local.date().isoformat()}/hour={hour}"
+
+
+def expected_place(event: Mapping[str, Any]) -> Place | None:
+    """Where an event's record belongs; ``None`` for an event routed nowhere."""
+    if event["type"] == "impression":
+        return ("impressions", "", event["ts"] * 1000)
+    if event["type"] != "click":
+        return None
+    country = event["country"]
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}", country):
+        country = "_other"
+    return ("clicks", f"{hour_folder(event['ts'])}/country={country}", event["ts"] * 1000)
+
+
+def datasets_config(
+    root: Path,
+    compression: str = "zstd",
+    *,
+    drain: bool = False,
+    closing: bool = False,
+    lateness: str = "20m",
+    manifests: bool = True,
+    daemon: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
+    datasets: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Path:
+    """Two datasets fed by one spool source (``root/spool``) routed by ``type``: ``clicks`` in
+    folders by event hour in Europe/Berlin and by country, with completion markers, 20 records
+    a shard and at most 4 open (3 countries a hour: the cap closes shards at each new hour);
+    ``impressions`` unpartitioned, 200 records a shard or 500 ms, so its shard stays open
+    across the cuts the clicks' rotation makes. ``drain``: shards and batches of 1000, for the
+    clean run that drains the backlog. ``closing``: the watermark moves on with the clock once
+    no event came for a second, closing every partition (the clock is past them all).
+    ``datasets``: keys to change in each dataset's table."""
+    partition = {"time": "event", "time_field": "ts", "zone": DST_ZONE, "fields": ["country"]}
+    clicks = {
+        "encoder": "clicks",
+        "compression": compression,
+        "max_shard_records": 1000 if drain else 20,
+        "max_shard_age": "1s",
+        "max_open_shards": 4,
+        "manifests": manifests,
+        "partition": partition,
+        "completion": {"allowed_lateness": lateness, "idle_close": "1s" if closing else "1h"},
+    }
+    impressions = {
+        "encoder": "impressions",
+        "compression": compression,
+        "max_shard_records": 1000 if drain else 200,
+        "max_shard_age": "500ms",
+        "manifests": manifests,
+    }
+    change = dict(datasets or {})
+    return write_datasets_config(
+        root,
+        {
+            "clicks": clicks | dict(change.get("clicks", {})),
+            "impressions": impressions | dict(change.get("impressions", {})),
+        },
+        encoders={"clicks": CLICKS, "impressions": IMPRESSIONS},
+        sources=[{"name": "spool", "path": root / "spool", "route": ROUTE} | dict(source or {})],
+        daemon={"max_batch_events": 1000 if drain else 10, "drain_timeout": "30s"}
+        | dict(daemon or {}),
+    )
+
+
+class DatasetProducer(SpoolProducer):
+    """Spool files of :func:`dataset_event` events, one per batch; knows where each event's
+    record belongs, and which files hold which."""
+
+    def __init__(
+        self,
+        spool: Path,
+        batch: int = 100,
+        interval: float = 0.05,
+        step: float = EVENT_STEP,
+        **kw: Any,
+    ) -> None:
+        super().__init__(spool, batch, interval, **kw)
+        self.step = step
+        self.places: dict[int, Place] = {}
+        """Each id a shard must hold, and where."""
+        self.unrouted: set[str] = set()
+        """Where each event routed nowhere is (as the dead letters name it)."""
+        self.contents: dict[str, list[int]] = {}
+        """Each file published into the spool → the ids of its records."""
+
+    def write_batch(self) -> None:
+        name = f"p{self.files:06d}.jsonl"
+        self.files += 1
+        lines: list[bytes] = []
+        ids: list[int] = []
+        offset = 0
+        for _ in range(self.batch):
+            i = self.next_id
+            self.next_id += 1
+            event = dataset_event(i, self.step)
+            line = orjson.dumps(event)
+            place = expected_place(event)
+            if place is None:
+                self.unrouted.add(f"{name}:{offset}")
+            else:
+                self.places[i] = place
+                ids.append(i)
+            lines.append(line)
+            offset += len(line) + 1
+            if i % BAD_EVERY == BAD_EVERY - 1:
+                self.bad.add(f"{name}:{offset}")
+                lines.append(b"{broken")
+                offset += len(b"{broken") + 1
+        spool_file(self.spool, name, lines)
+        self.ids.update(ids)
+        self.contents[name] = ids
+
+    def written(self) -> dict[str, list[int]]:
+        """The files in the spool so far (a consistent snapshot)."""
+        with self._lock:
+            return dict(self.contents)
+
+    def click_hours(self) -> set[str]:
+        """The time partitions holding clicks: each must get a marker."""
+        return {p[1].rpartition("/")[0] for p in self.places.values() if p[0] == "clicks"}
+
+
+Read = tuple[int | None, int | None]
+"""A record's id and ``ts`` (``None`` where it has not exactly one)."""
+
+
+@dataclass
+class Placement:
+    """What the published shards of the datasets hold, against where each record belongs."""
+
+    ids: Counter[int]
+    misplaced: list[str]
+    """Each record in another dataset or folder than its own (or with another ``ts``)."""
+    unexpected: int
+    """Records of no produced id, of an event routed nowhere, or without an id."""
+    shards: int
+
+
+class ShardIndex:
+    """The published shards of the datasets' outputs, each read once: a published shard never
+    changes (the glob oracle holds the run to that)."""
+
+    def __init__(self, outs: Mapping[str, Path]) -> None:
+        self.outs = dict(outs)
+        self.shards: dict[Path, tuple[str, str, list[Read]]] = {}
+        """Each shard read → its dataset, its folder, its records."""
+        self.ids: set[int] = set()
+        self.problems: list[str] = []
+
+    def refresh(self) -> None:
+        """Read the shards published since the last call."""
+        for dataset, out in self.outs.items():
+            for shard in dataset_shards(out):
+                if shard not in self.shards:
+                    self._read(dataset, out, shard)
+
+    def _read(self, dataset: str, out: Path, shard: Path) -> None:
+        folder = shard.parent.relative_to(out).as_posix()
+        rel = shard.relative_to(out.parent)
+        try:
+            records = read_shard(shard)
+        except ShardError as e:
+            self.problems.append(f"{rel}: {e}")
+            records = []
+        if not records:
+            self.problems.append(f"{rel}: no records")
+        found: list[Read] = []
+        for r in records:
+            ts = example_int64(r, "ts")
+            found.append((record_id(r), ts[0] if len(ts) == 1 else None))
+        self.shards[shard] = (dataset, "" if folder == "." else folder, found)
+        self.ids.update(i for i, _ in found if i is not None)
+
+    def check_manifests(self) -> None:
+        """Each shard's manifest (once the daemon has stopped: a kill may come between a shard
+        and its manifest, which the restart rebuilds) agrees with the shard."""
+        for shard, (_, _, records) in sorted(self.shards.items()):
+            man = shard.with_name(manifest_name(shard.name))
+            if not man.exists():
+                self.problems.append(f"{shard.name}: no manifest")
+                continue
+            doc = json.loads(man.read_bytes())
+            data = shard.read_bytes()
+            if (doc.get("records"), doc.get("size"), doc.get("sha256")) != (
+                len(records),
+                len(data),
+                hashlib.sha256(data).hexdigest(),
+            ):
+                self.problems.append(f"{shard.name}: manifest disagrees")
+
+    def placement(self, places: Mapping[int, Place]) -> Placement:
+        ids: Counter[int] = Counter()
+        misplaced: list[str] = []
+        unexpected = 0
+        for dataset, folder, records in self.shards.values():
+            for i, ts in records:
+                want = places.get(i) if i is not None else None
+                if i is None or want is None:
+                    unexpected += 1
+                    continue
+                ids[i] += 1
+                if (dataset, folder, ts) != want:
+                    where = "/".join(map(str, want))
+                    misplaced.append(f"id {i} in {dataset}/{folder} (ts {ts}), its place {where}")
+        return Placement(ids, misplaced, unexpected, len(self.shards))
+
+
+@dataclass
+class AckAudit:
+    """After every kill, before the restart: every record of a spool file acknowledged by then
+    (gone from the spool and from the claim folders) is in a published shard. A record still in
+    an open shard (durable, journalled, but not published) breaks ack-after-publish."""
+
+    state: Path | None = None
+    """The daemon's ``state_dir``: records it dead-lettered as late are counted by the audit as
+    such, not here."""
+    files: int = 0
+    """Acknowledged files checked."""
+    unpublished: int = 0
+    """Records of acknowledged files not in a published shard."""
+    problems: list[str] = field(default_factory=list)
+    checked: set[str] = field(default_factory=set)
+
+    def look(
+        self, contents: Mapping[str, list[int]], spool: Path, index: ShardIndex, when: str
+    ) -> None:
+        """``contents``: each file published into ``spool`` before this look → its ids."""
+        present = {p.name for p in spool.iterdir()}
+        present |= {original(c.name) for c in claimed_files(spool)}
+        acked = [n for n in contents if n not in present and n not in self.checked]
+        if not acked:
+            return
+        index.refresh()
+        late = late_ids(self.state) if self.state is not None else set()
+        for name in acked:
+            self.checked.add(name)
+            self.files += 1
+            missing = [i for i in contents[name] if i not in index.ids and i not in late]
+            self.unpublished += len(missing)
+            if missing:
+                self.problems.append(
+                    f"{when}: {name} acknowledged, {len(missing)} of its records not published "
+                    f"(ids {missing[:5]})"
+                )
+
+
+@dataclass
+class DatasetAudit(Audit):
+    """:class:`Audit`, and where each record is, the markers, and acknowledgements."""
+
+    misplaced: int = 0
+    late: int = 0
+    """Records dead-lettered as late: each of them was on time when first read."""
+    markers: int = 0
+    unrouted: int = 0
+    """Events routed to no dataset (each must be dead-lettered)."""
+    acked_files: int = 0
+    acked_unpublished: int = 0
+    dead_letters_duplicated: int = 0
+    """Dead letters written again by a replay (the dead letters are not a commit's: a kill
+    after their fsync, before the intent, replays their events)."""
+
+    @property
+    def ok(self) -> bool:
+        return super().ok and (self.misplaced, self.late, self.acked_unpublished) == (0, 0, 0)
+
+    def extra(self) -> str:
+        return (
+            f"misplaced {self.misplaced}, late {self.late}, markers {self.markers}, "
+            f"routed nowhere {self.unrouted}, "
+            f"acknowledged files checked after kills {self.acked_files} ({self.acked_unpublished} "
+            f"records acknowledged before their shard was published), dead letters written "
+            f"twice {self.dead_letters_duplicated}, "
+        )
+
+
+def dead_letter_entries(state: Path) -> list[dict[str, Any]]:
+    """Every dead letter in ``state`` (and its rotated file)."""
+    found: list[dict[str, Any]] = []
+    for name in ("dead-letters.jsonl.1", "dead-letters.jsonl"):
+        path = state / name
+        if path.exists():
+            found += [json.loads(line) for line in path.read_text().splitlines()]
+    return found
+
+
+def late_ids(state: Path) -> set[int]:
+    """The ids of the records dead-lettered as late (the dead letter holds the record)."""
+    found: set[int] = set()
+    for letter in dead_letter_entries(state):
+        if letter["reason"] == "late":
+            raw = letter.get("raw_base64")
+            i = record_id(base64.b64decode(raw) if raw else letter["raw"].encode())
+            if i is not None:
+                found.add(i)
+    return found
+
+
+def markers_present(out: Path, marker: str = "_SUCCESS") -> set[str]:
+    """The time partitions of ``out`` holding a completion marker."""
+    return {p.parent.relative_to(out).as_posix() for p in out.glob(f"dt=*/hour=*/{marker}")}
+
+
+def audit_markers(out: Path, partitions: set[str], marker: str = "_SUCCESS") -> list[str]:
+    """A marker in each of ``partitions`` and in no other, listing exactly the shards under its
+    partition (field folders included), each with its records, size and SHA-256; problems."""
+    problems: list[str] = []
+    found = markers_present(out, marker)
+    problems += [f"{p}: no marker" for p in sorted(partitions - found)]
+    problems += [f"{p}: a marker, and no clicks belong there" for p in sorted(found - partitions)]
+    for partition in sorted(found):
+        doc = json.loads((out / partition / marker).read_bytes())
+        listed = {s["name"]: s for s in doc["shards"]}
+        shards = {
+            p.relative_to(out / partition).as_posix(): p for p in dataset_shards(out / partition)
+        }
+        if sorted(listed) != sorted(shards):
+            problems.append(
+                f"{partition}: the marker lists {sorted(listed)}, it holds {sorted(shards)}"
+            )
+        total = 0
+        for name, path in shards.items():
+            data = path.read_bytes()
+            records = len(read_shard(path))
+            total += records
+            want = (records, len(data), hashlib.sha256(data).hexdigest())
+            s = listed.get(name, {})
+            if (s.get("records"), s.get("size"), s.get("sha256")) != want:
+                problems.append(f"{partition}/{name}: the marker says {s}, the shard {want}")
+        if (doc.get("partition"), doc.get("dataset"), doc.get("records")) != (
+            partition,
+            out.name,
+            total,
+        ):
+            problems.append(
+                f"{partition}: the marker names {doc.get('partition')}/{doc.get('records')} records"
+            )
+    return problems
+
+
+def audit_datasets(
+    root: Path,
+    producer: DatasetProducer,
+    acks: AckAudit,
+    oracles: Sequence[GlobOracle],
+    *,
+    verify: bool = True,
+) -> DatasetAudit:
+    """The output of a datasets run against what ``producer`` wrote, once the daemon stopped."""
+    index = ShardIndex({d: root / d for d in DATASETS})
+    index.refresh()
+    index.check_manifests()
+    placed = index.placement(producer.places)
+    rc = tfrecordd_verify(sorted(index.shards))[0] if verify else 0
+    for oracle in oracles:
+        oracle.look("at the end")
+        oracle.finish()
+    letters = dead_letter_entries(root / "state")
+    late = [d for d in letters if d["reason"] == "late"]
+    places = Counter(d["where"] for d in letters if d["reason"] != "late")
+    problems = index.problems + [v for o in oracles for v in o.violations]
+    problems += audit_markers(root / "clicks", producer.click_hours())
+    problems += acks.problems
+    expected = set(producer.places)
+    return DatasetAudit(
+        events=len(expected),
+        lost=len(expected - placed.ids.keys()),
+        duplicated=sum(c - 1 for c in placed.ids.values() if c > 1),
+        unexpected=placed.unexpected,
+        shards=placed.shards,
+        reader_visible_unpublished=sum(len(o.violations) for o in oracles),
+        problems=problems + placed.misplaced[:10],
+        verify_exit=rc,
+        misplaced=len(placed.misplaced),
+        late=len(late),
+        markers=len(markers_present(root / "clicks")),
+        unrouted=len(producer.unrouted),
+        acked_files=acks.files,
+        acked_unpublished=acks.unpublished,
+        dead_letters_duplicated=sum(c - 1 for c in places.values() if c > 1),
+    )
+
+
+def run_dataset_trials(
+    root: Path,
+    *,
+    kills: int,
+    seed: int,
+    compression: str = "zstd",
+    max_delay: float = 1.5,
+    progress: Callable[[str], None] | None = None,
+    phases: Sequence[str] | None = None,
+    max_seconds: float | None = None,
+    tf_globs: bool = False,
+) -> Figures:
+    """:func:`run_crash_trials` with two datasets (:func:`datasets_config`): after every kill,
+    besides the reader globs, every acknowledged spool file's records must be published
+    (:class:`AckAudit`); at the end a clean daemon drains the spool, another closes every
+    partition, and the audit adds where each record is and the markers
+    (:func:`audit_datasets`)."""
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    cfg = datasets_config(root, compression)
+    figs = Figures("datasets", compression)
+    figs.phases = dict.fromkeys(CRASH_PHASES["datasets"] if phases is None else phases, 0)
+    spool = root / "spool"
+    producer = DatasetProducer(spool, batch=100, interval=0.05)
+    index = ShardIndex({d: root / d for d in DATASETS})
+    acks = AckAudit(root / "state")
+    tf = TfGlobber() if tf_globs else None
+    killing_since = time.monotonic()
+    try:
+        oracles = [GlobOracle(root / d, tf) for d in DATASETS]
+        producer.start()
+        try:
+            for n in range(kills):
+                if max_seconds is not None and time.monotonic() - killing_since > max_seconds:
+                    figs.notes.append(f"stopped after {n} kills: {max_seconds:.0f}s bound")
+                    break
+                kill_one(cfg, rng, figs, max_delay, armed=n % 2 == 1)
+                for oracle in oracles:
+                    oracle.look(f"after kill {n + 1}")
+                figs.glob_looks += 1
+                acks.look(producer.written(), spool, index, f"after kill {n + 1}")
+                if progress and (n + 1) % 10 == 0:
+                    progress(f"datasets: {n + 1}/{kills} kills")
+        finally:
+            producer.stop()
+        clean_run(
+            datasets_config(root, compression, drain=True), figs, lambda: spool_drained(spool)
+        )
+        hours = producer.click_hours()
+        clean_run(
+            datasets_config(root, compression, drain=True, closing=True),
+            figs,
+            lambda: hours <= markers_present(root / "clicks"),
+            timeout=60,
+        )
+        figs.glob_looks += 1
+        a = figs.audit = audit_datasets(root, producer, acks, oracles)
+    finally:
+        if tf is not None:
+            tf.close()
+    places = {d["where"] for d in dead_letter_entries(root / "state")}
+    figs.dead_letters_missing = len((producer.bad | producer.unrouted) - places)
+    figs.seconds = time.monotonic() - t0
+    figs.notes.extend(a.problems[:10])
+    return figs
+
+
+def clean_run(cfg: Path, figs: Figures, until: Callable[[], bool], timeout: float = 600) -> None:
+    """A daemon with no crash point armed, run until ``until()``, then stopped with SIGTERM;
+    what its recovery found is counted, and a stop that fails or a wait that times out noted."""
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started(60)
+        figs.count_recovery(d.output())
+        deadline = time.monotonic() + timeout
+        while not until():
+            if time.monotonic() > deadline:
+                figs.notes.append(f"{cfg.name}: still waiting after {timeout:.0f}s")
+                break
+            time.sleep(0.2)
+        rc = d.stop(120)
+        if rc != 0:
+            figs.notes.append(f"clean stop exited {rc}: {d.output()[-2000:]}")
+    finally:
+        d.kill()
+
+
 def rss_high_water(pid: int) -> int:
     """Peak resident set size of a process, in bytes (``VmHWM`` from /proc)."""
     with open(f"/proc/{pid}/status") as f:
@@ -469,20 +1016,35 @@ def rss_high_water(pid: int) -> int:
 
 __all__ = [
     "SHARD_SUFFIXES",
+    "AckAudit",
     "Audit",
+    "DatasetAudit",
+    "DatasetProducer",
     "Figures",
     "RedisProducer",
     "ShardError",
+    "ShardIndex",
     "SpoolProducer",
     "audit",
+    "audit_datasets",
+    "audit_markers",
+    "clean_run",
     "count_ids",
     "count_records",
+    "dataset_event",
+    "datasets_config",
+    "dead_letter_entries",
     "decompress",
     "example_int64",
+    "expected_place",
+    "hour_folder",
+    "late_ids",
+    "markers_present",
     "published_shards",
     "read_shard",
     "rss_high_water",
     "run_crash_trials",
+    "run_dataset_trials",
     "shard_suffix",
     "split_records",
     "tfrecordd_verify",

@@ -18,7 +18,18 @@ fsyncs its folders, held open, through the daemon's layer (``fsync_dir_fd``, fro
 journal reads its file and truncates a torn tail with built-in ``open`` and ``os.fsync`` (it opens,
 creates and appends through the layer); the dead-letter file is rotated with ``os.replace``.
 Directories themselves (``shards/``, ``state/``, the claim folder) exist before the first cut and
-are treated as durable.
+are treated as durable, except in the runs with two datasets: there the outputs' folders and
+``state/`` are trees whose new folders (a partition's ``dt=``/``hour=``/``country=`` levels,
+``state/datasets/<name>/``) are durable only once their parent is fsynced; a cut removes the
+others with all they hold. A file the source moves between the spool and its claim folder is
+moved by one ``rename``, which journaling file systems make durable on both sides at once: the
+model does too (else a cut between the two folders' fsyncs would leave two copies of it).
+
+The runs with two datasets route one spool (the crash harness's events: ``type``, ``ts``,
+``country``) into clicks, in folders by event hour in Europe/Berlin and by country with
+completion markers, and impressions, unpartitioned, in shards kept open across commits. Besides
+the acked events, each record must be in its own dataset and folder after every cut, and every
+marker present must list exactly the shards of its partition.
 
 Every run is made with and without manifests: a manifest is published (and its directory
 fsynced) right after its shard, which would hide a missing directory fsync after the shard's own
@@ -27,7 +38,8 @@ publish.
 The control runs switch the daemon's directory fsyncs off (``fsync_dir`` does nothing, while
 the model still counts new entries as not durable) and must report loss: proof the check can
 fail. One control drops every directory fsync; the other only those of the output directory,
-which without manifests are the fsyncs after each shard's publish.
+which without manifests are the fsyncs after each shard's publish (with two datasets: of both
+outputs and their partition folders).
 """
 
 from __future__ import annotations
@@ -35,19 +47,32 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import anyio
 import orjson
 import pytest
 
-from tests.reliability.harness import count_ids
+from tests.reliability.harness import (
+    DATASETS,
+    Place,
+    ShardIndex,
+    audit_markers,
+    count_ids,
+    dataset_event,
+    datasets_config,
+    expected_place,
+    late_ids,
+    markers_present,
+)
 from tests.support import claimed_files, intent_shards, movie_event, write_config
 from tfrecordd.config import load_config
 from tfrecordd.fsys import FileSystem
@@ -78,11 +103,23 @@ class DurabilityModel:
     content) may still be durable.
     """
 
-    def __init__(self, dirs: list[Path]) -> None:
+    def __init__(
+        self, dirs: list[Path], trees: Sequence[Path] = (), renames: Sequence[Path] = ()
+    ) -> None:
         self.dirs = [str(d.resolve()) for d in dirs]
+        self.trees = [str(t.resolve()) for t in trees]
+        """Folders whose subfolders come and go (a dataset's partition folders): a new
+        folder's entry is durable only once its parent is fsynced."""
+        self.renames = [str(d.resolve()) for d in renames]
+        """Folders between which files move by ``rename(2)`` (the spool and its claim folder):
+        a rename is one operation, so fsyncing either folder makes both of its sides durable,
+        as journaling file systems (ext4, XFS, btrfs) do. Without this, a cut between the two
+        folders' fsyncs leaves a claimed file under both names, each a copy of its own."""
         self.lock = threading.RLock()
         self.entries: dict[str, dict[str, int]] = {}
         """Per directory: durable name → file version."""
+        self.subdirs: dict[str, set[str]] = {}
+        """Per directory of a tree: its durable subfolders."""
         self.content: dict[int, bytes] = {}
         """Per file version: its durable bytes."""
         self.version_of: dict[int, int] = {}
@@ -107,12 +144,37 @@ class DurabilityModel:
         """Everything on disk now is durable (the state after a clean sync or a restore)."""
         with self.lock:
             self.entries, self.content, self.version_of = {}, {}, {}
+            self.subdirs = {}
             self.frozen = False
             for d in self.dirs:
                 os.makedirs(d, exist_ok=True)
+            found = list(self.dirs)
+            for tree in self.trees:
+                os.makedirs(tree, exist_ok=True)
+                for here, subdirs, _ in os.walk(tree):
+                    self.subdirs[here] = set(subdirs)
+                    found.append(here)
+            for d in found:
                 self.entries[d] = self._listing(d)
                 for name, version in self.entries[d].items():
                     self.content[version] = Path(d, name).read_bytes()
+
+    def _renamed(self, path: str, before: set[int], after: set[int]) -> None:
+        """``path`` was fsynced: the other side of each rename into or out of it is durable."""
+        for other in self.renames:
+            if other == path:
+                continue
+            real = self._listing(other)
+            durable = self.entries[other]
+            for name, version in list(durable.items()):
+                if version in after - before and real.get(name) != version:
+                    del durable[name]
+            for name, version in real.items():
+                if version in before - after:
+                    durable[name] = version
+
+    def _in_tree(self, path: str) -> bool:
+        return any(path == t or path.startswith(t + os.sep) for t in self.trees)
 
     def op(self) -> None:
         """Count a file operation; freeze the durable state when the armed cut is reached."""
@@ -150,35 +212,63 @@ class DurabilityModel:
     def sync_dir(self, path: str) -> None:
         path = os.path.realpath(path)
         with self.lock:
-            if self.frozen or path not in self.entries:
+            if self.frozen or (path not in self.entries and not self._in_tree(path)):
                 return
+            before = set(self.entries.get(path, {}).values())
             self.entries[path] = self._listing(path)
             for version in self.entries[path].values():
                 self.content.setdefault(version, b"")
+            if path in self.renames:
+                self._renamed(path, before, set(self.entries[path].values()))
+            if self._in_tree(path):
+                self.subdirs[path] = _subdirs(path)
+                for name in self.subdirs[path]:
+                    self.entries.setdefault(os.path.join(path, name), {})
 
     def apply_cut(self) -> dict[str, int]:
         """Put the files back to their durable state; returns what changed."""
         changed = {"removed": 0, "restored": 0, "cut_back": 0}
         with self.lock:
             for d in self.dirs:
-                real = self._listing(d)
-                durable = self.entries[d]
-                for name, version in real.items():
-                    if durable.get(name) != version:
-                        os.unlink(os.path.join(d, name))
-                        changed["removed"] += 1
-                for name, version in durable.items():
-                    data = self.content.get(version, b"")
-                    path = Path(d, name)
-                    if real.get(name) == version:
-                        if path.read_bytes() != data:
-                            path.write_bytes(data)
-                            changed["cut_back"] += 1
-                    else:
-                        path.write_bytes(data)
-                        changed["restored"] += 1
+                self._restore(d, changed)
+            for tree in self.trees:
+                self._restore_tree(tree, changed)
             self.baseline()
         return changed
+
+    def _restore_tree(self, d: str, changed: dict[str, int]) -> None:
+        self._restore(d, changed)
+        for name in sorted(_subdirs(d)):
+            sub = os.path.join(d, name)
+            if name in self.subdirs.get(d, set()):
+                self._restore_tree(sub, changed)
+            else:
+                # Never durable in its parent: the folder and all it holds are gone.
+                changed["removed"] += 1 + sum(len(files) for _, _, files in os.walk(sub))
+                shutil.rmtree(sub)
+
+    def _restore(self, d: str, changed: dict[str, int]) -> None:
+        real = self._listing(d)
+        durable = self.entries.get(d, {})
+        for name, version in real.items():
+            if durable.get(name) != version:
+                os.unlink(os.path.join(d, name))
+                changed["removed"] += 1
+        for name, version in durable.items():
+            data = self.content.get(version, b"")
+            path = Path(d, name)
+            if real.get(name) == version:
+                if path.read_bytes() != data:
+                    path.write_bytes(data)
+                    changed["cut_back"] += 1
+            else:
+                path.write_bytes(data)
+                changed["restored"] += 1
+
+
+def _subdirs(directory: str) -> set[str]:
+    with os.scandir(directory) as it:
+        return {e.name for e in it if e.is_dir(follow_symlinks=False)}
 
 
 class PowerLossFs(FileSystem):
@@ -241,17 +331,21 @@ class NoDirSyncFs(PowerLossFs):
 
 
 class NoOutputDirSyncFs(PowerLossFs):
-    """Control: the output directory's fsyncs do nothing (the journal's and the spool's do)."""
+    """Control: the output directories' fsyncs do nothing, their partition folders' neither (the
+    staging folders', the journal's and the spool's do)."""
 
-    def __init__(self, model: DurabilityModel, output: Path) -> None:
+    def __init__(self, model: DurabilityModel, outputs: Sequence[Path]) -> None:
         super().__init__(model)
-        self.output = os.path.realpath(output)
+        self.outputs = [os.path.realpath(o) for o in outputs]
 
     def fsync_dir(self, path: str) -> None:
-        if os.path.realpath(path) == self.output:
-            self.model.op()
-        else:
-            super().fsync_dir(path)
+        real = os.path.realpath(path)
+        for out in self.outputs:
+            inner = real[len(out) :].split(os.sep)
+            if real == out or (real.startswith(out + os.sep) and STAGING_DIR not in inner):
+                self.model.op()
+                return
+        super().fsync_dir(path)
 
 
 @dataclass
@@ -261,9 +355,16 @@ class Spool:
     path: Path
     model: DurabilityModel
     per_file: int = 100
+    event: Callable[[int], dict[str, Any]] = movie_event
+    place: Callable[[dict[str, Any]], Place | None] | None = None
+    """Where each event's record belongs (with datasets): ``None`` from it, an event routed
+    nowhere (a dead letter); no function, every event is a record of the one output."""
     next_id: int = 0
     files: dict[str, set[int]] = field(default_factory=dict)
+    """Each file → the ids of its records."""
     bad: dict[str, set[str]] = field(default_factory=dict)
+    """Each file → where its dead letters come from."""
+    places: dict[int, Place] = field(default_factory=dict)
 
     def write(self, n: int) -> None:
         for _ in range(n):
@@ -274,8 +375,15 @@ class Spool:
             for _ in range(self.per_file):
                 i = self.next_id
                 self.next_id += 1
-                ids.add(i)
-                body += orjson.dumps(movie_event(i)) + b"\n"
+                event = self.event(i)
+                place = self.place(event) if self.place is not None else None
+                if self.place is not None and place is None:
+                    bad.add(f"{name}:{len(body)}")
+                else:
+                    ids.add(i)
+                if place is not None:
+                    self.places[i] = place
+                body += orjson.dumps(event) + b"\n"
                 if i % 37 == 36:
                     bad.add(f"{name}:{len(body)}")
                     body += b"{broken\n"
@@ -318,6 +426,13 @@ class CutFigures:
     removed: int = 0
     restored: int = 0
     cut_back: int = 0
+    misplaced: int = 0
+    """Records in another dataset or partition folder than their own (two datasets)."""
+    late: int = 0
+    """Records dead-lettered as late (two datasets): none was late when first read."""
+    markers: int = 0
+    marker_problems: int = 0
+    """Markers present that list other shards than their partition holds, at any look."""
     losses: list[str] = field(default_factory=list)
 
 
@@ -355,6 +470,11 @@ async def until_cut_or_idle(
                 return
 
 
+CUT_EVENT_STEP = 6.0
+"""Seconds of event time between two events of the runs with datasets: a run's 300 events span
+half an hour, so a clicks' hour closes (its marker published) every few runs."""
+
+
 async def run_cuts(
     root: Path,
     *,
@@ -363,39 +483,83 @@ async def run_cuts(
     manifests: bool = True,
     control: str | None = None,
     first_boot_synced: bool = True,
+    datasets: bool = False,
 ) -> CutFigures:
-    """``control``: ``"no-dir-fsync"`` or ``"no-output-dir-fsync"`` (see the module's doc)."""
+    """``control``: ``"no-dir-fsync"`` or ``"no-output-dir-fsync"`` (see the module's doc).
+    ``datasets``: the spool routed into two datasets (the crash harness's, with markers), whose
+    partition folders, and the state folder's, are modelled as they come: a new folder is
+    durable only once its parent is fsynced."""
     rng = random.Random(seed)
-    cfg = load_config(
-        write_config(
-            root,
-            output={
-                "max_shard_records": 20,
-                "max_shard_age": "100ms",
-                "compression": "gzip",
-                "manifests": manifests,
-            },
-            daemon={"max_batch_events": 10},
-            source={"poll_interval": "20ms"},
-        )
-    )
     shards, state, spool = root / "shards", root / "state", root / "spool"
     claims = spool / CLAIM_DIR / "test"  # the node's claim folder
-    staging = shards / STAGING_DIR / "test"  # the node's in-progress shards
-    for d in (shards, state, claims, staging):
+    outputs = [root / d for d in DATASETS] if datasets else [shards]
+    for d in (state, claims, *(out / STAGING_DIR / "test" for out in outputs)):
         d.mkdir(parents=True, exist_ok=True)
-    dirs = [shards, shards / STAGING_DIR, staging, state, spool, spool / CLAIM_DIR, claims]
-    model = DurabilityModel(dirs)
+    if datasets:
+        cfg = load_config(
+            datasets_config(
+                root,
+                "gzip",
+                manifests=manifests,
+                daemon={"max_batch_events": 10},
+                source={"poll_interval": "20ms"},
+                datasets={"clicks": {"max_shard_age": "100ms"}},
+            )
+        )
+        model = DurabilityModel(
+            [spool, spool / CLAIM_DIR, claims], trees=[*outputs, state], renames=[spool, claims]
+        )
+    else:
+        cfg = load_config(
+            write_config(
+                root,
+                output={
+                    "max_shard_records": 20,
+                    "max_shard_age": "100ms",
+                    "compression": "gzip",
+                    "manifests": manifests,
+                },
+                daemon={"max_batch_events": 10},
+                source={"poll_interval": "20ms"},
+            )
+        )
+        staging = shards / STAGING_DIR / "test"  # the node's in-progress shards
+        dirs = [shards, shards / STAGING_DIR, staging, state, spool, spool / CLAIM_DIR, claims]
+        model = DurabilityModel(dirs, renames=[spool, claims])
     fs: PowerLossFs
     if control == "no-dir-fsync":
         fs = NoDirSyncFs(model)
     elif control == "no-output-dir-fsync":
-        fs = NoOutputDirSyncFs(model, shards)
+        fs = NoOutputDirSyncFs(model, outputs)
     else:
         assert control is None, control
         fs = PowerLossFs(model)
     producer = Spool(spool, model)
+    if datasets:
+        producer.event = lambda i: dataset_event(i, CUT_EVENT_STEP)
+        producer.place = expected_place
     figs = CutFigures()
+
+    def published() -> Counter[int]:
+        if not datasets:
+            ids, problems = count_ids(shards)
+            assert problems == [], problems
+            return ids
+        index = ShardIndex({d: root / d for d in DATASETS})
+        index.refresh()
+        assert index.problems == [], index.problems[:10]
+        placed = index.placement(producer.places)
+        assert placed.unexpected == 0
+        figs.misplaced += len(placed.misplaced)
+        figs.losses += placed.misplaced[:5]
+        clicks = root / "clicks"
+        marked = markers_present(clicks)
+        figs.markers = max(figs.markers, len(marked))
+        wrong = audit_markers(clicks, marked)
+        figs.marker_problems += len(wrong)
+        figs.losses += wrong[:5]
+        return placed.ids
+
     acked_at_cut: set[str] = set()
 
     def snapshot_acks() -> None:
@@ -425,8 +589,7 @@ async def run_cuts(
         figs.cuts += 1
         for k, v in changed.items():
             setattr(figs, k, getattr(figs, k) + v)
-        ids, problems = count_ids(shards)
-        assert problems == [], problems
+        ids = published()
         figs.duplicated += sum(c - 1 for c in ids.values())
         letters = _dead_letter_places(state)
         for name in acked_at_cut:
@@ -438,8 +601,9 @@ async def run_cuts(
                 figs.losses.append(f"{name}: {len(missing)} acked events lost")
     # After the last cut, a daemon without cuts drains the spool.
     await run_until_drained(Daemon(cfg, fs=fs, handle_signals=False), producer)
-    ids, problems = count_ids(shards)
-    assert problems == []
+    ids = published()
+    if datasets:
+        figs.late = len(late_ids(state))
     everything = set().union(*producer.files.values())
     figs.lost_acked += len(everything - ids.keys())
     figs.duplicated = max(figs.duplicated, sum(c - 1 for c in ids.values()))
@@ -451,8 +615,9 @@ def _summary(figs: CutFigures) -> str:
     return (
         f"{figs.cuts} power cuts ({figs.cut_while_busy} mid-run), {figs.acked_checked} acked "
         f"files checked: {figs.lost_acked} acked events lost, {figs.duplicated} duplicated, "
-        f"{figs.dead_letters_lost} dead letters lost; the cuts removed {figs.removed} entries, "
-        f"restored {figs.restored}, cut back {figs.cut_back} files"
+        f"{figs.dead_letters_lost} dead letters lost, {figs.misplaced} misplaced, {figs.late} "
+        f"late, {figs.markers} markers ({figs.marker_problems} wrong); the cuts removed "
+        f"{figs.removed} entries, restored {figs.restored}, cut back {figs.cut_back} files"
     )
 
 
@@ -465,6 +630,7 @@ def check(figs: CutFigures, cuts: int) -> None:
         _summary(figs),
         figs.losses[:5],
     )
+    assert (figs.misplaced, figs.late, figs.marker_problems) == (0, 0, 0), figs.losses[:5]
 
 
 manifests_on_and_off = pytest.mark.parametrize(
@@ -475,6 +641,30 @@ manifests_on_and_off = pytest.mark.parametrize(
 @manifests_on_and_off
 async def test_power_cuts_lose_nothing_acked(tmp_path: Path, manifests: bool) -> None:
     check(await run_cuts(tmp_path, cuts=20, seed=11, manifests=manifests), 20)
+
+
+@manifests_on_and_off
+async def test_power_cuts_with_two_datasets_and_time_partitions(
+    tmp_path: Path, manifests: bool
+) -> None:
+    """A spool routed into two datasets, clicks in hour and country folders with markers,
+    impressions in shards kept open across commits: acked events survive every cut in their own
+    dataset and folder, and every marker present lists exactly its partition's shards."""
+    figs = await run_cuts(tmp_path, cuts=20, seed=15, manifests=manifests, datasets=True)
+    check(figs, 20)
+    assert figs.markers > 0, _summary(figs)
+
+
+async def test_control_with_two_datasets_without_the_output_fsyncs_reports_loss(
+    tmp_path: Path,
+) -> None:
+    """The folders of both datasets (partition folders included) never fsynced: the check sees
+    acked events lost, so the model follows folders made while the daemon runs."""
+    figs = await run_cuts(
+        tmp_path, cuts=8, seed=16, manifests=False, control="no-output-dir-fsync", datasets=True
+    )
+    print("control: " + _summary(figs))
+    assert figs.lost_acked > 0, "without the output's fsyncs, acked events must be lost"
 
 
 @manifests_on_and_off
@@ -499,6 +689,13 @@ async def test_control_without_the_fsync_after_publish_reports_loss(tmp_path: Pa
 @manifests_on_and_off
 async def test_power_cuts_long(tmp_path: Path, manifests: bool) -> None:
     check(await run_cuts(tmp_path, cuts=200, seed=13, manifests=manifests), 200)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+async def test_power_cuts_with_two_datasets_long(tmp_path: Path) -> None:
+    figs = await run_cuts(tmp_path, cuts=200, seed=17, datasets=True)
+    check(figs, 200)
 
 
 @manifests_on_and_off
