@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .harness import Context, Row, as_json, machine, markdown, text_table
 
-CASES = ("movies", "passthrough", "images", "sequence", "daemon", "large_inputs")
+CASES = ("movies", "passthrough", "images", "sequence", "daemon", "large_inputs", "datasets")
 RESULTS = Path(__file__).parent / "results"
 
 
