@@ -293,3 +293,38 @@ def test_the_descriptor_reserve_grows_with_the_shards_datasets_may_hold_open() -
     finally:
         descriptors.reserve_for_shards(0)
     assert descriptors.reserved() == base == descriptors.RESERVED
+
+
+def test_a_kept_open_shard_published_by_a_killed_start_gets_its_manifest(tmp_path: Path) -> None:
+    route = {"field": "type", "to": {"click": "clicks"}, "default": "views"}
+    cfg = write_datasets_config(
+        tmp_path,
+        {
+            "clicks": {"encoder": "ev", "compression": "none", "max_shard_records": 50},
+            "views": {"encoder": "ev", "compression": "gzip", "max_shard_age": "10m"},
+        },
+        encoders={"ev": EVENTS | {"type": "bytes"}},
+        sources=[{"name": "in", "route": route}],
+        daemon={"max_batch_events": 30},
+    )
+    spool_file(
+        tmp_path / "in",
+        "a.jsonl",
+        [{"id": i, "type": ("click", "view")[i % 2]} for i in range(1000)],
+    )
+    d = DaemonProcess(cfg)
+    try:
+        d.wait_started()
+        wait_for(lambda: len(dataset_shards(tmp_path / "clicks")) >= 10, 30)
+    finally:
+        d.kill()
+    # The next start publishes the kept-open views shard and is killed before its manifest.
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-publish:1"})
+    try:
+        assert d.wait(60) == 137, d.output()
+    finally:
+        d.kill()
+    run_clean_until(cfg, lambda: spool_drained(tmp_path / "in"))
+    for shard in dataset_shards(tmp_path / "views"):
+        assert shard.with_name(shard.name.replace(".tfrecord.gz", ".manifest.json")).exists()
+    assert _ids(tmp_path / "views") == list(range(1, 1000, 2))

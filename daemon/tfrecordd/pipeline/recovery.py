@@ -238,22 +238,29 @@ class _Roller:
         staged = self._staged(dataset, ref.name)
         self.folders.setdefault(dataset, set()).add(os.path.dirname(ref.name))
         gone = ShardRef(dataset, ref.name, ref.records)
+        published = isinstance(out, LocalOutput) and os.path.lexists(out.final_path(ref.name))
         try:
             st = os.lstat(staged)
         except FileNotFoundError:
-            if not os.path.lexists(out.final_path(ref.name)) and isinstance(out, LocalOutput):
+            if published or not isinstance(out, LocalOutput):
+                # Published by a start killed before its manifest was.
+                try:
+                    self._ensure_manifest(dataset, gone, {})
+                except FileNotFoundError:
+                    log.warning("%s: no manifest rebuilt: the object is gone", ref.name)
+            else:
                 log.error(
                     "%s: kept open by a commit, and its in-progress file is gone: published and "
                     "moved away before the restart, or lost",
                     ref.name,
                 )
             return gone
-        if isinstance(out, LocalOutput) and (
-            st.st_nlink > 1 or os.path.lexists(out.final_path(ref.name))
-        ):
+        if isinstance(out, LocalOutput) and (st.st_nlink > 1 or published):
             # Published by a start before this one (linked, then killed before the in-progress
             # name went): the published file is never cut again.
             self.fs.remove(staged)
+            if published:
+                self._ensure_manifest(dataset, gone, {})
             return gone
         compression = compression_from_name(ref.name) or Compression.NONE
         finish_prefix(
