@@ -26,6 +26,10 @@ from tfrecordd.format.compression import Compression
 from tfrecordd.format.framing import frame_many, frame_parts, framed_size, iter_framed
 from tfrecordd.fsys import LOCAL, FileSystem
 
+HOLD_BYTES = 64 << 10
+"""Framed bytes of small writes gathered before the compressor is called (:meth:`RecordWriter
+.write_many`)."""
+
 _LARGE_RECORD = 64 << 10
 """Records this large on average are compressed piece by piece rather than joined first."""
 
@@ -104,6 +108,8 @@ class RecordWriter:
         self._raw_bytes = 0
         self._file_bytes = 0
         self._pending_raw = 0
+        self._held: list[bytes] = []
+        self._held_bytes = 0
 
     @property
     def records(self) -> int:
@@ -140,19 +146,40 @@ class RecordWriter:
 
     def write_many(self, records: Sequence[bytes]) -> None:
         """Write several records: framed together and compressed in one call (large records
-        go through piece by piece, sparing a copy of each)."""
+        go through piece by piece, sparing a copy of each). Small writes are held until
+        :data:`HOLD_BYTES` gather (or the unit ends): a compressor called for a few kilobytes at
+        a time, on a state that has left the cache since its last call, runs several times
+        slower, and each call hands the interpreter lock back and forth."""
         if not records:
             return
         pieces, size = _framed(records)
-        for piece in pieces:
-            self._emit(self._compressor.compress(piece))
         self._records += len(records)
         self._raw_bytes += size
-        if not self._passthrough:
-            self._pending_raw += size
+        if self._passthrough:
+            for piece in pieces:
+                self._emit(self._compressor.compress(piece))
+            return
+        self._pending_raw += size
+        if size < HOLD_BYTES:
+            self._held += pieces
+            self._held_bytes += size
+            if self._held_bytes >= HOLD_BYTES:
+                self._release()
+            return
+        self._release()
+        for piece in pieces:
+            self._emit(self._compressor.compress(piece))
+
+    def _release(self) -> None:
+        """Compress what small writes held."""
+        if self._held:
+            held = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+            self._held, self._held_bytes = [], 0
+            self._emit(self._compressor.compress(held))
 
     def write_packed(self, packed: Packed) -> None:
         """Append records :func:`pack` framed and compressed (ending the current unit first)."""
+        self._release()
         self._emit(self._compressor.append_unit(packed.unit))
         self._records += packed.records
         self._raw_bytes += packed.unit.raw_size
@@ -160,6 +187,7 @@ class RecordWriter:
 
     def sync(self) -> None:
         """End the current compression unit and push every pending byte to the sink."""
+        self._release()
         self._emit(self._compressor.sync())
         self._pending_raw = 0
 
@@ -172,6 +200,7 @@ class RecordWriter:
 
     def finish(self) -> None:
         """End the stream. The sink's file is left for the caller to fsync and close."""
+        self._release()
         self._emit(self._compressor.finish())
         self._pending_raw = 0
 
