@@ -104,8 +104,9 @@ def _writes(config: DaemonConfig) -> list[tuple[str, bool]]:
     """Every folder the daemon or a source writes files into, made as the daemon makes it, and
     whether it writes into folders below it too (the done folder of a recursive spool:
     finished files keep the folders they were found in); the others take files at their top."""
-    out = os.path.join(config.output.dir, ".unpublished", NODE)
-    writes = [(str(config.daemon.state_dir), False), (out, False), (config.output.dir, False)]
+    (dataset,) = config.datasets.values()
+    out = os.path.join(dataset.dir, ".unpublished", NODE)
+    writes = [(str(config.daemon.state_dir), False), (out, False), (dataset.dir, False)]
     for s in _spools(config):
         spool = str(s.path)
         writes += [
@@ -329,7 +330,8 @@ async def test_nested_legal_layouts_read_every_event_once(tmp_path: Path, layout
         spool_file(path.parent, path.name, lines)
         expected += 0 if "not-read" in name else per_file
     await _run(config, expected)
-    out = Path(config.output.dir)
+    (dataset,) = config.datasets.values()
+    out = Path(dataset.dir)
     counts = read_ids(out)
     assert sorted(counts.values()) == [1] * expected
     await _restart_reads_nothing(config)

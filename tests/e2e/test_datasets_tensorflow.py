@@ -67,7 +67,7 @@ def test_two_datasets_each_partition_read_by_tensorflow_with_its_printed_schema(
     tf = pytest.importorskip("tensorflow")
     # From 00:00 CEST on the day clocks go back, for twelve hours: twelve folders, 02 twice.
     t0 = int(datetime.fromisoformat("2026-10-24T22:00:00+00:00").timestamp())
-    events = [
+    events: list[dict[str, Any]] = [
         {
             "id": i,
             "type": ("click", "impression")[i % 2],

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -59,7 +60,9 @@ async def test_partitioned_datasets_with_markers_in_a_bucket(
             }
         ],
     )
-    events = [{"id": i, "type": ("click", "view")[i % 2], "ts": t0 + i * 30} for i in range(600)]
+    events: list[dict[str, Any]] = [
+        {"id": i, "type": ("click", "view")[i % 2], "ts": t0 + i * 30} for i in range(600)
+    ]
     spool_file(tmp_path / "in", "a.jsonl", events)
     config = load_config(cfg)
     daemon = Daemon(config, handle_signals=False)

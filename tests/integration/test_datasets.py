@@ -292,7 +292,7 @@ def _berlin_hour(seconds: int) -> str:
 def test_event_time_folders_across_a_daylight_saving_change(tmp_path: Path, start: str) -> None:
     # A JSON number is seconds since the epoch (written as milliseconds: time_unit).
     t0 = int(datetime.fromisoformat(start).timestamp())
-    events = [
+    events: list[dict[str, Any]] = [
         {"id": i, "ts": t0 + i * 60, "country": ("de", "fr", "../x")[i % 3]} for i in range(360)
     ]
     cfg = write_datasets_config(
@@ -347,7 +347,7 @@ def _markers(out: Path, name: str = "_SUCCESS") -> dict[str, dict[str, Any]]:
 
 def test_closed_partitions_get_markers_that_list_exactly_their_shards(tmp_path: Path) -> None:
     t0 = int(datetime.fromisoformat("2026-10-24T22:00:00+00:00").timestamp())
-    events = [
+    events: list[dict[str, Any]] = [
         {"id": i, "type": ("click", "impression")[i % 2], "ts": t0 + i * 30, "country": "de"}
         for i in range(480)
     ]

@@ -9,8 +9,9 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from tfrecordd.config import DaemonSection, MetricsSection, OutputSection
+from tfrecordd.config import DaemonSection, MetricsSection
 from tfrecordd.configref import metric_descriptions, render, render_metrics
+from tfrecordd.datasets import OutputSection
 from tfrecordd.metrics import Metrics
 from tfrecordd.plugin import Registry, SourceConfig
 from tfrecordd.units import Duration, Size
