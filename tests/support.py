@@ -17,8 +17,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import crc32c
 import pytest
@@ -235,6 +237,20 @@ def intent_shards(record: Mapping[str, Any]) -> list[str]:
     if record.get("shard"):
         return [record["shard"]]
     return [ref[1] for ref in record.get("shards", ())]
+
+
+def hour_folder(seconds: float, zone: str) -> str:
+    """The hour folder of an instant by the rule the docs state, worked out from zoneinfo
+    alone (the tests' oracle for tfrecordd.outputs.partitions): the local date and hour; the
+    second pass of a repeated hour gets its UTC offset."""
+    local = datetime.fromtimestamp(seconds, ZoneInfo(zone))
+    hour = f"{local.hour:02d}"
+    if local.fold:
+        offset = local.utcoffset()
+        assert offset is not None
+        minutes = int(offset.total_seconds()) // 60
+        hour += f"+{minutes // 60:02d}{minutes % 60:02d}"
+    return f"dt={local.date().isoformat()}/hour={hour}"
 
 
 def dataset_shards(out: Path) -> list[Path]:

@@ -15,6 +15,7 @@ import pytest
 from tests.support import (
     DaemonProcess,
     dataset_shards,
+    hour_folder,
     run_tfrecordd,
     spool_drained,
     spool_file,
@@ -35,14 +36,7 @@ IMPRESSIONS = {"id": "int64", "type": "bytes", "slot": "int64"}
 
 
 def _hour(seconds: int) -> str:
-    local = datetime.fromtimestamp(seconds, BERLIN)
-    hour = f"{local.hour:02d}"
-    if local.fold:
-        offset = local.utcoffset()
-        assert offset is not None
-        minutes = int(offset.total_seconds()) // 60
-        hour += f"+{minutes // 60:02d}{minutes % 60:02d}"
-    return f"dt={local.date().isoformat()}/hour={hour}"
+    return hour_folder(seconds, "Europe/Berlin")
 
 
 def _values(tf: Any, value: Any) -> list[Any]:

@@ -19,6 +19,7 @@ from tests.support import (
     dataset_shards,
     dead_letters,
     example_int64,
+    hour_folder,
     read_shard,
     run_clean_until,
     spool_drained,
@@ -270,16 +271,7 @@ EVENTS = {"id": "int64", "ts": {"type": "int64", "time_unit": "ms"}, "country": 
 
 
 def _berlin_hour(seconds: int) -> str:
-    """The folder an event's time belongs to, by the rule the docs state, worked out here from
-    zoneinfo alone: the local date and hour, the repeated hour's second pass with its offset."""
-    local = datetime.fromtimestamp(seconds, BERLIN)
-    hour = f"{local.hour:02d}"
-    if local.fold:
-        offset = local.utcoffset()
-        assert offset is not None
-        minutes = int(offset.total_seconds()) // 60
-        hour += f"+{minutes // 60:02d}{minutes % 60:02d}"
-    return f"dt={local.date().isoformat()}/hour={hour}"
+    return hour_folder(seconds, "Europe/Berlin")
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import orjson
 
@@ -56,6 +55,7 @@ from tests.support import (
     dataset_shards,
     decompress,
     example_int64,
+    hour_folder,
     movie_event,
     published_shards,
     read_shard,
@@ -522,17 +522,9 @@ def dataset_event(i: int, step: float = EVENT_STEP) -> dict[str, Any]:
     }
 
 
-def hour_folder(seconds: int, zone: str = DST_ZONE) -> str:
-    """The hour folder of an instant by the rule the docs state, worked out from zoneinfo
-    alone: the local date and hour; the second pass of a repeated hour gets its UTC offset."""
-    local = datetime.fromtimestamp(seconds, ZoneInfo(zone))
-    hour = f"{local.hour:02d}"
-    if local.fold:
-        offset = local.utcoffset()
-        assert offset is not None
-        minutes = int(offset.total_seconds()) // 60
-        hour += f"+{minutes // 60:02d}{minutes % 60:02d}"
-    return f"dt={local.date().isoformat()}/hour={hour}"
+def dst_hour_folder(seconds: int) -> str:
+    """:func:`tests.support.hour_folder` in the datasets runs' zone."""
+    return hour_folder(seconds, DST_ZONE)
 
 
 def expected_place(event: Mapping[str, Any]) -> Place | None:
@@ -544,7 +536,7 @@ def expected_place(event: Mapping[str, Any]) -> Place | None:
     country = event["country"]
     if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}", country):
         country = "_other"
-    return ("clicks", f"{hour_folder(event['ts'])}/country={country}", event["ts"] * 1000)
+    return ("clicks", f"{dst_hour_folder(event['ts'])}/country={country}", event["ts"] * 1000)
 
 
 def datasets_config(
