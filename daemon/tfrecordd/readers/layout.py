@@ -192,8 +192,8 @@ def parse_marker(data: bytes, path: str, partition: str) -> Marker:
     )
 
 
-def parse_manifest(data: bytes, path: str, shard: str) -> dict[str, Any]:
-    """A manifest's JSON, less ``record_offsets``; it must be shard ``shard``'s."""
+def manifest_document(data: bytes, path: str, shard: str) -> dict[str, Any]:
+    """A manifest's JSON object, whole; it must be shard ``shard``'s."""
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as e:
@@ -202,6 +202,12 @@ def parse_manifest(data: bytes, path: str, shard: str) -> dict[str, Any]:
         raise TfrecorddError(f"{path}: the manifest is not a JSON object")
     if doc.get("shard", shard) != shard:
         raise TfrecorddError(f"{path}: the manifest is shard {doc['shard']!r}'s, not {shard!r}'s")
+    return doc
+
+
+def parse_manifest(data: bytes, path: str, shard: str) -> dict[str, Any]:
+    """A manifest's JSON, less ``record_offsets``; it must be shard ``shard``'s."""
+    doc = manifest_document(data, path, shard)
     doc.pop("record_offsets", None)
     _number(doc, "records", path, int)
     return doc

@@ -13,14 +13,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import closing
 from typing import Any, BinaryIO
 
-import orjson
-
 from tfrecordd.errors import RecordError, TfrecorddError, TruncatedRecordError
 from tfrecordd.format.compression import DEFAULT_MAX_DECOMPRESSED_BYTES, Compression
 from tfrecordd.format.decompress import open_decompressed
 from tfrecordd.format.framing import DEFAULT_MAX_RECORD_BYTES
 from tfrecordd.format.reader import iter_records, iter_records_with_offsets
-from tfrecordd.readers.layout import Shard, as_shard
+from tfrecordd.readers.layout import Shard, as_shard, manifest_document
 from tfrecordd.readers.store import open_file, read_file
 
 _DISCARD = 1 << 20
@@ -34,16 +32,7 @@ def _manifest(
     data = read_file(path, storage_options)
     if data is None:
         return None
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        raise TfrecorddError(f"{path}: the manifest is not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise TfrecorddError(f"{path}: the manifest is not a JSON object")
-    if doc.get("shard", shard.name) != shard.name:
-        raise TfrecorddError(
-            f"{path}: the manifest is shard {doc['shard']!r}'s, not {shard.name}'s"
-        )
+    doc = manifest_document(data, path, shard.name)
     offsets = doc.get("record_offsets")
     if (
         not isinstance(offsets, list)
