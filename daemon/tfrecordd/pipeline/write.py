@@ -235,17 +235,22 @@ class WriteStage:
     async def _wait_for_space(self, batch: EncodedBatch) -> None:
         """Hold the writer (and so, by backpressure, the sources) while an output's file
         system lacks room for the batch above its ``min_free_bytes``."""
+        incoming: dict[str, int] = {}
         for part in batch.parts:
             d = self.datasets[part.dataset]
-            if d.config.min_free_bytes:
-                await self._wait_for_room(d, part)
+            if not d.config.min_free_bytes:
+                continue
+            records = part.records
+            if isinstance(records, Packed):
+                size = len(records.unit.data)
+            else:
+                size = Compressor.bound(d.config.compression, framed_size(records))
+            incoming[d.name] = incoming.get(d.name, 0) + size
+        # One look at each dataset's file system a batch, however many parts it has there.
+        for name, size in incoming.items():
+            await self._wait_for_room(self.datasets[name], size)
 
-    async def _wait_for_room(self, d: DatasetOutput, part: Part) -> None:
-        records = part.records
-        if isinstance(records, Packed):
-            incoming = len(records.unit.data)
-        else:
-            incoming = Compressor.bound(d.config.compression, framed_size(records))
+    async def _wait_for_room(self, d: DatasetOutput, incoming: int) -> None:
         needed = d.config.min_free_bytes + incoming
         paused_at: float | None = None
         while (free := self.free_bytes(d)) is not None and free < needed:
