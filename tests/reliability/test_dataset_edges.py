@@ -6,6 +6,7 @@ published (linked) by a killed start, and routing values JSON allows but orjson 
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import subprocess
@@ -14,7 +15,9 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
+import anyio
 import pytest
 
 from tests.s3_server import S3Server, running_s3
@@ -25,14 +28,19 @@ from tests.support import (
     example_int64,
     read_shard,
     run_clean_until,
+    run_daemon_with,
     spool_drained,
     spool_file,
     wait_for,
     write_config,
     write_datasets_config,
 )
+from tfrecordd.config import load_config
+from tfrecordd.errors import DurabilityError, find_error
 from tfrecordd.events import RawEvent
+from tfrecordd.fsys import FileSystem
 from tfrecordd.pipeline.routing import route_value
+from tfrecordd.pipeline.runtime import Daemon
 
 T0 = 1_790_000_000 - 1_790_000_000 % 3600
 """An hour boundary in the past (2026-09)."""
@@ -330,3 +338,57 @@ def test_a_kept_open_shard_published_by_a_killed_start_gets_its_manifest(tmp_pat
     for shard in dataset_shards(tmp_path / "views"):
         assert shard.with_name(shard.name.replace(".tfrecord.gz", ".manifest.json")).exists()
     assert _ids(tmp_path / "views") == list(range(1, 1000, 2))
+
+
+class _KeptShardEio(FileSystem):
+    """EIO at the ``nth`` fsync of the views dataset's shard: the fsync a commit makes of a
+    shard it keeps open (the views shard is never closed before the stop)."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth = nth
+        self.seen = 0
+
+    def fsync(self, f: BinaryIO) -> None:
+        path = os.readlink(f"/proc/self/fd/{f.fileno()}")
+        if "/views/" in path and path.endswith(".inprogress"):
+            self.seen += 1
+            if self.seen == self.nth:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+        super().fsync(f)
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_a_failed_fsync_of_a_kept_open_shard_stops_and_loses_nothing(
+    tmp_path: Path, nth: int
+) -> None:
+    route = {"field": "type", "to": {"click": "clicks"}, "default": "views"}
+    cfg = write_datasets_config(
+        tmp_path,
+        {
+            "clicks": {"encoder": "ev", "compression": "none", "max_shard_records": 50},
+            "views": {"encoder": "ev", "compression": "zlib", "max_shard_age": "10m"},
+        },
+        encoders={"ev": EVENTS | {"type": "bytes"}},
+        sources=[{"name": "in", "route": route}],
+        daemon={"max_batch_events": 30},
+    )
+    spool_file(
+        tmp_path / "in",
+        "a.jsonl",
+        [{"id": i, "type": ("click", "view")[i % 2]} for i in range(600)],
+    )
+    fs = _KeptShardEio(nth)
+    daemon = Daemon(load_config(cfg), fs=fs, handle_signals=False)
+
+    async def body() -> None:
+        await anyio.sleep(30)
+        daemon.request_stop()
+
+    error = run_daemon_with(daemon, body)
+    assert fs.seen == nth, "the fault was injected"
+    assert error is not None
+    assert isinstance(find_error(error), DurabilityError), error
+    assert not spool_drained(tmp_path / "in"), "acknowledged after an fsync error"
+    run_clean_until(cfg, lambda: len(_ids(tmp_path / "clicks")) == 300)
+    assert _ids(tmp_path / "clicks") == list(range(0, 600, 2))
+    assert _ids(tmp_path / "views") == list(range(1, 600, 2))
