@@ -170,7 +170,7 @@ async def test_the_next_shard_fills_while_a_commit_runs(
     cfg = write_config(tmp_path, daemon={"max_batch_events": 25}, output={"max_shard_records": 100})
     spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(1000)])
     daemon = Daemon(load_config(cfg), handle_signals=False)
-    output = type(daemon.output)
+    (output,) = {type(out) for out in daemon.outputs.values()}
     publish = output.publish
     written_while_held: list[float] = []
     published: list[str] = []

@@ -392,3 +392,22 @@ def test_a_failed_fsync_of_a_kept_open_shard_stops_and_loses_nothing(
     run_clean_until(cfg, lambda: len(_ids(tmp_path / "clicks")) == 300)
     assert _ids(tmp_path / "clicks") == list(range(0, 600, 2))
     assert _ids(tmp_path / "views") == list(range(1, 600, 2))
+
+
+def test_a_drain_cuts_the_upload_budget_of_every_dataset_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tfrecordd.outputs.output import LocalOutput
+
+    cut: list[str] = []
+    monkeypatch.setattr(
+        LocalOutput, "stop_retrying_at", lambda self, deadline: cut.append(self.location)
+    )
+    cfg = write_datasets_config(
+        tmp_path,
+        {"a": {"encoder": "ev"}, "b": {"encoder": "ev"}},
+        encoders={"ev": EVENTS},
+        sources=[{"name": "in", "dataset": "a"}],
+    )
+    Daemon(load_config(cfg), handle_signals=False).request_stop()
+    assert sorted(cut) == [str(tmp_path / "a"), str(tmp_path / "b")]

@@ -162,8 +162,6 @@ class Daemon:
         self.outputs = {
             name: make_output(config, fs, self.metrics, name) for name in config.datasets
         }
-        self.output = next(iter(self.outputs.values()))
-        """The first dataset's output (a config of the older form has only it)."""
         self.state_dir = str(config.daemon.state_dir)
         self.fsync = any(d.fsync for d in config.datasets.values())
         self.sources: dict[str, Source] = {s.name: s.build() for s in config.sources}
@@ -228,8 +226,10 @@ class Daemon:
         if self._sources_scope is not None:
             self._sources_scope.cancel()
         deadline = time.monotonic() + self.config.daemon.drain_timeout
-        # An upload retrying in the committer's thread cannot be cancelled: its budget is cut.
-        self.output.stop_retrying_at(deadline)
+        # An upload retrying in the committer's thread cannot be cancelled: its budget is cut,
+        # whichever dataset's output it goes to.
+        for out in self.outputs.values():
+            out.stop_retrying_at(deadline)
         if self._pipeline_scope is not None:
             self._pipeline_scope.deadline = deadline
 
