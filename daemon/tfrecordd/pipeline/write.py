@@ -270,10 +270,9 @@ class WriteStage:
             self.metrics.paused.set(0)
             log.info("output has room again: resumed after %.1fs", time.monotonic() - paused_at)
 
-    def free_bytes(self, d: DatasetOutput | None = None) -> int | None:
-        """Bytes free for this process on the file system of dataset ``d``'s shards (default:
-        the first dataset's); ``None`` if unknown."""
-        d = d or next(iter(self.datasets.values()))
+    def free_bytes(self, d: DatasetOutput) -> int | None:
+        """Bytes free for this process on the file system of dataset ``d``'s shards; ``None`` if
+        unknown."""
         try:
             st = os.statvfs(d.output.staging_dir)
         except OSError:
