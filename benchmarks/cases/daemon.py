@@ -162,6 +162,32 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def start_daemon(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``tfrecordd run`` on ``config``, logging to ``log``, once it says it started (killed
+    if it does not)."""
+    with log.open("wb") as logf:
+        proc = subprocess.Popen(
+            [*_command(), "run", "--config", str(config)],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        _wait(
+            lambda: b" started: " in log.read_bytes() or proc.poll() is not None,
+            120,
+            "start-up",
+            log,
+        )
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited at start-up:\n{log.read_text()}")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
 def _wait(predicate: Callable[[], bool], timeout: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -193,22 +219,8 @@ def run_daemon(
         port = _free_port()
         config = _config(root, port, workers, shard_records)
         log = root / "daemon.log"
-        with log.open("wb") as logf:
-            proc = subprocess.Popen(
-                [*_command(), "run", "--config", str(config)],
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                env=os.environ | {"PYTHONUNBUFFERED": "1"},
-            )
+        proc = start_daemon(config, log)
         try:
-            _wait(
-                lambda: b" started: " in log.read_bytes() or proc.poll() is not None,
-                120,
-                "start-up",
-                log,
-            )
-            if proc.poll() is not None:
-                raise RuntimeError(f"daemon exited at start-up:\n{log.read_text()}")
             done = 0
             if warmup:
                 (staging / "warmup.jsonl").write_bytes(

@@ -22,7 +22,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,12 +34,12 @@ from .daemon import (
     RSS_TOLERANCE,
     Run,
     _children,
-    _command,
     _cpu,
     _free_port,
     _hwm_mib,
     _metric,
     _wait,
+    start_daemon,
 )
 
 RATIO_TARGET = 0.9
@@ -248,22 +247,8 @@ def run_daemon(ctx: Context, layout: Layout, workers: int, s: Sizes, block: byte
         config = _config(root, port, workers, layout, s)
         folders = _folders(root, layout)
         log = root / "daemon.log"
-        with log.open("wb") as logf:
-            proc = subprocess.Popen(
-                [*_command(), "run", "--config", str(config)],
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                env=os.environ | {"PYTHONUNBUFFERED": "1"},
-            )
+        proc = start_daemon(config, log)
         try:
-            _wait(
-                lambda: b" started: " in log.read_bytes() or proc.poll() is not None,
-                120,
-                "start-up",
-                log,
-            )
-            if proc.poll() is not None:
-                raise RuntimeError(f"daemon exited at start-up:\n{log.read_text()}")
             os.rename(staging / "warmup.jsonl", root / "spool" / "warmup.jsonl")
             _wait(lambda: _count(folders[0][0], ".tfrecord.gz") >= 1, 120, "the warm-up", log)
             cpu0 = _cpu(proc.pid)
