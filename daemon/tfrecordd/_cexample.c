@@ -1,7 +1,8 @@
 /* JSON bytes straight to serialized tf.train.Example bytes, for the plain features.
  *
  * An ExamplePlan is built once from a schema whose every feature is a top-level key of type
- * int64, float or bytes with no conversion of its own (tfrecordd.schema decides that). Its
+ * int64, float or bytes with no conversion of its own but a timestamp's unit (tfrecordd.schema
+ * decides that). Its
  * encode_batch parses each payload itself and writes the Example wire format without creating a
  * Python object per value. It answers None for a payload whenever it is not certain to produce
  * exactly what the pure-Python path (orjson.loads + ExampleSchema.encode) produces, and that path
@@ -10,7 +11,10 @@
  *
  * An int64 is read from the token's digits, never through a double: 3.0 and 1e3 are written
  * (as the Python path writes them, reading the number's text), while anything that is not an
- * integer as written, or does not fit, is left to Python to refuse with its reason.
+ * integer as written, or does not fit, is left to Python to refuse with its reason. An int64 with
+ * a time_unit (kind "int64/ms" and the like) takes only whole seconds written as an integer,
+ * multiplied by the unit's count per second; RFC 3339 text, fractions and products that do not
+ * fit are left to Python, which converts them exactly or names the fault.
  *
  * The wire format is the one tfrecordd.wire.ExampleWriter writes: map entries in the order of
  * their keys' UTF-8 bytes, int64 as packed varints, float as packed little-endian float32, bytes
@@ -53,6 +57,7 @@ typedef struct {
     unsigned char *json_key; /* the top-level key of the JSON object that holds the value */
     Py_ssize_t json_key_len;
     int kind;
+    int64_t per_second; /* a timestamp's units per second (an int64 with time_unit), else 0 */
     int required;
     unsigned char *default_entry; /* the whole map field (tag, length, entry), or NULL */
     Py_ssize_t default_len;
@@ -539,7 +544,8 @@ static int skip_value(Parser *ps, int depth) {
 }
 
 /* Append one element of a feature's value list to the payload buffer. */
-static int encode_element(Parser *ps, int kind) {
+static int encode_element(Parser *ps, const Feature *feature) {
+    int kind = feature->kind;
     const unsigned char *p = ps->p;
     if (p >= ps->end) return ENC_FALLBACK;
     unsigned char c = *p;
@@ -575,8 +581,16 @@ static int encode_element(Parser *ps, int kind) {
     if ((r = scan_number(ps, &num)) != ENC_OK) return r;
     if (kind == KIND_INT64) {
         int64_t v;
-        r = num.is_int ? number_to_int64(&num, &v) : number_to_int64_exact(&num, &v);
-        if (r != ENC_OK) return r;
+        if (feature->per_second) {
+            /* A timestamp: whole seconds only. A fraction, an exponent or a product past the
+             * int64 range is Python's (it floors exactly, or names the range). */
+            if (!num.is_int) return ENC_FALLBACK;
+            if ((r = number_to_int64(&num, &v)) != ENC_OK) return r;
+            if (__builtin_mul_overflow(v, feature->per_second, &v)) return ENC_FALLBACK;
+        } else {
+            r = num.is_int ? number_to_int64(&num, &v) : number_to_int64_exact(&num, &v);
+            if (r != ENC_OK) return r;
+        }
         if (buf_reserve(&ps->payload, 10) < 0) return ENC_NOMEM;
         unsigned char *o = put_varint(ps->payload.data + ps->payload.len, (uint64_t)v);
         ps->payload.len = (size_t)(o - ps->payload.data);
@@ -625,13 +639,13 @@ static int encode_feature(Parser *ps, const Feature *f, Py_ssize_t i) {
             ps->p++;
         } else {
             for (;;) {
-                if ((r = encode_element(ps, f->kind)) != ENC_OK) return r;
+                if ((r = encode_element(ps, f)) != ENC_OK) return r;
                 if ((r = after_item(ps, ']')) == ITEM_MORE) continue;
                 if (r == ITEM_DONE) break;
                 return r;
             }
         }
-    } else if ((r = encode_element(ps, f->kind)) != ENC_OK) {
+    } else if ((r = encode_element(ps, f)) != ENC_OK) {
         return r;
     }
     ps->slot[i] = SLOT_VALUE;
@@ -849,7 +863,19 @@ static int plan_init(PlanObject *self, PyObject *args, PyObject *kwds) {
         Feature *f = &self->features[i];
         self->count = i + 1; /* what plan_free_features frees */
         if (PyUnicode_CompareWithASCIIString(kind, "int64") == 0) f->kind = KIND_INT64;
-        else if (PyUnicode_CompareWithASCIIString(kind, "float") == 0) f->kind = KIND_FLOAT;
+        else if (PyUnicode_CompareWithASCIIString(kind, "int64/s") == 0) {
+            f->kind = KIND_INT64;
+            f->per_second = 1;
+        } else if (PyUnicode_CompareWithASCIIString(kind, "int64/ms") == 0) {
+            f->kind = KIND_INT64;
+            f->per_second = 1000;
+        } else if (PyUnicode_CompareWithASCIIString(kind, "int64/us") == 0) {
+            f->kind = KIND_INT64;
+            f->per_second = 1000000;
+        } else if (PyUnicode_CompareWithASCIIString(kind, "int64/ns") == 0) {
+            f->kind = KIND_INT64;
+            f->per_second = 1000000000;
+        } else if (PyUnicode_CompareWithASCIIString(kind, "float") == 0) f->kind = KIND_FLOAT;
         else if (PyUnicode_CompareWithASCIIString(kind, "bytes") == 0) f->kind = KIND_BYTES;
         else {
             PyErr_Format(PyExc_ValueError, "unknown feature kind %R", kind);
@@ -1037,7 +1063,8 @@ static PyTypeObject PlanType = {
     .tp_doc = "ExamplePlan(features)\n--\n\n"
               "A compiled Example encoder for JSON payloads. features: (name, JSON key, kind, "
               "required, default entry) tuples; name and JSON key are UTF-8 bytes, kind is "
-              "'int64', 'float' or 'bytes', the default entry is the serialized map field "
+              "'int64', 'float', 'bytes' or 'int64/<unit>' (s, ms, us, ns: a timestamp), the "
+              "default entry is the serialized map field "
               "written when the value is missing, or None.",
     .tp_methods = plan_methods,
     .tp_getset = plan_getset,

@@ -11,7 +11,9 @@ class ExamplePlan:
 
     def __init__(self, features: Sequence[tuple[bytes, bytes, str, bool, bytes | None]]) -> None:
         """``features``: ``(name, JSON key, type, required, default entry)`` per feature. Name
-        and JSON key are UTF-8; the type is ``"int64"``, ``"float"`` or ``"bytes"``; the default
+        and JSON key are UTF-8; the type is ``"int64"``, ``"float"``, ``"bytes"``, or
+        ``"int64/<unit>"`` for an int64 with a ``time_unit`` (``s``, ``ms``, ``us``, ``ns``:
+        whole seconds written as an integer are multiplied, anything else is Python's); the default
         entry is the serialized map field written for a missing value, or ``None`` to leave the
         feature out. Raises ``ValueError`` on an unknown type, a name declared twice, or two
         features reading one JSON key; a plan is initialized once."""

@@ -27,6 +27,7 @@ from tfrecordd.errors import EncodeError
 from tfrecordd.format import proto
 from tfrecordd.plugin import EncodeResult, RawEvent
 from tfrecordd.schema import ExampleSchema
+from tfrecordd.schema.numtext import PER_SECOND
 from tfrecordd_plugins.encoders.example import ExampleEncoderConfig
 
 cexample = speedups.load("_cexample")
@@ -123,7 +124,7 @@ def test_plain_features_are_eligible_with_their_default_entries() -> None:
         {"type": "int64", "path": "items[0]"},
         {"type": "int64", "path": "0"},
         {"type": "int64", "shape": [2]},
-        {"type": "int64", "time_unit": "ms"},
+        {"type": "int64", "time_unit": "ms", "shape": [1]},
         {"type": "int64", "length": True},
     ],
 )
@@ -169,6 +170,33 @@ def test_typical_events_take_the_fast_path() -> None:
     first = out[0]
     assert first is not None
     assert proto.parse_example(first) == proto.parse_example(schema.encode(orjson.loads(lines[0])))
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_timestamps_in_whole_seconds_take_the_fast_path(unit: str) -> None:
+    features = {"ts": {"type": "int64", "time_unit": unit}, "v": "float"}
+    assert ExampleSchema(features).compiled_json_features() is not None
+    for seconds in (0, 1, -1, 1_764_000_000, -(2**30)):
+        got = fast(features, b'{"ts": %d, "v": 1}' % seconds)
+        assert proto.parse_example(got)["ts"] == [seconds * PER_SECOND[unit]]
+    got = fast(features, b'{"ts": [1, 2], "v": 1}')
+    assert proto.parse_example(got)["ts"] == [PER_SECOND[unit], 2 * PER_SECOND[unit]]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'"2026-11-24T03:00:00Z"',  # RFC 3339: Python's
+        b"1.5",  # a fraction: floored by Python, exactly
+        b"1e3",  # an exponent
+        b"9223372036854775",  # whole seconds whose count of nanoseconds is past int64
+        b"true",
+        b'["2026-11-24T03:00:00Z"]',
+    ],
+)
+def test_timestamps_python_converts_fall_back(value: bytes) -> None:
+    features = {"ts": {"type": "int64", "time_unit": "ns"}}
+    assert falls_back(features, b'{"ts": %s}' % value)
 
 
 def test_records_parse_to_the_values() -> None:
@@ -393,7 +421,9 @@ def test_ints_written_as_python_writes_them(values: list[int]) -> None:
 # --- random schemas and events ------------------------------------------------------------------
 
 KEY_ALPHABET = "abcé😀_\u0000\"\\'"
-KINDS = ["int64", "float", "bytes"]
+KINDS = ["int64", "float", "bytes", "ts"]
+"""Feature kinds of the generated schemas; ``ts`` is an int64 with a ``time_unit``."""
+UNITS = ["s", "ms", "us", "ns"]
 
 scalar_json = st.one_of(
     st.none(),
@@ -416,6 +446,14 @@ def element(kind: str) -> st.SearchStrategy[Any]:
         return st.one_of(
             st.integers(min_value=-(2**63), max_value=2**63 - 1),
             st.integers(min_value=-300, max_value=300),
+        )
+    if kind == "ts":
+        return st.one_of(
+            st.integers(min_value=-(2**63), max_value=2**63 - 1),
+            st.integers(min_value=-(10**10), max_value=10**10),
+            st.floats(min_value=-1e10, max_value=1e10),
+            st.datetimes().map(lambda t: t.isoformat() + "Z"),
+            st.text(max_size=4),
         )
     if kind == "float":
         return st.one_of(
@@ -448,14 +486,18 @@ def schemas(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, str]]:
     for name in names:
         kind = draw(st.sampled_from(KINDS))
         spec: dict[str, Any] = {"type": kind}
+        if kind == "ts":
+            spec = {"type": "int64", "time_unit": draw(st.sampled_from(UNITS))}
         mode = draw(st.sampled_from(["plain", "required", "default", "renamed"]))
         if mode == "required":
             spec["required"] = True
         elif mode == "default":
             spec["default"] = draw(
-                {"int64": st.integers(-(2**63), 2**63 - 1), "float": st.just(2.5)}.get(
-                    kind, st.text(max_size=3)
-                )
+                {
+                    "int64": st.integers(-(2**63), 2**63 - 1),
+                    "float": st.just(2.5),
+                    "ts": st.integers(-(10**9), 10**9),
+                }.get(kind, st.text(max_size=3))
             )
         elif mode == "renamed" and "." not in name and "[" not in name and "]" not in name:
             spec["path"] = "k" + name
@@ -502,12 +544,13 @@ class Case:
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
     features, keys = draw(schemas())
-    case = Case(ExampleSchema(features), {keys[n]: spec["type"] for n, spec in features.items()})
+    kinds = {n: "ts" if "time_unit" in spec else spec["type"] for n, spec in features.items()}
+    case = Case(ExampleSchema(features), {keys[n]: kinds[n] for n in features})
     for _ in range(draw(st.integers(1, 6))):
         event: dict[str, Any] = {}
         pairs: list[tuple[str, Any]] = []
-        for name, spec in features.items():
-            kind = spec["type"]
+        for name in features:
+            kind = kinds[name]
             choice = draw(
                 st.sampled_from(["good", "good", "good", "list", "other", "none", "miss"])
             )
@@ -571,14 +614,30 @@ def test_valid_events_of_random_schemas_take_the_fast_path(case: Case) -> None:
             # The compiled path may decline only what it documents as declined. The event is
             # read as written: orjson would turn an integer beyond 64 bits into a float.
             event = json.loads(payload)
-            assert any(_declined(case.kinds.get(k), v) for k, v in event.items()), payload
+            units = {
+                key: spec.time_unit for key, spec in _keys_of(case.schema).items() if spec.time_unit
+            }
+            assert any(
+                _declined(case.kinds.get(k), v, PER_SECOND[units[k]] if k in units else 1)
+                for k, v in event.items()
+            ), payload
 
 
-def _declined(kind: str | None, value: Any) -> bool:
+def _keys_of(schema: ExampleSchema) -> dict[str, Any]:
+    """Each JSON key the schema reads → the spec of its feature."""
+    return {spec.path or name: spec for name, spec in schema.features.items()}
+
+
+def _declined(kind: str | None, value: Any, per_second: int = 1) -> bool:
     """Whether the compiled path leaves a key's value to Python although Python writes it."""
     if _has_huge_float(value):  # at or beyond 1e308: might be infinite as a double
         return True
     values = value if isinstance(value, list) else [value]
+    if kind == "ts":
+        # Only whole seconds written as an integer whose count of the unit fits an int64.
+        return any(
+            not isinstance(v, int) or not -(2**63) <= v * per_second < 2**63 for v in values
+        )
     if kind == "int64":
         # A float here was written with a fraction or an exponent: the compiled path takes it
         # only when it reads an int64 from the digits as easily as Python does.

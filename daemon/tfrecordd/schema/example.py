@@ -103,17 +103,19 @@ class ExampleSchema:
         ``None`` when some feature needs Python to convert its value.
 
         Eligible: every feature reads a top-level key (its name, or a ``path`` of one key) that
-        no other feature reads, and has no ``shape``, ``time_unit`` or ``length``. Each feature is
+        no other feature reads, and has no ``shape`` or ``length``. Each feature is
         ``(name, JSON key, type, required, default entry)``: name and key as UTF-8, the type's
-        name, and the serialized map field that :meth:`encode` writes for a missing value, or
-        ``None`` when it leaves the feature out.
+        name (``int64/<unit>`` for a ``time_unit``: the compiled plan writes whole seconds given
+        as integers and leaves every other timestamp to Python), and the serialized map field
+        that :meth:`encode` writes for a missing value, or ``None`` when it leaves the feature
+        out.
         """
         out: list[CompiledFeature] = []
         keys: set[str] = set()
         for (name, key, _, _, default, required, _), spec in zip(
             self._plan, self.features.values(), strict=True
         ):
-            special = spec.shape is not None or spec.time_unit is not None or spec.length
+            special = spec.shape is not None or spec.length
             if key is None or special or key in keys:
                 return None
             keys.add(key)
@@ -125,7 +127,8 @@ class ExampleSchema:
             if default is not None:
                 # Encoded alone, the Example holds exactly this feature's map entry.
                 entry = map_entries(ExampleWriter([(name, spec.type)]).encode([default]))
-            out.append((name_bytes, key_bytes, spec.type.value, required, entry))
+            kind = spec.type.value if spec.time_unit is None else f"int64/{spec.time_unit}"
+            out.append((name_bytes, key_bytes, kind, required, entry))
         return tuple(out)
 
     def encode_csv(self, row: Mapping[str, Any]) -> bytes:
