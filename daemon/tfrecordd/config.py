@@ -29,6 +29,7 @@ from tfrecordd.datasets import NAME_PATTERN, DatasetSection, OutputSection, lega
 from tfrecordd.endpoints import METRICS_LISTEN, split_host_port
 from tfrecordd.errors import ConfigError
 from tfrecordd.fsys import is_url
+from tfrecordd.interpolate import interpolate
 from tfrecordd.pathcheck import check_paths
 from tfrecordd.plugin import EncoderConfig, Registry, SourceConfig
 from tfrecordd.units import Duration, Size
@@ -441,7 +442,8 @@ def _record_limit_errors(
 
 
 def load_config(path: str | os.PathLike[str], registry: Registry | None = None) -> DaemonConfig:
-    """Read and validate a TOML config file; raises :class:`ConfigError` on any problem."""
+    """Read and validate a TOML config file, its string values' ``${…}`` references substituted
+    (:mod:`tfrecordd.interpolate`); raises :class:`ConfigError` on any problem."""
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -450,4 +452,4 @@ def load_config(path: str | os.PathLike[str], registry: Registry | None = None) 
         raise ConfigError([f"{p}: cannot read: {e.strerror or e}"]) from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([f"{p}: not valid TOML: {e}"]) from e
-    return parse_config(data, registry or Registry.from_entry_points(), p)
+    return parse_config(interpolate(data), registry or Registry.from_entry_points(), p)

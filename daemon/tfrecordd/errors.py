@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tfrecordd.redact import redact_text
+from tfrecordd.secretvalues import mask
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -34,8 +35,9 @@ class ConfigError(TfrecorddError):
     exit_code = EXIT_CONFIG
 
     def __init__(self, errors: list[str]) -> None:
-        # Messages may quote config values (a URL with a password): redacted here, once for all.
-        self.errors = [redact_text(e) for e in errors]
+        # Messages may quote config values (a URL with a password, a secret read from a file):
+        # redacted here, once for all.
+        self.errors = [mask(redact_text(e)) for e in errors]
         super().__init__("invalid configuration:\n" + "\n".join(f"  {e}" for e in self.errors))
 
 
