@@ -89,8 +89,7 @@ def substitute(text: str, key: str, environ: Mapping[str, str] | None = None) ->
         if m.group(3) is None:
             raise _Problem(f"`${{{inner}` has no closing `}}`")
         if inner.startswith(("file:", "credential:")):
-            value, where = _secret_file(inner)
-            secret = True
+            value, where = _secret_file(inner)  # remembered there, alone: a URL around it is not
         else:
             value, where = _variable(inner, env)
             secret = secret or secretvalues.is_secret_key(key)

@@ -50,4 +50,4 @@ def mask(text: str) -> str:
         known = sorted((v for v in _values if len(v) >= MIN_MASKED), key=len, reverse=True)
     for value in known:
         text = text.replace(value, REDACTED)
-    return text
+    return REDACTED if text and is_secret(text) else text

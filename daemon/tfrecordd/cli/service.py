@@ -13,11 +13,12 @@ from tfrecordd import heap, logs, speedups
 from tfrecordd.cli import help_of
 from tfrecordd.config import load_config
 from tfrecordd.datasets import PartitionSection
-from tfrecordd.errors import EXIT_OK, ConfigError, TfrecorddError, find_error
+from tfrecordd.errors import EXIT_OK, EXIT_USAGE, ConfigError, TfrecorddError, find_error
 from tfrecordd.fsys import LOCAL
 from tfrecordd.outputs import make_output
 from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import Registry
+from tfrecordd.showconfig import effective, to_toml
 
 log = logging.getLogger("tfrecordd")
 
@@ -32,7 +33,14 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("check-config", help=help_of("check-config"))
-    p.add_argument("config", help="the TOML config file")
+    p.add_argument("config", nargs="?", help="the TOML config file (or --config)")
+    p.add_argument("--config", "-c", dest="config_option", metavar="FILE", help="the config file")
+    p.add_argument(
+        "--show",
+        action="store_true",
+        help="print the config in effect (defaults filled in, ${...} substituted) as TOML, "
+        "every secret masked",
+    )
     p.set_defaults(func=cmd_check_config)
 
     p = sub.add_parser("plugins", help=help_of("plugins"))
@@ -62,8 +70,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """Run the start-up checks on a config file; print a summary or every error."""
-    config = load_config(args.config)
+    """Run the start-up checks on a config file; print a summary (or, with ``--show``, the
+    config in effect) or every error."""
+    path = args.config_option or args.config
+    if path is None or (args.config_option and args.config):
+        print(
+            "tfrecordd check-config: give one config file (FILE or --config FILE)", file=sys.stderr
+        )
+        return EXIT_USAGE
+    args.config = path
+    config = load_config(path)
+    if args.show:
+        sys.stdout.write(to_toml(effective(config)))
+        return EXIT_OK
     print(
         f"{args.config}: OK ({len(config.sources)} source(s), {len(config.encoders)} encoder(s), "
         f"{len(config.datasets)} dataset(s))"

@@ -1,0 +1,107 @@
+"""The config in effect, as TOML: every default filled in, every ``${…}`` substituted, and every
+secret masked (``tfrecordd check-config --show``).
+
+A value is masked (``"***"``) when its key looks secret
+(:func:`~tfrecordd.secretvalues.is_secret_key`), and so is every value read from a secret file
+or credential, or a secret-looking variable, wherever it appears (:mod:`tfrecordd.secretvalues`);
+a URL keeps all but its password (:mod:`tfrecordd.redact`), and ``storage_options`` only the
+values of keys known to be harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from tfrecordd import secretvalues
+from tfrecordd.redact import REDACTED, redact_options, redact_text
+
+if TYPE_CHECKING:
+    from tfrecordd.config import DaemonConfig
+
+OCTAL_KEYS = frozenset({"mode"})
+"""Keys whose integer values are file modes, shown in octal (``0o660``)."""
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def effective(config: DaemonConfig) -> dict[str, Any]:
+    """The config in effect as a TOML-ready mapping, secrets masked."""
+    exclude: set[str] = {"path"}
+    if config.output is not None:
+        exclude.add("datasets")  # derived from [output]: both in one file is refused
+    data = config.model_dump(mode="json", exclude_none=True, exclude=exclude)
+    masked = _mask(data, "")
+    assert isinstance(masked, dict)
+    return masked
+
+
+def _mask(value: Any, key: str) -> Any:
+    name = key.rsplit(".", 1)[-1]
+    if isinstance(value, dict):
+        if name == "storage_options":
+            return redact_options(value)
+        return {k: _mask(v, f"{key}.{k}" if key else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v, key) for v in value]
+    if isinstance(value, str):
+        if value and secretvalues.is_secret_key(name):
+            return REDACTED
+        return secretvalues.mask(redact_text(value))
+    return value
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """``data`` (str keys; str, int, float, bool, list and dict values) as a TOML document."""
+    lines: list[str] = []
+    _table(data, [], lines, header=None)
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def _key(name: str) -> str:
+    return name if _BARE.match(name) else json.dumps(name)
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _is_table_array(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _table(data: dict[str, Any], path: list[str], lines: list[str], header: str | None) -> None:
+    scalars = [k for k, v in data.items() if not _is_table(v) and not _is_table_array(v)]
+    if header is not None and (scalars or len(scalars) == len(data)):
+        lines += ["", header]  # a table of tables alone needs no header of its own
+    for k, v in data.items():
+        if not _is_table(v) and not _is_table_array(v):
+            lines.append(f"{_key(k)} = {_value(v, k)}")
+    for k, v in data.items():
+        dotted = ".".join(_key(p) for p in [*path, k])
+        if _is_table(v):
+            _table(v, [*path, k], lines, f"[{dotted}]")
+        elif _is_table_array(v):
+            for item in v:
+                _table(item, [*path, k], lines, f"[[{dotted}]]")
+
+
+def _value(value: Any, key: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"0o{value:o}" if key in OCTAL_KEYS and value >= 0 else str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v, key) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v, k)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value))

@@ -1,0 +1,68 @@
+"""``tfrecordd check-config --show``: the config in effect as TOML, every secret masked, run
+as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from tests.support import run_tfrecordd, write_config
+from tfrecordd.config import load_config
+
+
+def test_show_prints_the_effective_config_with_every_secret_masked(tmp_path: Path) -> None:
+    secret = tmp_path / "redis-password"
+    secret.write_text("hunter2-from-a-file\n")
+    (tmp_path / "out").mkdir()
+    config = tmp_path / "show.toml"
+    config.write_text(
+        f"""[daemon]
+node_id = "${{SHOW_NODE}}"
+state_dir = "{tmp_path}/state"
+[metrics]
+enabled = false
+[datasets.events]
+encoder = "events"
+dir = "{tmp_path}/out"
+storage_options = {{ }}
+[[sources]]
+name = "redis"
+type = "redis-stream"
+url = "redis://app:${{file:{secret}}}@127.0.0.1:6379/0"
+stream = "events"
+dataset = "events"
+[[sources]]
+name = "sock"
+type = "unix"
+path = "{tmp_path}/in.sock"
+dataset = "events"
+[encoders.events]
+type = "example"
+features = {{ id = "int64" }}
+"""
+    )
+    env = dict(os.environ, SHOW_NODE="node-9")
+    result = run_tfrecordd("check-config", "--show", "--config", str(config), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "hunter2" not in result.stdout
+    shown = tomllib.loads(result.stdout)
+    assert shown["daemon"]["node_id"] == "node-9"
+    assert shown["daemon"]["drain_timeout"] == "30s"  # a default, filled in
+    assert shown["sources"][0]["url"] == "redis://app:***@127.0.0.1:6379/0"
+    assert "mode = 0o660" in result.stdout
+    assert shown["sources"][1]["mode"] == 0o660
+    # what it prints is a config that loads as the same one
+    again = tmp_path / "again.toml"
+    again.write_text(result.stdout)
+    reloaded = load_config(again)
+    assert reloaded.daemon.node_id == "node-9"
+    assert [s.name for s in reloaded.sources] == ["redis", "sock"]
+
+
+def test_show_takes_the_config_as_an_argument_too(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    result = run_tfrecordd("check-config", str(config), "--show")
+    assert result.returncode == 0, result.stderr
+    assert tomllib.loads(result.stdout)["sources"][0]["name"] == "spool"
+    assert run_tfrecordd("check-config").returncode == 2
