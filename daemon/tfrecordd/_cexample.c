@@ -1331,12 +1331,161 @@ done:
     return result;
 }
 
+/* ---- string_values: one top-level string of each JSON object ------------------------------ */
+
+/* The value of the top-level key `key` of the JSON object in [data, data + size): ENC_OK with
+ * its raw content in [*vs, *ve) and *vesc telling whether it holds escapes, when the whole
+ * payload is an object this parser validates and the key is there once with a string. Anything
+ * else (another value, a key missing or repeated, not JSON, too deep) is ENC_FALLBACK: Python
+ * reads that payload. */
+static int find_string(Parser *ps, const unsigned char *data, Py_ssize_t size,
+                       const unsigned char *key, size_t key_len, size_t *vs, size_t *ve,
+                       int *vesc) {
+    int r, found = 0;
+    ps->p = data;
+    ps->end = data + size;
+    skip_ws(ps);
+    if (ps->p >= ps->end || *ps->p != '{') return ENC_FALLBACK;
+    ps->p++;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == '}') {
+        ps->p++;
+    } else {
+        for (;;) {
+            if (ps->p >= ps->end || *ps->p != '"') return ENC_FALLBACK;
+            const unsigned char *s, *e;
+            int esc, match;
+            if ((r = scan_string(ps, &s, &e, &esc)) != ENC_OK) return r;
+            if (!esc) {
+                match = (size_t)(e - s) == key_len && memcmp(s, key, key_len) == 0;
+            } else {
+                ps->text.len = 0;
+                if ((r = decode_escaped(s, e, &ps->text)) != ENC_OK) return r;
+                match = ps->text.len == key_len && memcmp(ps->text.data, key, key_len) == 0;
+            }
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != ':') return ENC_FALLBACK;
+            ps->p++;
+            skip_ws(ps);
+            if (match) {
+                if (found || ps->p >= ps->end || *ps->p != '"') return ENC_FALLBACK;
+                if ((r = scan_string(ps, &s, &e, vesc)) != ENC_OK) return r;
+                *vs = (size_t)(s - data);
+                *ve = (size_t)(e - data);
+                found = 1;
+            } else if ((r = skip_value(ps, 1)) != ENC_OK) {
+                return r;
+            }
+            if ((r = after_item(ps, '}')) == ITEM_MORE) continue;
+            if (r == ITEM_DONE) break;
+            return r;
+        }
+    }
+    skip_ws(ps);
+    if (ps->p != ps->end) return ENC_FALLBACK;
+    return found ? ENC_OK : ENC_FALLBACK;
+}
+
+enum { VALUE_ESCAPED = 0x10 };
+
+static PyObject *string_values(PyObject *Py_UNUSED(module), PyObject *const *args,
+                               Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "string_values(payloads, key) takes 2 arguments");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "key must be bytes");
+        return NULL;
+    }
+    /* A tuple of our own holds every payload alive while the GIL is released (first_values
+     * says why not PySequence_Fast). */
+    PyObject *payloads = PySequence_Tuple(args[0]);
+    if (payloads == NULL) return NULL;
+    PyObject *key = Py_NewRef(args[1]);
+    Py_ssize_t n = PyTuple_GET_SIZE(payloads);
+    PyObject *result = NULL;
+    size_t *span = PyMem_Malloc(((size_t)n + 1) * 2 * sizeof(size_t));
+    unsigned char *status = PyMem_Malloc((size_t)n + 1);
+    Parser ps = {0};
+    Buf text = {0};
+    if (span == NULL || status == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        status[i] = PyBytes_Check(PyTuple_GET_ITEM(payloads, i)) ? ENC_OK : ENC_FALLBACK;
+    const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
+    size_t klen = (size_t)PyBytes_GET_SIZE(key);
+    int nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !nomem; i++) {
+        if (status[i] != ENC_OK) continue;
+        PyObject *item = PyTuple_GET_ITEM(payloads, i);
+        int esc = 0;
+        int r = find_string(&ps, (const unsigned char *)PyBytes_AS_STRING(item),
+                            PyBytes_GET_SIZE(item), k, klen, &span[2 * i], &span[2 * i + 1],
+                            &esc);
+        if (r == ENC_NOMEM) nomem = 1;
+        /* A value holding escapes is decoded once the GIL is held. */
+        status[i] = (unsigned char)(r != ENC_OK ? ENC_FALLBACK : esc ? VALUE_ESCAPED : ENC_OK);
+    }
+    Py_END_ALLOW_THREADS
+    if (nomem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyList_New(n);
+    if (result == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = NULL;
+        if (status[i] != ENC_FALLBACK) {
+            const unsigned char *data =
+                (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(payloads, i));
+            const unsigned char *s = data + span[2 * i], *e = data + span[2 * i + 1];
+            if (status[i] == VALUE_ESCAPED) {
+                text.len = 0;
+                if (decode_escaped(s, e, &text) != ENC_OK) {
+                    PyErr_NoMemory();
+                    Py_CLEAR(result);
+                    goto done;
+                }
+                s = text.data;
+                e = text.data + text.len;
+            }
+            /* Validated UTF-8 without surrogates: decoding cannot fail but on memory. */
+            value = PyUnicode_DecodeUTF8((const char *)s, (Py_ssize_t)(e - s), "strict");
+            if (value == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+        } else {
+            value = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(result, i, value);
+    }
+done:
+    PyMem_Free(span);
+    PyMem_Free(status);
+    PyMem_RawFree(ps.payload.data);
+    PyMem_RawFree(ps.text.data);
+    PyMem_RawFree(text.data);
+    Py_DECREF(key);
+    Py_DECREF(payloads);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"first_values", (PyCFunction)(void (*)(void))first_values, METH_FASTCALL,
      "first_values(records, names, /)\n--\n\n"
      "For each serialized Example of records (bytes), the first value of each feature of names "
      "(bytes), None where absent or empty, in a tuple; None for a record that is not "
      "well-formed."},
+    {"string_values", (PyCFunction)(void (*)(void))string_values, METH_FASTCALL,
+     "string_values(payloads, key, /)\n--\n\n"
+     "For each payload (bytes), the string at the top-level key (bytes, UTF-8) of the JSON "
+     "object it holds, or None: not a JSON object this parser validates, the key missing or "
+     "repeated, or its value no string (then Python reads that payload)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1344,7 +1493,8 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_cexample",
     .m_doc = "JSON payloads to serialized tf.train.Example records, for schemas of plain features; "
-             "chosen features' first values read back from serialized Examples.",
+             "chosen features' first values read back from serialized Examples; one top-level "
+             "string of each JSON object (a route's field).",
     .m_size = -1,
     .m_methods = module_methods,
 };

@@ -1,5 +1,6 @@
 """JSON payloads to serialized ``tf.train.Example`` records, for schemas of plain features;
-chosen features' first values read back from serialized Examples."""
+chosen features' first values read back from serialized Examples; one top-level string of each
+JSON object (a route's field)."""
 
 from collections.abc import Sequence
 from typing import final
@@ -36,3 +37,10 @@ def first_values(
     empty), or ``None`` for a record that is not well-formed: what
     :class:`tfrecordd.format.features.FeatureReader` reads. Raises ``TypeError`` for a record
     or a name that is not ``bytes``."""
+
+def string_values(payloads: Sequence[bytes], key: bytes, /) -> list[str | None]:
+    """For each payload, the string at the top-level ``key`` (UTF-8) of the JSON object it
+    holds, or ``None``: not a JSON object this parser validates (the one the compiled plan
+    uses), the key missing or repeated, or its value no string; then the caller reads that
+    payload in Python. The parsing runs with the GIL released. Raises ``TypeError`` for a key
+    that is not ``bytes``; a payload that is not ``bytes`` gets ``None``."""

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from tfrecordd import speedups
 from tfrecordd.errors import EncodeError
 from tfrecordd.format import proto
+from tfrecordd.pipeline.routing import route_value
 from tfrecordd.plugin import EncodeResult, RawEvent
 from tfrecordd.schema import ExampleSchema
 from tfrecordd.schema.numtext import PER_SECOND
@@ -174,7 +175,7 @@ def test_typical_events_take_the_fast_path() -> None:
 
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
 def test_timestamps_in_whole_seconds_take_the_fast_path(unit: str) -> None:
-    features = {"ts": {"type": "int64", "time_unit": unit}, "v": "float"}
+    features: dict[str, Any] = {"ts": {"type": "int64", "time_unit": unit}, "v": "float"}
     assert ExampleSchema(features).compiled_json_features() is not None
     for seconds in (0, 1, -1, 1_764_000_000, -(2**30)):
         got = fast(features, b'{"ts": %d, "v": 1}' % seconds)
@@ -635,9 +636,7 @@ def _declined(kind: str | None, value: Any, per_second: int = 1) -> bool:
     values = value if isinstance(value, list) else [value]
     if kind == "ts":
         # Only whole seconds written as an integer whose count of the unit fits an int64.
-        return any(
-            not isinstance(v, int) or not -(2**63) <= v * per_second < 2**63 for v in values
-        )
+        return any(not isinstance(v, int) or not -(2**63) <= v * per_second < 2**63 for v in values)
     if kind == "int64":
         # A float here was written with a fraction or an exponent: the compiled path takes it
         # only when it reads an int64 from the digits as easily as Python does.
@@ -724,3 +723,80 @@ def test_batches_encode_the_same_from_several_threads() -> None:
         t.join()
     assert len(results) == 20
     assert all(r == expected for r in results)
+
+
+# --- string_values: a route's field -----------------------------------------------------------
+
+
+@st.composite
+def routed_payloads(draw: st.DrawFn) -> tuple[str, list[bytes], list[bytes]]:
+    """(the route's key, payloads written by a JSON library, payloads written by hand: keys
+    repeated, odd whitespace)."""
+    key = draw(st.text(KEY_ALPHABET, min_size=1, max_size=3))
+    clean: list[bytes] = []
+    others: list[bytes] = []
+    for _ in range(draw(st.integers(1, 5))):
+        value = draw(st.one_of(st.text(max_size=6), junk_json))
+        event = draw(st.dictionaries(st.text(KEY_ALPHABET, max_size=3), junk_json, max_size=4))
+        if draw(st.booleans()):
+            event[key] = value
+        clean.extend(text.encode() for text in dumps_variants(event))
+        pairs: list[tuple[str, Any]] = list(event.items())
+        repeat: bool = draw(st.booleans())
+        if pairs and repeat:
+            repeated: str = draw(st.text(max_size=3))
+            pairs.insert(draw(st.integers(0, len(pairs))), (key, repeated))
+        shuffled: list[tuple[str, Any]] = draw(st.permutations(pairs))
+        others.append(object_text(draw, shuffled))
+    return key, clean, others
+
+
+def check_strings(key: str, payloads: list[bytes]) -> list[str | None]:
+    """Hold every compiled answer to Python's reading of the route's field; return them."""
+    assert cexample is not None
+    got = cexample.string_values(payloads, key.encode())
+    assert len(got) == len(payloads)
+    for payload, value in zip(payloads, got, strict=True):
+        if value is not None:
+            assert value == route_value(RawEvent(payload, "t:1"), key), payload
+    return list(got)
+
+
+@given(routed_payloads(), st.randoms(use_true_random=False))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_string_values_agree_with_python(
+    case: tuple[str, list[bytes], list[bytes]], rng: random.Random
+) -> None:
+    key, clean, others = case
+    payloads = clean + others
+    check_strings(key, payloads)
+    check_strings(key, [m for p in payloads for m in mutations(p, rng)])
+    for payload, value in zip(clean, check_strings(key, clean), strict=True):
+        if isinstance(orjson.loads(payload).get(key), str):
+            assert value is not None, payload  # a plain string takes the compiled path
+
+
+def test_string_values_leave_the_unsure_to_python() -> None:
+    assert cexample is not None
+    payloads = [
+        b'{"type": "click", "x": [1, {"y": null}]}',
+        b'{"t\\u0079pe": "cl\\u00e9ck\\n"}',
+        b'{"type": 1}',
+        b'{"type": "a", "type": "b"}',
+        b'{"x": 1}',
+        b'{"type": "click"',
+        b'["type", "click"]',
+        b'{"type": "\\ud800"}',
+    ]
+    assert cexample.string_values(payloads, b"type") == [
+        "click",
+        "cl\u00e9ck\n",
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
+    with pytest.raises(TypeError):
+        cexample.string_values(payloads, "type")

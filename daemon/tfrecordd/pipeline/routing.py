@@ -11,8 +11,9 @@ folder: one :class:`~tfrecordd.pipeline.encoding.Part` per (dataset, folder), re
 order. An event whose value names no dataset (and no ``default``) fails with the reason
 ``route``; one whose record holds no readable event time, with ``event-time``.
 
-The route's field is read from each JSON event by parsing it, besides the encoder's own parse:
-the price of routing, paid in the encode workers, in parallel.
+The route's field is read from each JSON event besides the encoder's own parse: by the compiled
+reader (:func:`~tfrecordd.schema.string_values`) where the value is a string, else by parsing
+the event in Python; the price of routing, paid in the encode workers, in parallel.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tfrecordd.pipeline.encoding import (
     packed,
 )
 from tfrecordd.plugin import Encoder, EncoderConfig, Failure
-from tfrecordd.schema import FeatureSpec
+from tfrecordd.schema import FeatureSpec, string_values
 from tfrecordd.schema.json_values import load_event
 
 __all__ = [
@@ -115,6 +116,15 @@ def _payload_value(payload: bytes, field_name: str) -> str | None:
     except (orjson.JSONDecodeError, ValueError):
         return None
     return _text(parsed.get(field_name)) if isinstance(parsed, dict) else None
+
+
+def _payload_values(payloads: Sequence[bytes], field_name: str) -> list[str | None]:
+    """:func:`_payload_value` of each payload: the compiled reader's answer where it has one."""
+    values = string_values(payloads, field_name)
+    for j, value in enumerate(values):
+        if value is None:
+            values[j] = _payload_value(payloads[j], field_name)
+    return values
 
 
 @dataclass(slots=True)
@@ -195,15 +205,21 @@ class Target:
             dataset = self.config.dataset
             assert dataset is not None
             return {dataset: _Group(list(range(len(events))), list(range(len(payloads))))}
+        json_events = [
+            i
+            for i, ev in enumerate(events)
+            if ev.format is None and not isinstance(ev.value, Mapping)
+        ]
+        json_values = _payload_values([events[i].payload for i in json_events], route.field)
+        read = dict(zip(json_events, json_values, strict=True))
         for i, ev in enumerate(events):
-            value = route_value(ev, route.field)
+            value = read[i] if i in read else route_value(ev, route.field)
             name = self._dataset_of(value)
             if name is None:
                 failures.append(Failure(i, FailureReason.ROUTE, _no_route(route.field, value)))
             else:
                 groups.setdefault(name, _Group()).events.append(i)
-        for j, payload in enumerate(payloads):
-            value = _payload_value(payload, route.field)
+        for j, value in enumerate(_payload_values(payloads, route.field)):
             name = self._dataset_of(value)
             if name is None:
                 line_failures.append(

@@ -16,7 +16,7 @@ from tfrecordd.schema.example import ExampleSchema
 if TYPE_CHECKING:
     from tfrecordd._cexample import ExamplePlan
 
-__all__ = ["JsonPlan", "compile_json_plan"]
+__all__ = ["JsonPlan", "compile_json_plan", "string_values"]
 
 
 class JsonPlan(Protocol):
@@ -41,3 +41,18 @@ def compile_json_plan(schema: ExampleSchema) -> JsonPlan | None:
         return None
     plan_class: type[ExamplePlan] = module.ExamplePlan
     return plan_class(features)
+
+
+def string_values(payloads: Sequence[bytes], key: str) -> list[str | None]:
+    """For each JSON payload, the string at its top-level ``key`` where the compiled reader is
+    sure of it, else ``None`` (no extension, not a JSON object it validates, the key missing or
+    repeated, another kind of value): the caller reads those payloads in Python."""
+    module = speedups.load("_cexample")
+    if module is None:
+        return [None] * len(payloads)
+    try:
+        raw_key = key.encode()
+    except UnicodeEncodeError:
+        return [None] * len(payloads)
+    values: list[str | None] = module.string_values(payloads, raw_key)
+    return values
