@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "cat": ("tools", "print records as JSON lines (feature name → values)"),
     "transcode": ("tools", "re-compress shards, each published atomically"),
+    "convert": ("convertcmd", "convert files of JSON lines, CSV or images into shards, resumably"),
     "schema": ("describe", "print the tf.io feature description that reads a dataset's records"),
     "status": (
         "status",
