@@ -9,9 +9,9 @@ from typing import Any
 
 import anyio
 
-from tfrecordd import heap, logs, speedups
+from tfrecordd import heap, logs, speedups, startcheck
 from tfrecordd.cli import help_of
-from tfrecordd.config import load_config
+from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.datasets import PartitionSection
 from tfrecordd.errors import EXIT_OK, EXIT_USAGE, ConfigError, TfrecorddError, find_error
 from tfrecordd.fsys import LOCAL
@@ -55,14 +55,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tfrecordd: {e}", file=sys.stderr)
         return e.exit_code
     logs.setup(args.log_format or config.daemon.log_format)
+    for warning in startcheck.missing_inputs(config):
+        log.warning("%s", warning)
+    if problems := startcheck.path_problems(config):
+        for problem in problems:
+            log.error("cannot start: %s", problem)
+        return problems[0].exit_code
     heap.tune()
     daemon = Daemon(config)
     try:
         anyio.run(daemon.run)
-    except (TfrecorddError, BaseExceptionGroup) as e:
+    except (TfrecorddError, BaseExceptionGroup, OSError) as e:
         error = find_error(e)
         if error is None:
-            raise
+            if (explained := startcheck.explain(e, config)) is None:
+                raise
+            log.error("stopping: %s", explained)
+            return explained.exit_code
         log.error("stopping: %s", error)
         return error.exit_code
     log.info("stopped")
@@ -83,6 +92,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.show:
         sys.stdout.write(to_toml(effective(config)))
         return EXIT_OK
+    if problems := startcheck.path_problems(config):
+        # valid, but run would stop at once: no "OK" for it
+        for problem in problems:
+            print(f"tfrecordd: {problem}", file=sys.stderr)
+        return problems[0].exit_code
     print(
         f"{args.config}: OK ({len(config.sources)} source(s), {len(config.encoders)} encoder(s), "
         f"{len(config.datasets)} dataset(s))"
@@ -104,7 +118,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         else:
             feeds = f"dataset {config.fed_datasets(s)[0]}"
         print(f"  source {s.name}: type {s.type}, {feeds}, {type(s).delivery}")
+    _warn(config)
     return EXIT_OK
+
+
+def _warn(config: DaemonConfig) -> None:
+    """What ``run`` would meet on this machine now without stopping: a spool that does not
+    exist, a listen address another process holds now."""
+    warnings = startcheck.missing_inputs(config)
+    warnings += [f"{p} (run would exit {p.exit_code})" for p in startcheck.busy_ports(config)]
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -1,0 +1,139 @@
+"""What the machine does to a valid config, told by ``check-config`` before and by ``run`` at
+start as one line with its exit status: a folder it cannot write in (74), a listen address in
+use (75), a spool that does not exist (a warning), a rename across file systems (74).
+
+A read-only folder is made as the test's user allows: ``chmod 0555`` for a user, a read-only
+bind mount in a mount namespace of its own (``unshare -m``) for root, whom modes do not stop."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.support import daemon_process, free_port, run_tfrecordd, write_config
+from tfrecordd.errors import EXIT_IN_USE, EXIT_IO
+
+TIMEOUT = 90
+
+
+def _can_unshare() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+def run_with(
+    args: Sequence[str], *, readonly: Sequence[Path] = (), tmpfs: Sequence[Path] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``python -m tfrecordd ARGS`` with each of ``readonly`` read-only and a fresh file system
+    mounted on each of ``tmpfs``."""
+    argv = [sys.executable, "-m", "tfrecordd", *args]
+    if os.geteuid() != 0 and not tmpfs:
+        for folder in readonly:
+            folder.chmod(0o555)
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        finally:
+            for folder in readonly:
+                folder.chmod(0o755)
+    if os.geteuid() != 0 or not _can_unshare():
+        pytest.skip(
+            "needs a read-only folder or a mount: chmod does not stop root, and unshare -m "
+            "(a mount namespace of the test's own) is not available here"
+        )
+    mounts = [f"mount --bind -o ro {shlex.quote(str(f))} {shlex.quote(str(f))}" for f in readonly]
+    mounts += [f"mount -t tmpfs tfrecordd-test {shlex.quote(str(f))}" for f in tmpfs]
+    script = " && ".join([*mounts, 'exec "$@"'])
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A loopback TCP port this test listens on."""
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        yield port
+
+
+def _one_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    return lines[-1]
+
+
+def test_check_config_warns_of_a_spool_that_does_not_exist_and_run_warns_at_start(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path, source={"path": tmp_path / "spoool"})
+    assert not (tmp_path / "spoool").exists()
+    result = run_tfrecordd("check-config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert f"warning: sources[0].path: {tmp_path / 'spoool'} does not exist" in result.stderr
+    with daemon_process(config) as daemon:
+        daemon.wait_started()
+        assert daemon.stop() == 0
+        warnings = [line for line in daemon.output().splitlines() if "does not exist" in line]
+    assert len(warnings) == 1
+    assert "WARNING" in warnings[0]
+    assert "sources[0].path" in warnings[0]
+
+
+def test_check_config_warns_of_a_metrics_port_in_use_and_run_exits_75(tmp_path: Path) -> None:
+    with held_port() as port:
+        config = write_config(tmp_path, metrics_port=port)
+        result = run_tfrecordd("check-config", str(config))
+        assert result.returncode == 0, result.stderr
+        assert f"warning: metrics.listen: 127.0.0.1:{port}: address already in use" in (
+            result.stderr
+        )
+        run = run_with(["run", "--config", str(config)])
+    assert run.returncode == EXIT_IN_USE, run.stderr
+    line = _one_line(run.stderr)
+    assert f"metrics.listen: 127.0.0.1:{port}: address already in use" in line
+
+
+def test_a_read_only_state_dir_is_one_line_and_exit_74(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    for command in (["check-config", str(config)], ["run", "--config", str(config)]):
+        result = run_with(command, readonly=[state])
+        assert result.returncode == EXIT_IO, result.stderr
+        assert f"daemon.state_dir: {state} is not writable" in _one_line(result.stderr)
+
+
+def test_a_read_only_output_directory_is_one_line_and_exit_74(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for command in (["check-config", str(config)], ["run", "--config", str(config)]):
+        result = run_with(command, readonly=[shards])
+        assert result.returncode == EXIT_IO, result.stderr
+        assert f"output.dir: {shards} is not writable" in _one_line(result.stderr)
+
+
+def test_a_staging_folder_on_another_file_system_is_refused(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    staging = tmp_path / "shards" / ".unpublished"
+    staging.mkdir(parents=True)
+    result = run_with(["check-config", str(config)], tmpfs=[staging])
+    assert result.returncode == EXIT_IO, result.stderr
+    assert "output.dir: " in result.stderr
+    assert "another file system" in result.stderr
