@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -17,6 +18,12 @@ from tfrecordd import __version__
 from tfrecordd.errors import EXIT_USAGE, TfrecorddError
 
 Command = Callable[[argparse.Namespace], int]
+
+EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C (SIGINT) before it finished: 128 + SIGINT, as a shell reports it."""
+EXIT_BROKEN_PIPE = 141
+"""The reader of the output went away (``| head``): the output is cut short, quietly, and the
+status is what a shell reports for a command SIGPIPE ended (128 + SIGPIPE), as ``cat`` gives."""
 
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -73,6 +80,11 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
             importlib.import_module(f"tfrecordd.cli.{module}").add_commands(sub)
         else:
             sub.add_parser(name, help=help, add_help=False)
+    for name, command_parser in sub.choices.items():
+        # A command's --help opens with what it does, as the command list says it, unless the
+        # module that adds it describes it at more length.
+        if command_parser.description is None and name in COMMANDS:
+            command_parser.description = help_of(name)
     return p
 
 
@@ -96,9 +108,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli.print_usage(sys.stderr)
         return EXIT_USAGE
     try:
-        return func(args)
+        code = func(args)
+        # Output waiting in the buffer meets a closed pipe here, not at exit.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _closed_pipe()
     except TfrecorddError as e:
         print(f"tfrecordd: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _closed_pipe() -> int:
+    """The end of the output after its reader went away: what is left in the buffer goes to
+    /dev/null, so neither the interpreter's exit nor a later print raises again (the recipe of
+    Python's ``signal`` docs)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # a stdout with no descriptor (in-process callers capture it): nothing to flush
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE

@@ -152,12 +152,17 @@ def manifest_path(path: str) -> str:
     return os.path.join(os.path.dirname(path), manifest.manifest_name(os.path.basename(path)))
 
 
-def not_a_shard(path: str, given: set[str]) -> str | None:
+def not_a_shard(path: str, given: set[str], *, checks_manifests: bool = True) -> str | None:
     """Why ``path`` (one of the paths ``given`` on the command line) is no shard to read, or
-    ``None``: what a glob such as ``shards/*`` also picks up beside the shards."""
+    ``None``: what a glob such as ``shards/*`` also picks up beside the shards.
+    ``checks_manifests``: whether the command compares each shard with its manifest (``verify``
+    does unless ``--no-manifest``; ``cat`` and ``transcode`` only read the shard)."""
     name = os.path.basename(path.rstrip("/"))
     if name.endswith(manifest.SUFFIX):
         shard = next((g for g in given if manifest_path(g) == path and g != path), None)
+        if not checks_manifests:
+            read = f" (its shard {shard} is read)" if shard else ""
+            return f"a manifest, not a shard{read}"
         return (
             f"a manifest, checked with its shard {shard}"
             if shard
@@ -234,7 +239,9 @@ def select_shards(
                 d = DatasetDir(path, None, partitions=selectors, completed=args.completed)
                 selection.datasets.append(d)
                 continue
-            why = not_a_shard(path, given)
+            # Only verify has --no-manifest; it compares shards with their manifests without it.
+            checks = getattr(args, "no_manifest", True) is False
+            why = not_a_shard(path, given, checks_manifests=checks)
             if why is None:
                 selection.shards.append(Selected(path))
             else:

@@ -46,6 +46,7 @@ from typing import Any, TextIO
 
 from tfrecordd.cli import help_of
 from tfrecordd.cli.datasetargs import (
+    UsageError,
     add_selection_options,
     manifest_path,
     no_shards,
@@ -204,7 +205,7 @@ def _verify(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"BAD  {problem}", file=out, flush=True)
     paths = [s.path for s in selection.shards]
-    with Progress("verify", len(paths), lines=args.json) as progress:
+    with Progress("verify", len(paths), lines=_progress_lines(args)) as progress:
         for path in paths:
             entry, code = _verify_file(args, path, progress, out)
             files.append(entry)
@@ -250,6 +251,19 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_DATA if EXIT_DATA in codes else codes[0]
 
 
+def _progress_lines(args: argparse.Namespace) -> bool:
+    """Whether verify writes a progress line per file on stderr off a terminal: yes, unless
+    stderr is the very file its own line per file goes to on stdout (``2>&1``: once is
+    enough)."""
+    if args.json:
+        return True
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return True
+    return (out.st_dev, out.st_ino) != (err.st_dev, err.st_ino)
+
+
 def path_has_manifest(path: str) -> bool:
     """Whether a local shard has a manifest beside it."""
     return "://" not in path and os.path.exists(manifest_path(path))
@@ -278,14 +292,8 @@ def _features(values: dict[str, proto.FeatureValues]) -> dict[str, list[Any]]:
 
 
 def _cat(args: argparse.Namespace) -> int:
-    try:
-        return _cat_to(args, sys.stdout)
-    except BrokenPipeError:
-        # The reader went away (``| head``): that is the end of the output, not a failure.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return EXIT_OK
+    # A reader gone (``| head``) ends it as every command: quietly (tfrecordd.cli.main).
+    return _cat_to(args, sys.stdout)
 
 
 def _cat_to(args: argparse.Namespace, out: TextIO) -> int:
@@ -366,9 +374,16 @@ def _transcode_one(args: argparse.Namespace, src: str, dst: str, progress: Progr
 
 
 def _transcode(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.out):
-        raise OutputError(args.out, "output directory does not exist")
     to = Compression(args.to)
+    if to is Compression.NONE and args.level is not None:
+        raise UsageError(f"--level {args.level} with --to none: a level sets how hard to compress")
+    try:
+        # As `mkdir -p`: an --out that does not exist yet is made, with its parents.
+        os.makedirs(args.out, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(args.out, "exists and is not a directory") from None
+    except OSError as e:
+        raise OutputError(args.out, f"cannot create the directory: {e.strerror or e}") from e
     codes: list[int] = []
     selection = select_shards(args, args.sources)
     if not selection.shards:
@@ -452,7 +467,11 @@ def add_commands(sub: Any) -> None:
         "--out",
         required=True,
         metavar="DIR",
-        help="directory for the new files (a dataset's in its partition folders)",
+        help="directory for the new files, made if missing (a dataset's in its partition folders)",
     )
-    p.add_argument("--level", type=int, help="compression level (default: per compression)")
+    p.add_argument(
+        "--level",
+        type=int,
+        help="compression level (default: per compression); not with --to none",
+    )
     _add_limits(p)
