@@ -3,7 +3,8 @@ stopped, and move a source's committed positions to a new name.
 
 ``check`` reads ``state_dir`` without changing anything and says whether the daemon would start
 on it: exit 0 if so, 65 if a file is damaged, 78 if the state belongs to sources the config no
-longer has. ``repair`` cuts a torn journal tail, rebuilds a damaged journal from every sound
+longer has, 75 if a daemon runs on it now (named by its PID: a second one cannot start).
+``repair`` cuts a torn journal tail, rebuilds a damaged journal from every sound
 record in it (the damaged file is kept beside it), and, only with ``--discard-checkpoint``,
 sets a damaged checkpoint aside: the positions it held are then lost, and half-read inputs are
 read again from their start. ``rename-source OLD NEW`` moves OLD's positions (checkpoint,
@@ -36,6 +37,7 @@ from tfrecordd.config import load_config
 from tfrecordd.errors import (
     EXIT_CONFIG,
     EXIT_DATA,
+    EXIT_IN_USE,
     EXIT_OK,
     ConfigError,
     StateError,
@@ -136,6 +138,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     ckpt_path = os.path.join(state_dir, CHECKPOINT)
     journal_path = os.path.join(state_dir, JOURNAL)
     code = EXIT_OK
+    in_use = _in_use(state_dir)
+    if in_use:
+        print(f"{state_dir}: {in_use}; below is its state as it stands now, while it changes")
     try:
         pending = change.pending(state_dir) if os.path.isdir(state_dir) else None
     except StateError as e:
@@ -198,8 +203,21 @@ def cmd_check(args: argparse.Namespace) -> int:
             for line in e.errors:
                 print(f"  {line}")
             code = code or EXIT_CONFIG
+    if in_use:
+        print(f"IN USE: {in_use}: another daemon cannot start on this state_dir until it stops")
+        return EXIT_IN_USE
     print("OK: the daemon can start on this state" if code == EXIT_OK else "NOT OK")
     return code
+
+
+def _in_use(state_dir: str) -> str:
+    """Who runs on ``state_dir`` now (``"in use by tfrecordd pid N"``), or ``""``."""
+    if not os.path.isdir(state_dir):
+        return ""
+    pid = statelock.holder(state_dir)
+    if pid is None:
+        return ""
+    return f"in use by tfrecordd pid {pid}" if pid else "in use by a running tfrecordd"
 
 
 def _journal(records: list[dict[str, Any]]) -> bytes:

@@ -438,6 +438,12 @@ def check_sources(
                 "`tfrecordd state rename-source`) so its acknowledgements are redone"
             )
         else:
-            log.warning("journal: source %r is no longer configured; keeping its state", old)
+            log.warning(
+                "journal: source %r is no longer configured; keeping its state (if it was "
+                "removed for good: `tfrecordd state forget-source %s --config FILE` with the "
+                "daemon stopped)",
+                old,
+                old,
+            )
     if errors:
         raise ConfigError([*errors, f"(state read from {os.path.dirname(journal_path)})"])

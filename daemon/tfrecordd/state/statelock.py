@@ -74,6 +74,28 @@ def acquire_folder(path: str, node_id: str) -> int:
     return fd
 
 
+def holder(state_dir: str) -> str | None:
+    """Who holds the lock on ``state_dir`` now: the holder's PID as its lock file says it
+    (``""`` if it says none), or ``None`` if no process holds it. Reads only: the lock file is
+    neither created nor written, so a ``state check`` beside a running daemon changes nothing."""
+    path = os.path.join(state_dir, LOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # no lock file: no daemon ever started here, none runs now
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            return _holder(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def held_by_other(state_dir: str) -> bool:
     """Whether a live process (another daemon) holds the lock on ``state_dir`` now."""
     try:
