@@ -31,7 +31,12 @@ listen = "127.0.0.1:7070"          # loopback; open it wider only behind a firew
 framing = "lines"                  # one JSON event per line
 encoder = "events"
 """
-    sample_try: ClassVar[str] = "echo '{sample}' | nc 127.0.0.1 7070"
+    # Python, not nc: Debian's netcat waits for the server to close unless given -N, which the
+    # other netcat refuses.
+    sample_try: ClassVar[str] = (
+        "printf '%s\\n' '{sample}' | python3 -c 'import socket, sys; "
+        'socket.create_connection(("127.0.0.1", 7070)).sendall(sys.stdin.buffer.read())\''
+    )
 
     def build(self) -> TcpSource:
         return TcpSource(self)

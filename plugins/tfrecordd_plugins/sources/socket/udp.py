@@ -40,6 +40,18 @@ class UdpSourceConfig(SourceConfig):
     """The kernel's receive buffer for the socket (``SO_RCVBUF``); default: the system's."""
 
     delivery: ClassVar[str] = "at-most-once (drops counted)"
+    sample_config: ClassVar[str] = """\
+[[sources]]
+name = "udp"
+type = "udp"
+listen = "127.0.0.1:7071"          # loopback; one datagram is one JSON event
+encoder = "events"
+"""
+    sample_try: ClassVar[str] = (
+        "printf '%s' '{sample}' | python3 -c 'import socket, sys; "
+        "socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+        '.sendto(sys.stdin.buffer.read(), ("127.0.0.1", 7071))\''
+    )
 
     def build(self) -> UdpSource:
         return UdpSource(self)

@@ -18,7 +18,7 @@ import socket
 import stat
 import struct
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, ClassVar, Literal, cast
 
 import anyio
 from pydantic import BeforeValidator, Field
@@ -61,6 +61,21 @@ class UnixSourceConfig(StreamSourceConfig):
     mode: Annotated[int, BeforeValidator(_octal)] = Field(default=0o660, ge=0, le=0o777)
     """Permissions set on the socket file after it is created (``0o660`` or ``"0660"``):
     connecting needs write permission."""
+
+    sample_config: ClassVar[str] = """\
+[[sources]]
+name = "unix"
+type = "unix"
+path = {socket}
+mode = "0660"                      # connecting needs write permission on the socket file
+framing = "lines"                  # one JSON event per line
+encoder = "events"
+"""
+    sample_try: ClassVar[str] = (
+        "printf '%s\\n' '{sample}' | python3 -c 'import socket, sys; "
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+        "s.sendall(sys.stdin.buffer.read())' {socket}"
+    )
 
     def build(self) -> UnixSource:
         return UnixSource(self)
