@@ -27,7 +27,7 @@ from pydantic import (
 
 from tfrecordd.datasets import NAME_PATTERN, DatasetSection, OutputSection, legacy_dataset
 from tfrecordd.endpoints import METRICS_LISTEN, split_host_port
-from tfrecordd.errors import ConfigError
+from tfrecordd.errors import ConfigError, ConfigFileError
 from tfrecordd.fsys import is_url
 from tfrecordd.interpolate import interpolate
 from tfrecordd.pathcheck import check_paths
@@ -449,7 +449,7 @@ def load_config(path: str | os.PathLike[str], registry: Registry | None = None) 
         with p.open("rb") as f:
             data = tomllib.load(f)
     except OSError as e:
-        raise ConfigError([f"{p}: cannot read: {e.strerror or e}"]) from e
+        raise ConfigFileError(str(p), f"cannot read the config file: {e.strerror or e}") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([f"{p}: not valid TOML: {e}"]) from e
     return parse_config(interpolate(data), registry or Registry.from_entry_points(), p)

@@ -14,6 +14,9 @@ EXIT_UNAVAILABLE = 69
 """A source's server lost the state the daemon's positions rest on (a Redis consumer group was
 deleted): reading on would write events twice or skip them. An operator must act (the message
 says how), so systemd is told not to restart on it (sysexits' EX_UNAVAILABLE)."""
+EXIT_NOINPUT = 66
+"""An input (a config file, a file to read) does not exist or is not a file (sysexits'
+EX_NOINPUT)."""
 EXIT_IO = 74
 """An I/O error that is not about the data itself (sysexits' EX_IOERR)."""
 EXIT_IN_USE = 75
@@ -39,6 +42,18 @@ class ConfigError(TfrecorddError):
         # redacted here, once for all.
         self.errors = [mask(redact_text(e)) for e in errors]
         super().__init__("invalid configuration:\n" + "\n".join(f"  {e}" for e in self.errors))
+
+
+class ConfigFileError(ConfigError):
+    """The config file cannot be read: missing, a directory, or unreadable. Not a config error
+    (nothing of it was read): the status of a missing input."""
+
+    exit_code = EXIT_NOINPUT
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        self.errors = [f"{path}: {detail}"]
+        Exception.__init__(self, f"{path}: {detail}")
 
 
 class RecordError(TfrecorddError):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import write_config
+from tests.support import run_tfrecordd, write_config
 from tfrecordd.cli import main
 from tfrecordd.config import load_config
-from tfrecordd.errors import EXIT_CONFIG, ConfigError
+from tfrecordd.errors import EXIT_CONFIG, EXIT_NOINPUT, ConfigError
 
 
 def _redis_config(root: Path, url: str, stream: str = "events") -> Path:
@@ -127,3 +127,14 @@ def test_an_unreadable_secret_file_names_the_key_and_the_path(
     assert main(["check-config", str(config)]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert f"sources[0].url: cannot read the secret file {missing}: No such file" in err
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+def test_a_missing_config_file_is_one_line_and_exit_66(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nope.toml"
+    args = [command, str(missing)] if command == "check-config" else [command, "-c", str(missing)]
+    result = run_tfrecordd(*args)
+    assert result.returncode == EXIT_NOINPUT, result.stderr
+    assert result.stderr == (
+        f"tfrecordd: {missing}: cannot read the config file: No such file or directory\n"
+    )
