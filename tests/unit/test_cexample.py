@@ -772,8 +772,11 @@ def test_string_values_agree_with_python(
     check_strings(key, payloads)
     check_strings(key, [m for p in payloads for m in mutations(p, rng)])
     for payload, value in zip(clean, check_strings(key, clean), strict=True):
-        if isinstance(orjson.loads(payload).get(key), str):
-            assert value is not None, payload  # a plain string takes the compiled path
+        event = json.loads(payload)
+        if isinstance(event.get(key), str) and not _has_huge_float(event):
+            # A plain string takes the compiled path; a number at or beyond 1e308 elsewhere
+            # is one the compiled scanner leaves to Python, as it does for the encoder.
+            assert value is not None, payload
 
 
 def test_string_values_leave_the_unsure_to_python() -> None:
