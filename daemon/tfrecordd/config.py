@@ -67,6 +67,8 @@ class DaemonSection(_Section):
     one; older ones are deleted and counted in ``tfrecordd_dead_letters_discarded_total``)."""
     log_format: Literal["auto", "text", "json"] = "auto"
     """Log lines as text or JSON; ``auto``: JSON under systemd's journal, text otherwise."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe log lines written (``run --log-level`` overrides it)."""
 
     @field_validator("node_id")
     @classmethod

@@ -10,16 +10,18 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.support import daemon_process, free_port, run_tfrecordd, write_config
+from tests.support import daemon_process, free_port, run_tfrecordd, wait_for, write_config
 from tfrecordd.errors import EXIT_IN_USE, EXIT_IO
 
 TIMEOUT = 90
@@ -117,6 +119,8 @@ def test_a_read_only_state_dir_is_one_line_and_exit_74(tmp_path: Path) -> None:
         result = run_with(command, readonly=[state])
         assert result.returncode == EXIT_IO, result.stderr
         assert f"daemon.state_dir: {state} is not writable" in _one_line(result.stderr)
+    offline = run_with(["check-config", "--config-only", str(config)], readonly=[state])
+    assert offline.returncode == 0, offline.stderr
 
 
 def test_a_read_only_output_directory_is_one_line_and_exit_74(tmp_path: Path) -> None:
@@ -137,3 +141,33 @@ def test_a_staging_folder_on_another_file_system_is_refused(tmp_path: Path) -> N
     assert result.returncode == EXIT_IO, result.stderr
     assert "output.dir: " in result.stderr
     assert "another file system" in result.stderr
+
+
+def _run_until(config: Path, flags: Sequence[str], seen: str, log: Path) -> str:
+    """``run`` until its log holds ``seen``, then SIGTERM; its log."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfrecordd", "run", "--config", str(config), *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: seen in log.read_text() or proc.poll() is not None, timeout=60)
+        assert seen in log.read_text(), log.read_text()
+        time.sleep(0.5)  # the signal handlers are installed once the pipeline runs
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    return log.read_text()
+
+
+def test_the_log_level_is_a_config_key_and_the_flag_wins(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path, daemon={"log_level": "warning"}, source={"path": tmp_path / "no-spool"}
+    )
+    quiet = _run_until(config, [], "does not exist", tmp_path / "quiet.log")
+    assert " INFO " not in quiet
+    loud = _run_until(config, ["--log-level", "info"], " started: ", tmp_path / "loud.log")
+    assert " INFO " in loud

@@ -30,11 +30,22 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--log-format", choices=["auto", "text", "json"], help="override [daemon].log_format"
     )
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines written; overrides [daemon].log_level (default: info)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("check-config", help=help_of("check-config"))
     p.add_argument("config", nargs="?", help="the TOML config file (or --config)")
     p.add_argument("--config", "-c", dest="config_option", metavar="FILE", help="the config file")
+    p.add_argument(
+        "--config-only",
+        action="store_true",
+        help="check the config alone, not this machine (folders, ports): to validate a "
+        "config elsewhere than where it runs",
+    )
     p.add_argument(
         "--show",
         action="store_true",
@@ -54,7 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"tfrecordd: {e}", file=sys.stderr)
         return e.exit_code
-    logs.setup(args.log_format or config.daemon.log_format)
+    level = args.log_level or config.daemon.log_level
+    logs.setup(args.log_format or config.daemon.log_format, getattr(logging, level.upper()))
     for warning in startcheck.missing_inputs(config):
         log.warning("%s", warning)
     if problems := startcheck.path_problems(config):
@@ -92,7 +104,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.show:
         sys.stdout.write(to_toml(effective(config)))
         return EXIT_OK
-    if problems := startcheck.path_problems(config):
+    problems = [] if args.config_only else startcheck.path_problems(config)
+    if problems:
         # valid, but run would stop at once: no "OK" for it
         for problem in problems:
             print(f"tfrecordd: {problem}", file=sys.stderr)
@@ -118,7 +131,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         else:
             feeds = f"dataset {config.fed_datasets(s)[0]}"
         print(f"  source {s.name}: type {s.type}, {feeds}, {type(s).delivery}")
-    _warn(config)
+    if not args.config_only:
+        _warn(config)
     return EXIT_OK
 
 
