@@ -12,6 +12,9 @@ METRICS_URL = f"http://{METRICS_LISTEN}/metrics"
 HEALTH_URL = f"http://{METRICS_LISTEN}/healthz"
 """Where ``tfrecordd healthcheck`` asks by default."""
 
+READY_URL = f"http://{METRICS_LISTEN}/readyz"
+"""Where ``tfrecordd healthcheck --ready`` asks by default."""
+
 
 def split_host_port(value: str) -> tuple[str, int]:
     """``"127.0.0.1:9464"`` → ``("127.0.0.1", 9464)``; ``"[::1]:80"`` → ``("::1", 80)``."""

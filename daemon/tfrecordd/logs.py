@@ -1,4 +1,5 @@
-"""Log set-up: plain text on a terminal, one JSON object per line under systemd or on request."""
+"""Log set-up: plain text on a terminal, one JSON object per line under systemd or on request;
+and :class:`Repeated`, a warning that repeats while a trouble lasts, logged at a bounded rate."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -42,3 +44,66 @@ def setup(fmt: str = "auto", level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+class Repeated:
+    """A warning that may repeat for as long as a trouble lasts (a server down, a listener
+    failing): the first is logged, then at most one every ``every`` seconds saying how many were
+    left out, and :meth:`ended` logs one line when the trouble is over. ``clock`` is injected by
+    tests."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every: float = 60.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.every = every
+        self._clock = clock
+        self._began: float | None = None
+        self._logged_at = 0.0
+        self.failures = 0
+        """Warnings since the trouble began (logged or not)."""
+        self.left_out = 0
+        """Warnings not logged since the last one that was."""
+
+    @property
+    def active(self) -> bool:
+        """Whether a trouble is going on (a warning came since the last :meth:`ended`)."""
+        return self._began is not None
+
+    def warning(self, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` as a warning unless one was logged less than ``every`` seconds
+        ago; whether it was."""
+        now = self._clock()
+        self.failures += 1
+        if self._began is None:
+            self._began = self._logged_at = now
+            self.logger.warning(msg, *args)
+            return True
+        if now - self._logged_at < self.every:
+            self.left_out += 1
+            return False
+        self.logger.warning(
+            msg + " (for %.0fs now; %d like it not logged)",
+            *args,
+            now - self._began,
+            self.left_out,
+        )
+        self._logged_at, self.left_out = now, 0
+        return True
+
+    def ended(self, msg: str, *args: object) -> None:
+        """Log ``msg % args`` (info), with how long the trouble lasted and how many warnings
+        it gave, if one is going on; then start afresh."""
+        if self._began is None:
+            return
+        self.logger.info(
+            msg + " (after %.1fs and %d failure(s))",
+            *args,
+            self._clock() - self._began,
+            self.failures,
+        )
+        self._began, self.failures, self.left_out = None, 0, 0

@@ -1,4 +1,5 @@
-"""Prometheus metrics on a registry of tfrecordd's own, served with ``/healthz`` over anyio.
+"""Prometheus metrics on a registry of tfrecordd's own, served over anyio with ``/healthz`` (the
+daemon lives) and ``/readyz`` (and every source serves).
 
 Names follow Prometheus conventions: prefix ``tfrecordd_``, counters end in ``_total``, sizes in
 bytes, times in seconds. Labels come from configuration (source, encoder, stage, reason),
@@ -10,14 +11,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
+import orjson
 from anyio.abc import SocketListener, SocketStream, TaskGroup
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from tfrecordd import __version__, descriptors
+
+if TYPE_CHECKING:
+    from tfrecordd.plugin import SourceState
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +252,34 @@ class Metrics:
         self.up = Gauge(
             "tfrecordd_up", "1 while the pipeline runs, 0 while starting or stopping.", registry=r
         )
+        self._reconnects: dict[str, int] = {}
+        self.source_up = Gauge(
+            "tfrecordd_source_up",
+            "1 while a source runs and serves, 0 while it reports that it cannot read, "
+            "acknowledge or accept its clients (/readyz says why).",
+            ["source"],
+            registry=r,
+        )
+        self.source_errors = Counter(
+            "tfrecordd_source_errors_total",
+            "Failures a source reported, by what failed: reading (its server or input out of "
+            "reach), acking (published positions not acknowledged), accepting (its listener).",
+            ["source", "what"],
+            registry=r,
+        )
+        self.source_last_error = Gauge(
+            "tfrecordd_source_last_error_timestamp_seconds",
+            "Unix time of a source's last reported failure (0 before the first).",
+            ["source"],
+            registry=r,
+        )
+        self.source_reconnects = Counter(
+            "tfrecordd_source_reconnects_total",
+            "Attempts to bring back a source that was down: reconnects, retried acks, a "
+            "listener opened again (each failed retry, and the one that worked).",
+            ["source"],
+            registry=r,
+        )
         self.watch_repairs = Counter(
             "tfrecordd_watch_repairs_total",
             "Files the daemon keeps open that were removed or replaced while it ran and were "
@@ -263,6 +297,18 @@ class Metrics:
             "still the one its path names (once a second; 0 before the first).",
             registry=r,
         )
+
+    def show_source(self, state: SourceState, failed: str | None = None) -> None:
+        """Set a source's series from its state, at start and at every change (``failed``: what
+        failed just now, if that is the change)."""
+        name = state.name
+        self.source_up.labels(name).set(1 if state.up else 0)
+        self.source_last_error.labels(name).set(state.last_error_at)
+        if failed is not None:
+            self.source_errors.labels(name, failed).inc()
+        seen = self._reconnects.get(name, 0)
+        self.source_reconnects.labels(name).inc(state.reconnects - seen)
+        self._reconnects[name] = state.reconnects
 
     def render(self) -> bytes:
         """The metrics in Prometheus text format."""
@@ -289,10 +335,12 @@ async def serve(
     port: int,
     metrics: Metrics,
     healthy: Callable[[], bool],
+    sources: Callable[[], Sequence[SourceState]] = tuple,
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/metrics`` and ``/healthz`` over HTTP/1.0 until cancelled; reports the bound port.
+    """Serve ``/metrics``, ``/healthz`` (``healthy``) and ``/readyz`` (:func:`readiness` of
+    ``healthy`` and the ``sources``) over HTTP/1.0 until cancelled; reports the bound port.
 
     No client can end the daemon through it: at most :data:`MAX_CONNECTIONS` are served at once
     (a new one closes the oldest still sending its request), each for at most
@@ -310,7 +358,7 @@ async def serve(
         try:
             with scope:
                 async with stream:
-                    await _answer(stream, metrics, healthy, lambda: answering.add(cid))
+                    await _answer(stream, metrics, (healthy, sources), lambda: answering.add(cid))
             if scope.cancelled_caught and cid in conns:
                 errors.labels("timeout").inc()
         finally:
@@ -363,7 +411,7 @@ async def serve(
 async def _answer(
     stream: SocketStream,
     metrics: Metrics,
-    healthy: Callable[[], bool],
+    checks: tuple[Callable[[], bool], Callable[[], Sequence[SourceState]]],
     requested: Callable[[], None],
 ) -> None:
     try:
@@ -378,10 +426,15 @@ async def _answer(
     path = target.split("?", 1)[0]
     if path == "/metrics":
         status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, metrics.render()
-    elif path == "/healthz":
-        ok = healthy()
+    elif path in ("/healthz", "/readyz"):
+        healthy, sources = checks
+        if path == "/healthz":
+            ok = healthy()
+            ctype, body = "text/plain; charset=utf-8", b"ok\n" if ok else b"unhealthy\n"
+        else:
+            ok, body = readiness(healthy(), sources())
+            ctype = "application/json"
         status = "200 OK" if ok else "503 Service Unavailable"
-        ctype, body = "text/plain; charset=utf-8", b"ok\n" if ok else b"unhealthy\n"
     else:
         status, ctype, body = "404 Not Found", "text/plain; charset=utf-8", b"not found\n"
     resp = (
@@ -390,6 +443,23 @@ async def _answer(
     ).encode("latin-1") + body
     with contextlib.suppress(anyio.BrokenResourceError, OSError):
         await stream.send(resp)
+
+
+def readiness(healthy: bool, sources: Sequence[SourceState]) -> tuple[bool, bytes]:
+    """Whether the daemon is ready (healthy, and every source up), and ``/readyz``'s JSON body:
+    ``ready``, ``healthy``, each source's state (:meth:`SourceState.as_dict`), and ``not_ready``,
+    one line for each source that is not and why."""
+    not_ready = [] if healthy else ["daemon: not running, or its pipeline is stuck (/healthz)"]
+    for s in sources:
+        why = "; ".join(f"{what}: {reason}" for what, (reason, _) in sorted(s.down.items()))
+        not_ready += [f"source {s.name}: {why}"] if why else []
+    body = {
+        "ready": not not_ready,
+        "healthy": healthy,
+        "not_ready": not_ready,
+        "sources": {s.name: s.as_dict() for s in sources},
+    }
+    return not not_ready, orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
 
 
 class Stopwatch:

@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -83,6 +84,7 @@ from tfrecordd.events import (
     Token,
 )
 from tfrecordd.fsys import LOCAL, FileSystem, try_lock, write_atomically
+from tfrecordd.logs import Repeated
 from tfrecordd.retry import Backoff, retrying
 from tfrecordd.units import Duration, Size
 
@@ -115,6 +117,7 @@ __all__ = [
     "SourceConfig",
     "SourceContext",
     "SourceLostError",
+    "SourceState",
     "StateInUseError",
     "TfrecorddError",
     "Token",
@@ -146,6 +149,69 @@ def token_version(token: Mapping[str, Any], source: str, newest: int) -> int:
     return version
 
 
+class SourceState:
+    """Whether a running source serves, as it tells :meth:`SourceContext.mark_down` and
+    :meth:`SourceContext.mark_up`: up while nothing of it is down (so a source that never tells
+    is up). Each trouble is logged when it begins, at most once a minute after, and at its end."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        on_change: Callable[[SourceState, str | None], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self.down: dict[str, tuple[str, float]] = {}
+        """What is down (``reading``, ``acking``...): the last reason, since when (Unix time)."""
+        self.since = clock()
+        """Unix time the source last went up or down."""
+        self.reconnects = 0
+        """Attempts to bring back what was down (each failed retry, and the one that worked)."""
+        self.last_error, self.last_error_at = "", 0.0
+        self._on_change = on_change
+        self._clock = clock
+        self._logs: dict[str, Repeated] = {}
+
+    @property
+    def up(self) -> bool:
+        """Whether nothing of the source is down."""
+        return not self.down
+
+    def mark_down(self, reason: str, what: str) -> None:
+        """See :meth:`SourceContext.mark_down`."""
+        now = self._clock()
+        if what in self.down:
+            self.reconnects += 1
+        elif not self.down:
+            self.since = now
+        self.down[what] = (reason, self.down.get(what, (reason, now))[1])
+        self.last_error, self.last_error_at = reason, now
+        repeated = self._logs.setdefault(what, Repeated(log))
+        repeated.warning("source %s: %s failed: %s", self.name, what, reason)
+        if self._on_change is not None:
+            self._on_change(self, what)
+
+    def mark_up(self, what: str) -> None:
+        """See :meth:`SourceContext.mark_up`."""
+        if self.down.pop(what, None) is not None:
+            self.reconnects += 1
+            self.since = self.since if self.down else self._clock()
+            self._logs[what].ended("source %s: %s works again", self.name, what)
+            if self._on_change is not None:
+                self._on_change(self, None)
+
+    def down_for(self, what: str) -> float:
+        """Seconds ``what`` has been down (0 while it is not)."""
+        return self._clock() - self.down[what][1] if what in self.down else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The state as plain data (``/readyz``'s body)."""
+        down = {w: {"reason": r, "since": t} for w, (r, t) in sorted(self.down.items())}
+        return {"up": self.up, "since": self.since, "down": down, "reconnects": self.reconnects,
+                "last_error": self.last_error, "last_error_at": self.last_error_at}  # fmt: skip
+
+
 class SourceContext(abc.ABC):
     """What a running source gets from the daemon."""
 
@@ -162,6 +228,27 @@ class SourceContext(abc.ABC):
     fs: FileSystem = LOCAL
     """The daemon's file system: a source makes its own renames and deletions durable with
     ``fs.fsync_dir`` / ``fs.fsync_dir_fd`` (tests swap in one that fails or cuts the power)."""
+
+    _state: SourceState | None = None
+
+    @property
+    def source_state(self) -> SourceState:
+        """This source's :class:`SourceState`, as :meth:`mark_down` and :meth:`mark_up` set it."""
+        if self._state is None:
+            self._state = SourceState(self.name)
+        return self._state
+
+    def mark_down(self, reason: str, *, what: str = "reading") -> None:
+        """Say, at every failed attempt, that the source cannot do ``what`` (``reading``: its
+        server or input is out of reach; ``acking``: published positions cannot be acknowledged;
+        ``accepting``: its clients cannot connect) and why: it is not ready until
+        :meth:`mark_up` with the same ``what`` (each repeat counts as a reconnect attempt)."""
+        self.source_state.mark_down(reason, what)
+
+    def mark_up(self, *, what: str = "reading") -> None:
+        """Say that ``what`` works again (nothing happens if it was not down): call it after
+        every attempt that worked."""
+        self.source_state.mark_up(what)
 
     def crash_point(self, point: str) -> None:
         """Pass the crash point ``point`` (declared in the config class's

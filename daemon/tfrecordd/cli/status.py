@@ -1,20 +1,14 @@
 """``tfrecordd status``: a live view of a running daemon, from its metrics endpoint.
 
 ``tfrecordd status [--url URL] [--once] [--json] [--interval 2s]`` scrapes the daemon's
-``/metrics`` every ``--interval`` and shows, per source:
-
-- **rate**: events received per second between the last two scrapes;
-- **pending**: events received but not yet acknowledged, i.e. not yet in a published, durable
-  shard (``tfrecordd_events_received_total - tfrecordd_events_acked_total``): they sit in the
-  streams or in the open shard;
-- **blocked**: the share of the interval the source spent waiting on a full pipeline
-  (the rate of ``tfrecordd_backpressure_seconds_total``): 100% means output is the bottleneck;
-
-for the daemon: records written, shards published and the time since the last publish, the open
-shards (how many, bytes, records, the oldest one's age), dead letters, the batches waiting in
-front of each stage and free bytes on the output; and per dataset (the metrics' ``dataset``
-label): records written, shards published, open shards, time partitions pending and completed
-(marked), events that came late for a completed partition, and the watermark.
+``/metrics`` (and ``/readyz`` beside it) every ``--interval`` and shows, per source: the
+**rate** of events received per second between the last two scrapes; **pending** events,
+received but not yet in a published, durable shard (received minus acknowledged); **blocked**,
+the share of the interval spent waiting on a full pipeline; its **state**: up, or down since
+when and why, and its reconnect attempts. For the daemon: records written (in published shards,
+and in open ones), shards published and the time since the last publish, the open shards, dead
+letters, the batches queued in front of each stage and free bytes on the output; per dataset:
+records, shards, open shards, time partitions pending and completed, late events, the watermark.
 
 Live mode redraws in place on a terminal (ANSI home and erase, no curses) and prints one frame
 after another elsewhere; Ctrl-C ends it with exit 0. ``--once`` scrapes twice, ``--interval``
@@ -32,13 +26,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tfrecordd.cli import help_of
+from tfrecordd.cli.health import describe_state, readiness, source_state
 from tfrecordd.endpoints import METRICS_URL
 from tfrecordd.errors import EXIT_FAILURE, EXIT_OK
 from tfrecordd.units import parse_duration
@@ -115,6 +110,7 @@ class Snapshot:
     stream_depth: dict[str, float] = field(default_factory=dict)
     sources: dict[str, SourceTotals] = field(default_factory=dict)
     datasets: dict[str, DatasetTotals] = field(default_factory=dict)
+    ready: dict[str, Any] | None = None  # /readyz's answer (None from a daemon before it)
 
 
 _SOURCE_COUNTERS = {
@@ -126,26 +122,21 @@ _SOURCE_COUNTERS = {
     "tfrecordd_inputs_refused_total": "refused",
     "tfrecordd_backpressure_seconds_total": "backpressure_seconds",
 }
-_SCALARS = {
+_SHARD_FIGURES = {
     "tfrecordd_shards_published_total": "shards_published",
     "tfrecordd_records_written_total": "records_written",
     "tfrecordd_compressed_bytes_written_total": "compressed_bytes_written",
-    "tfrecordd_last_publish_timestamp_seconds": "last_publish",
     "tfrecordd_open_shards": "open_shards",
     "tfrecordd_open_shard_bytes": "open_shard_bytes",
     "tfrecordd_open_shard_records": "open_shard_records",
     "tfrecordd_open_shard_age_seconds": "open_shard_age",
+}
+_SCALARS = _SHARD_FIGURES | {
+    "tfrecordd_last_publish_timestamp_seconds": "last_publish",
     "tfrecordd_output_free_bytes": "output_free_bytes",
     "tfrecordd_dead_letters_discarded_total": "dead_letters_discarded",
 }
-_DATASET_FIGURES = {
-    "tfrecordd_records_written_total": "records_written",
-    "tfrecordd_compressed_bytes_written_total": "compressed_bytes_written",
-    "tfrecordd_shards_published_total": "shards_published",
-    "tfrecordd_open_shards": "open_shards",
-    "tfrecordd_open_shard_bytes": "open_shard_bytes",
-    "tfrecordd_open_shard_records": "open_shard_records",
-    "tfrecordd_open_shard_age_seconds": "open_shard_age",
+_DATASET_FIGURES = _SHARD_FIGURES | {
     "tfrecordd_partitions_pending": "partitions_pending",
     "tfrecordd_partitions_completed_total": "partitions_completed",
     "tfrecordd_watermark_timestamp_seconds": "watermark",
@@ -154,18 +145,23 @@ _DATASET_FIGURES = {
 }
 
 
+_COMBINE: dict[str, Callable[[float, float], float]] = {
+    "open_shard_age": max, "output_free_bytes": min, "last_publish": max
+}  # fmt: skip
+
+
+def _add(a: float, b: float) -> float:
+    return a + b
+
+
 def _total(snap: Snapshot, attr: str, value: float, per_dataset: bool) -> None:
     """Add one sample to a daemon-wide figure: datasets' figures are summed, but for the oldest
-    shard's age and the least free space."""
+    shard's age, the latest publish and the least free space."""
     before = getattr(snap, attr)
-    if not per_dataset or before is None or attr == "last_publish":
-        setattr(snap, attr, value)
-    elif attr == "open_shard_age":
-        setattr(snap, attr, max(before, value))
-    elif attr == "output_free_bytes":
-        setattr(snap, attr, min(before, value))
-    else:
-        setattr(snap, attr, before + value)
+    if per_dataset and before is not None:
+        combine = _COMBINE.get(attr, _add)
+        value = combine(before, value)
+    setattr(snap, attr, value)
 
 
 def parse(text: str, taken: float, wall: float) -> Snapshot:
@@ -213,6 +209,8 @@ def scrape(url: str, timeout: float = 5.0) -> Snapshot:
         raise Unreachable(f"not Prometheus metrics: {e}") from None
     if not snap.sources and snap.version == "?" and not snap.up:
         raise Unreachable("no tfrecordd metrics in the answer")
+    if url.endswith("/metrics"):
+        snap.ready = readiness(url.removesuffix("/metrics") + "/readyz", timeout)
     return snap
 
 
@@ -220,6 +218,8 @@ def view(cur: Snapshot, prev: Snapshot | None) -> dict[str, Any]:
     """The figures shown for ``cur``; rates against ``prev`` (``None``: no rates)."""
     dt = cur.taken - prev.taken if prev is not None else 0.0
     sources: dict[str, Any] = {}
+    states = (cur.ready or {}).get("sources", {})
+    cur.sources = {name: SourceTotals() for name in states} | cur.sources
     for name, t in sorted(cur.sources.items()):
         before = prev.sources.get(name) if prev is not None else None
         rate = blocked = None
@@ -239,12 +239,14 @@ def view(cur: Snapshot, prev: Snapshot | None) -> dict[str, Any]:
             "dead_lettered": int(t.dead_lettered),
             "dropped": int(t.dropped),
             "refused": int(t.refused),
+            "state": source_state(states.get(name)),
         }
     return {
         "time": round(cur.wall, 3),
         "interval_seconds": round(dt, 3) if dt > 0 else None,
         "version": cur.version,
         "up": cur.up,
+        "ready": None if cur.ready is None else bool(cur.ready.get("ready")),
         "paused": cur.paused,
         "shards_published": int(cur.shards_published),
         "last_publish_seconds_ago": (
@@ -257,6 +259,7 @@ def view(cur: Snapshot, prev: Snapshot | None) -> dict[str, Any]:
             "age_seconds": round(cur.open_shard_age, 3),
         },
         "records_written": int(cur.records_written),
+        "records_published": max(int(cur.records_written - cur.open_shard_records), 0),
         "compressed_bytes_written": int(cur.compressed_bytes_written),
         "dead_lettered": sum(s["dead_lettered"] for s in sources.values()),
         "stream_depth_batches": {k: int(v) for k, v in sorted(cur.stream_depth.items())},
@@ -273,19 +276,10 @@ def _int(value: float | None) -> int | None:
 
 
 def _dataset_view(d: DatasetTotals) -> dict[str, Any]:
-    return {
-        "records_written": int(d.records_written),
-        "compressed_bytes_written": int(d.compressed_bytes_written),
-        "shards_published": int(d.shards_published),
-        "open_shards": int(d.open_shards),
-        "open_shard_bytes": int(d.open_shard_bytes),
-        "open_shard_records": int(d.open_shard_records),
+    out = {k: _int(v) for k, v in asdict(d).items() if k != "open_shard_age"}
+    return out | {
         "open_shard_age_seconds": round(d.open_shard_age, 3),
-        "partitions_pending": _int(d.partitions_pending),
-        "partitions_completed": _int(d.partitions_completed),
         "watermark": d.watermark or None,
-        "events_late": _int(d.events_late),
-        "partition_fallbacks": int(d.partition_fallbacks),
     }
 
 
@@ -298,9 +292,7 @@ def _or_dash(value: int | None) -> str:
 
 
 def _time(epoch: float | None) -> str:
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return "-" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%FT%TZ")
 
 
 def _dataset_rows(datasets: dict[str, Any]) -> list[str]:
@@ -308,12 +300,12 @@ def _dataset_rows(datasets: dict[str, Any]) -> list[str]:
         return []
     rows = [
         "",
-        f"{'DATASET':<16} {'RECORDS':>11} {'SHARDS':>7} {'OPEN':>5} {'PENDING':>8} "
+        f"{'DATASET':<16} {'WRITTEN':>11} {'PUBLISHED':>9} {'OPEN':>5} {'PENDING':>8} "
         f"{'COMPLETE':>9} {'LATE':>6}  WATERMARK (UTC)",
     ]
     for name, d in datasets.items():
         rows.append(
-            f"{name:<16} {d['records_written']:>11} {d['shards_published']:>7} "
+            f"{name:<16} {d['records_written']:>11} {d['shards_published']:>9} "
             f"{d['open_shards']:>5} {_or_dash(d['partitions_pending']):>8} "
             f"{_or_dash(d['partitions_completed']):>9} {_or_dash(d['events_late']):>6}  "
             f"{_time(d['watermark'])}"
@@ -324,6 +316,7 @@ def _dataset_rows(datasets: dict[str, Any]) -> list[str]:
 def render(v: dict[str, Any], url: str) -> str:
     """The text view of :func:`view`'s figures."""
     state = "up" if v["up"] else "starting or stopping"
+    state += ", NOT READY (a source is down)" if v["up"] and v["ready"] is False else ""
     if v["paused"]:
         state += ", PAUSED (output full)"
     ago = v["last_publish_seconds_ago"]
@@ -337,12 +330,13 @@ def render(v: dict[str, Any], url: str) -> str:
     lines = [
         f"tfrecordd {v['version']} at {url}: {state}"
         + (f"  (rates over {interval:g}s)" if interval else "  (totals; rates need two scrapes)"),
-        f"written     {_plural(v['records_written'], 'record')}, "
-        f"{_bytes(v['compressed_bytes_written'])} compressed",
+        f"written     {_plural(v['records_written'], 'record')} "
+        f"({_bytes(v['compressed_bytes_written'])} compressed): "
+        f"{v['records_published']} in published shards, {shard['records']} in open shards",
         f"published   {_plural(v['shards_published'], 'shard')}, last "
         + (f"{_ago(ago)} ago" if ago is not None else "never"),
-        f"open        {_plural(opened, 'shard')}: {_plural(shard['records'], 'record')}, "
-        f"{_bytes(shard['bytes'])}{oldest}",
+        f"open        {_plural(opened, 'shard')} holding {_plural(shard['records'], 'record')} "
+        f"not yet published, {_bytes(shard['bytes'])}{oldest}",
         f"queued      {depth} (batches)    output free {free}",
         f"dead letters {v['dead_lettered']}",
         *_dataset_rows(v["datasets"]),
@@ -359,6 +353,11 @@ def render(v: dict[str, Any], url: str) -> str:
         )
     if not v["sources"]:
         lines.append("(no source has read anything yet)")
+    else:
+        lines += ["", f"{'SOURCE':<16} STATE"]
+        lines += [
+            f"{n:<16} {describe_state(s['state'], v['time'])}" for n, s in v["sources"].items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -416,26 +415,19 @@ def run(
     """The ``status`` command's loop; returns the exit code."""
     out = _Output(stream, as_json, redraw=not as_json and _isatty(stream), url=url)
     try:
-        prev = scrape(url)
+        cur, prev = scrape(url), None
+        if once and interval > 0:
+            sleep(interval)
+            cur, prev = scrape(url), cur
     except Unreachable as e:
         print(f"tfrecordd status: cannot reach the daemon at {url}: {e}", file=sys.stderr)
         return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    out.show(cur, prev)
+    last: Snapshot | None = cur
     try:
-        if once:
-            if interval <= 0:
-                out.show(prev, None)
-                return EXIT_OK
-            sleep(interval)
-            try:
-                cur = scrape(url)
-            except Unreachable as e:
-                print(f"tfrecordd status: cannot reach the daemon at {url}: {e}", file=sys.stderr)
-                return EXIT_FAILURE
-            out.show(cur, prev)
-            return EXIT_OK
-        out.show(prev, None)
-        last: Snapshot | None = prev
-        while True:
+        while not once:
             sleep(max(interval, 0.1))
             try:
                 cur = scrape(url)
@@ -446,7 +438,8 @@ def run(
             out.show(cur, last)
             last = cur
     except KeyboardInterrupt:
-        return EXIT_OK
+        pass
+    return EXIT_OK
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -46,7 +46,7 @@ from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import recover
 from tfrecordd.pipeline.routing import plan_encoding
 from tfrecordd.pipeline.write import WriteStage
-from tfrecordd.plugin import RawBatch, Registry, Source, SourceContext
+from tfrecordd.plugin import RawBatch, Registry, Source, SourceContext, SourceState
 from tfrecordd.state import statelock
 from tfrecordd.state.deadletter import DeadLetters
 from tfrecordd.state.journal import Journal
@@ -65,6 +65,10 @@ daemon keeps open (:meth:`Daemon.check_held`)."""
 CHECK_STALE_AFTER = 30.0
 """``/healthz`` answers 503 once the periodic check has not finished for this long (a ``stat``
 hanging on a lost network file system, say)."""
+
+ACKS_STUCK_AFTER = 120.0
+"""``/healthz`` answers 503 once a source has failed to acknowledge for this long: every later
+commit, of every source, waits behind those acks (as with a writer stuck that long)."""
 
 
 class _SourceContext(SourceContext):
@@ -90,10 +94,12 @@ class _SourceContext(SourceContext):
         self._m = daemon.metrics
         self._received = daemon.metrics.events_received.labels(name)
         self._backpressure = daemon.metrics.backpressure.labels(name)
+        self._state = SourceState(name, on_change=daemon.metrics.show_source)
 
     def connect(self, send: MemoryObjectSendStream[RawBatch]) -> None:
         """Send into ``send`` from now on (the source's own clone of the pipeline's stream)."""
         self._send = send
+        self._m.show_source(self.source_state)  # running: up unless it says otherwise
 
     async def send(self, batch: RawBatch) -> None:
         assert self._send is not None, "send before run"
@@ -238,15 +244,20 @@ class Daemon:
         self.write.request_flush()
 
     def healthy(self, now: float | None = None) -> bool:
-        """True while the pipeline runs, the writer loop is not stuck and the periodic check of
+        """True while the pipeline runs, the writer loop is not stuck, the periodic check of
         what the daemon keeps open finishes (as of ``now``, a :func:`time.monotonic` reading;
-        default: the present)."""
+        default: the present) and no source has failed to acknowledge for 2 minutes."""
         now = time.monotonic() if now is None else now
         return (
             self._running
             and now - self.write.beat < 120
             and now - self._checked_at < CHECK_STALE_AFTER
+            and all(s.down_for("acking") < ACKS_STUCK_AFTER for s in self.source_states())
         )
+
+    def source_states(self) -> list[SourceState]:
+        """Each source's state, as it reports it (``/readyz``)."""
+        return [ctx.source_state for ctx in self._contexts.values()]
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -313,7 +324,7 @@ class Daemon:
                 if self.config.metrics.enabled:
                     host, port = split_host_port(self.config.metrics.listen)
                     self.metrics_port = await services.start(
-                        serve, host, port, self.metrics, self.healthy
+                        serve, host, port, self.metrics, self.healthy, self.source_states
                     )
                 if self.handle_signals:
                     await services.start(self._signals)
@@ -377,7 +388,9 @@ class Daemon:
                     log.info("SIGHUP: publishing open shards")
                     self.request_flush()
                 elif self._stopping:
-                    log.warning("second %s: exiting at once", signal.Signals(signum).name)
+                    # 128 + the signal's number, as a shell reports a process the signal killed.
+                    name = signal.Signals(signum).name
+                    log.warning("second %s: exiting at once (status %d)", name, 128 + signum)
                     os._exit(128 + signum)
                 else:
                     log.info("%s received", signal.Signals(signum).name)

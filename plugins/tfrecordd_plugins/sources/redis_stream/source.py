@@ -26,7 +26,6 @@ from tfrecordd.plugin import (
     Token,
     describe,
     refusable,
-    retrying,
 )
 from tfrecordd.schema.json_values import load_event
 from tfrecordd_plugins.sources.redis_stream import ranges
@@ -68,6 +67,10 @@ class RedisStreamSource(Source):
         """The highest entry ID in a commit of this source (from the journal, then the acks)."""
         self._read_max: ranges.Key | None = None
         """The highest entry ID read as new (``>``) by this process."""
+        self._ctx: SourceContext | None = None
+
+    def attach(self, ctx: SourceContext) -> None:
+        self._ctx = ctx
 
     # -- connection --------------------------------------------------------------------------
 
@@ -246,26 +249,30 @@ class RedisStreamSource(Source):
         return acked
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[int]]) -> int:
-        """``call`` until Redis takes it, backing off while it fails; a missing group means
-        nothing is left to acknowledge (its pending entries went with it)."""
+        """``call`` until Redis takes it, backing off while it fails (the source is down for
+        ``acking`` meanwhile); a missing group means nothing is left to acknowledge (its
+        pending entries went with it)."""
         cfg = self.config
-
-        async def unless_gone() -> int:
+        backoff = Backoff(_FIRST_DELAY, cfg.reconnect_max_delay)
+        while True:
             try:
-                return await call()
-            except ResponseError as e:
-                if not _is_nogroup(e):
-                    raise
+                n = await call()
+            except (RedisError, OSError) as e:
+                if not (isinstance(e, RedisError) and _is_nogroup(e)):
+                    self._down(f"{what}: {e}", "acking")
+                    await anyio.sleep(backoff.next())
+                    continue
                 log.warning("redis stream %s: group %s is gone", cfg.stream, cfg.group)
-                return 0
+                n = 0
+            if self._ctx is not None:
+                self._ctx.mark_up(what="acking")
+            return n
 
-        return await retrying(
-            unless_gone,
-            Backoff(_FIRST_DELAY, cfg.reconnect_max_delay),
-            retry_on=(RedisError, OSError),
-            what=f"redis stream {cfg.stream}: {what}",
-            logger=log,
-        )
+    def _down(self, reason: str, what: str) -> None:
+        if self._ctx is None:  # acks before attach (tests): no state to tell
+            log.warning("redis stream %s: %s", self.config.stream, reason)
+        else:
+            self._ctx.mark_down(f"redis stream {self.config.stream}: {reason}", what=what)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -273,20 +280,13 @@ class RedisStreamSource(Source):
         cfg = self.config
         consumer = cfg.consumer or ctx.node_id
         backoff = Backoff(_FIRST_DELAY, cfg.reconnect_max_delay)
-        down_since: float | None = None
         while True:
             try:
                 await self._ensure_group()
                 # After start-up or a lost connection: our own pending entries first (those of
                 # uncommitted shards, or whose XREADGROUP reply was lost), minus those in flight.
                 await self._read_own_pending(ctx, consumer)
-                if down_since is not None:
-                    log.info(
-                        "redis stream %s: reconnected after %.1fs",
-                        cfg.stream,
-                        time.monotonic() - down_since,
-                    )
-                    down_since = None
+                ctx.mark_up()
                 backoff.reset()
                 next_claim = time.monotonic()
                 while True:
@@ -305,11 +305,9 @@ class RedisStreamSource(Source):
             except (RedisError, OSError) as e:
                 if isinstance(e, RedisError) and _is_nogroup(e):
                     raise self._lost("was deleted while tfrecordd read it") from e
-                if down_since is None:
-                    down_since = time.monotonic()
-                delay = backoff.next()
-                log.warning("redis stream %s: %s; retrying in %.1fs", cfg.stream, e, delay)
-                await anyio.sleep(delay)
+                # Logged when it begins, then at most once a minute, and when it ends.
+                ctx.mark_down(f"redis stream {cfg.stream}: {e}")
+                await anyio.sleep(backoff.next())
 
     async def _read(
         self, ctx: SourceContext, consumer: str, at: str, after: ranges.Key | None = None
