@@ -32,6 +32,7 @@ from tfrecordd.fsys import is_url
 from tfrecordd.interpolate import interpolate
 from tfrecordd.pathcheck import check_paths
 from tfrecordd.plugin import EncoderConfig, Registry, SourceConfig
+from tfrecordd.suggest import choices, did_you_mean, known_keys
 from tfrecordd.units import Duration, Size
 
 
@@ -152,18 +153,24 @@ def _loc(prefix: str, loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _messages(e: ValidationError, prefix: str = "", suffix: str = "") -> list[str]:
+def _messages(
+    e: ValidationError, prefix: str = "", suffix: str = "", model: type[BaseModel] | None = None
+) -> list[str]:
     msgs = []
     for err in e.errors(include_url=False):
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + did_you_mean(
+                str(err["loc"][-1]), known_keys(model, err["loc"][:-1])
+            )
         elif (
             err["type"] not in ("missing", "value_error")
             and "input" in err
             and not isinstance(err["input"], dict)
         ):
             msg += f" (got {err['input']!r})"
+            if err["type"] in ("literal_error", "enum") and isinstance(err["input"], str):
+                msg += did_you_mean(err["input"], choices(str(err.get("ctx", {}).get("expected"))))
         msgs.append(f"{_loc(prefix, err['loc'])}: {msg}{suffix}")
     return msgs
 
@@ -184,7 +191,7 @@ def parse_config(
     try:
         shape = _Shape.model_validate(data)
     except ValidationError as e:
-        errors.extend(_messages(e))
+        errors.extend(_messages(e, model=_Shape))
         shape = None
     raw_sources = data.get("sources") if isinstance(data.get("sources"), list) else []
     raw_encoders = data.get("encoders") if isinstance(data.get("encoders"), dict) else {}
@@ -201,7 +208,8 @@ def parse_config(
         try:
             encoders[name] = emodel.model_validate(raw)
         except ValidationError as e:
-            errors.extend(_messages(e, f"encoders.{name}", f" [encoder {name!r}, type {kind!r}]"))
+            where = f" [encoder {name!r}, type {kind!r}]"
+            errors.extend(_messages(e, f"encoders.{name}", where, emodel))
 
     sources: list[SourceConfig] = []
     seen: set[str] = set()
@@ -224,7 +232,7 @@ def parse_config(
         try:
             source = model.model_validate(raw)
         except ValidationError as e:
-            errors.extend(_messages(e, f"sources[{i}]", where))
+            errors.extend(_messages(e, f"sources[{i}]", where, model))
         else:
             sources.append(source)
 
