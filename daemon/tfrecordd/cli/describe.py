@@ -32,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tfrecordd.cli import help_of
@@ -43,6 +45,8 @@ from tfrecordd.errors import EXIT_OK, TfrecorddError
 from tfrecordd.format.wire import FeatureType
 from tfrecordd.plugin import EncoderConfig
 from tfrecordd.schema import ExampleSchema, FeatureSpec, SequenceSchema, default_values
+from tfrecordd.schema.infer import SAMPLE_LINES, InferenceError, infer
+from tfrecordd.schema.infer_toml import propose, render_toml
 
 __all__ = [
     "add_commands",
@@ -209,7 +213,51 @@ def _strict_json(value: Any) -> Any:
     return value
 
 
+_INPUT_FORMATS = ("jsonl", "csv")
+
+
+def _default_encoder_name(path: str) -> str:
+    stem = Path(path).name.split(".")[0]
+    return stem if re.fullmatch(r"[A-Za-z0-9_-]+", stem) else "inferred"
+
+
+def _infer(args: argparse.Namespace) -> int:
+    if args.config is not None or args.dataset is not None or args.encoder is not None:
+        raise UsageError(
+            "--infer reads files, not a config: leave out --config, --dataset, --encoder"
+        )
+    if args.format not in (None, *_INPUT_FORMATS):
+        raise UsageError(
+            f"with --infer, --format is the files' format: jsonl or csv, not {args.format}"
+        )
+    if args.sample < 1:
+        raise UsageError(f"--sample must be at least 1, got {args.sample}")
+    inference = infer(args.infer, args.format, sample=args.sample, delimiter=args.csv_delimiter)
+    proposals = propose(inference)
+    if not any(p.spec is not None for p in proposals):
+        why = (
+            "; ".join(f"{p.name}: {p.reasons[0]}" for p in proposals[:5])
+            or "no field holds a value"
+        )
+        raise InferenceError(
+            f"{inference.records} records sampled, {inference.misfit_count} lines did not fit, "
+            f"and no field makes a feature ({why})"
+        )
+    name = args.name or _default_encoder_name(args.infer[0])
+    sys.stdout.write(render_toml(inference, name, proposals))
+    return EXIT_OK
+
+
 def _schema(args: argparse.Namespace) -> int:
+    if args.infer is not None:
+        return _infer(args)
+    if args.config is None:
+        raise UsageError(
+            "give --config FILE (describe a dataset's records) or --infer FILE... "
+            "(propose features from a sample of JSON lines or CSV)"
+        )
+    if args.format in _INPUT_FORMATS:
+        raise UsageError(f"--format {args.format} is the input format of --infer FILE...")
     config = load_config(args.config)
     dataset: str | None = None
     name = args.encoder
@@ -235,7 +283,7 @@ def add_commands(sub: Any) -> None:
     """Register ``schema`` on the CLI's subparsers."""
     help = help_of("schema")
     p: argparse.ArgumentParser = sub.add_parser("schema", help=help, description=help)
-    add_dataset_options(p, config_required=True)
+    add_dataset_options(p)
     p.add_argument(
         "--encoder",
         metavar="NAME",
@@ -243,8 +291,33 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument(
         "--format",
-        choices=["python", "json"],
-        default="python",
-        help="Python source for a reader, or JSON data (default: %(default)s)",
+        choices=["python", "json", *_INPUT_FORMATS],
+        help="python (the default) or json: how to print a description; with --infer, the "
+        "files' format, jsonl or csv (default: by suffix)",
+    )
+    p.add_argument(
+        "--infer",
+        nargs="+",
+        metavar="FILE",
+        help="print an [encoders.NAME] table of features inferred from a sample of these JSON "
+        "lines or CSV files (.gz too), each choice with its reason, to paste into a config",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=SAMPLE_LINES,
+        metavar="N",
+        help="with --infer: lines read from each file (default: %(default)s)",
+    )
+    p.add_argument(
+        "--name",
+        metavar="NAME",
+        help="with --infer: the encoder's name (default: the first file's name before its dot)",
+    )
+    p.add_argument(
+        "--csv-delimiter",
+        default=",",
+        metavar="CHAR",
+        help="with --infer on CSV: the field delimiter (default: %(default)r)",
     )
     p.set_defaults(func=_schema)
