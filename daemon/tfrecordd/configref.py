@@ -19,6 +19,7 @@ import inspect
 import re
 import sys
 import textwrap
+import types
 import typing
 from collections.abc import Iterator, Sequence
 from functools import cache
@@ -104,8 +105,8 @@ def render(registry: Registry | None = None) -> str:
         while pending := [m for m in nested if m not in done]:
             for model in pending:
                 done.add(model)
-                title = f"### `{model.__name__}`"
-                out.append(_model_section(title, model, nested, where=f"`{model.__name__}`"))
+                name = table_name(model)
+                out.append(_model_section(f"### The {name}", model, nested, where=f"the {name}"))
     return "\n".join(out)
 
 
@@ -169,8 +170,8 @@ def _model_section(
                 uses.append(use)
         desc = field.description or _attribute_docs(model).get(name, "")
         lines.append(
-            f"| `{name}` | {_cell(f'`{type_text}`')} | {_cell(_default(field, type_text))} "
-            f"| {_cell(_markdown(desc) + _limits(field))} |"
+            f"| `{name}` | {_cell(f'`{type_text}`')} | {_cell(_default(field, type_text, name))} "
+            f"| {_cell(_markdown(desc) + _limits(field, name))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -183,25 +184,57 @@ def _shared_keys(model: type[BaseModel]) -> set[str]:
     return set()
 
 
+USER_TYPES = frozenset({"Duration", "Size", "Path", "str", "int", "float", "bool", "None", "Any"})
+"""Type names a reader of the reference knows: TOML's, and the two explained at its top. Any
+other name in an annotation (an alias, an enum, a validator) is shown as what it accepts."""
+
+
 def _type_text(model: type[BaseModel], name: str, field: FieldInfo) -> str:
-    """The annotation as written in the source (``Duration``, ``Path | None``), when known;
-    a ``Literal`` as its choices."""
+    """The annotation in a config's terms: ``Duration``, ``Path | None``, a ``Literal`` or an
+    enum as its choices, ``dict[…]`` as a table, ``list[…]`` as an array, a nested model as
+    its table (titled in "Nested tables")."""
     if typing.get_origin(field.annotation) is typing.Literal:
         return " | ".join(_value(v, "") for v in typing.get_args(field.annotation))
+    text = _typename(field.annotation)
     for cls in model.__mro__:
         written = vars(cls).get("__annotations__", {}).get(name)
         if isinstance(written, str):
-            return written.replace("SerializeAsAny[", "").replace("]]", "]")
+            written = written.replace("SerializeAsAny[", "").replace("]]", "]")
+            if set(re.findall(r"[A-Za-z_]\w*", written)) <= USER_TYPES | {"dict", "list"}:
+                text = written  # an alias the reader knows (Duration, Size)
+            break
         if written is not None:
             break
-    return _typename(field.annotation)
+    text = re.sub(r"\bdict\[str, ([^\]]+)\]", r"table of name → \1", text).replace("Any", "any")
+    return re.sub(r"\blist\[([^\]]+)\]", r"array of \1", text)
+
+
+def table_name(model: type[BaseModel]) -> str:
+    """A nested model's name in the reference: ``PartitionSection`` → ``partition table``."""
+    base = re.sub(r"(Section|Spec|Config|Model)$", "", model.__name__)
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", base).lower() + " table"
 
 
 def _typename(tp: Any) -> str:
     if tp is None or tp is type(None):
         return "None"
-    if isinstance(tp, type) and not typing.get_args(tp):
-        return tp.__name__
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return " | ".join(_value(m.value, "") for m in tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return table_name(tp)
+    if typing.get_origin(tp) is typing.Literal:
+        return " | ".join(_value(v, "") for v in typing.get_args(tp))
+    if typing.get_origin(tp) is typing.Annotated:
+        return _typename(typing.get_args(tp)[0])
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " | ".join(_typename(a) for a in args)
+    if isinstance(tp, type) and not args:
+        return "Path" if issubclass(tp, PurePath) else tp.__name__
+    origin = typing.get_origin(tp)
+    if origin is not None and args:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join(_typename(a) for a in args)}]"
     return re.sub(r"\b(typing|pathlib|[a-z_]+\.)+", "", str(tp))
 
 
@@ -212,7 +245,11 @@ def _nested_models(tp: Any) -> Iterator[type[BaseModel]]:
         yield from _nested_models(arg)
 
 
-def _default(field: FieldInfo, type_text: str) -> str:
+OCTAL_KEYS = frozenset({"mode"})
+"""Keys whose integers are file modes: shown in octal, as they are written (``0o660``)."""
+
+
+def _default(field: FieldInfo, type_text: str, name: str = "") -> str:
     if field.default_factory is not None:
         factory: Any = field.default_factory
         if factory in (dict, list, tuple):
@@ -222,6 +259,8 @@ def _default(field: FieldInfo, type_text: str) -> str:
         return "**required**"
     if isinstance(field.default, BaseModel):
         return "its keys' defaults"
+    if name in OCTAL_KEYS and isinstance(field.default, int):
+        return f"`0o{field.default:o}`"
     return f"`{_value(field.default, type_text)}`"
 
 
@@ -242,8 +281,8 @@ def _value(value: Any, type_text: str) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, dict) and not value:
         return "{}"
-    if isinstance(value, list | tuple) and not value:
-        return "[]"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(v, "") for v in value) + "]"
     return repr(value)
 
 
@@ -257,11 +296,14 @@ _BOUNDS = {
 }
 
 
-def _limits(field: FieldInfo) -> str:
+def _limits(field: FieldInfo, name: str = "") -> str:
     found, text = [], ""
     for meta in field.metadata:
         if bound := _BOUNDS.get(type(meta).__name__):
-            found.append(bound[1].format(getattr(meta, bound[0])))
+            limit = getattr(meta, bound[0])
+            if name in OCTAL_KEYS and isinstance(limit, int):
+                limit = f"0o{limit:o}"
+            found.append(bound[1].format(limit))
         pattern = getattr(meta, "pattern", None)
         if isinstance(pattern, str):
             text += f" Must match `{pattern}`."
