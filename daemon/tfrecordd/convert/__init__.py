@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tfrecordd.convert.encodeunits import EncodeSetup
-from tfrecordd.convert.inputs import Format, ReadSettings, list_inputs, plan_units
+from tfrecordd.convert.inputs import BATCH_BYTES, Format, ReadSettings, list_inputs, plan_units
 from tfrecordd.convert.run import Plan, Run, Summary, args_of, unit_bytes_for
 from tfrecordd.errors import EXIT_DATA, EXIT_USAGE, InputError, OutputError, TfrecorddError
 from tfrecordd.format.compression import DEFAULT_LEVELS, Compression
@@ -107,6 +107,10 @@ def plan_conversion(
     encoder = config.encoders[d.encoder]
     shard_bytes = int(d.max_shard_bytes) if shard_bytes is None else shard_bytes
     shard_records = int(d.max_shard_records) if shards is None else 0
+    # A batch goes whole into one shard: well under the cap, so shards end near it.
+    batch_bytes = (
+        BATCH_BYTES if shards is not None else min(BATCH_BYTES, max(shard_bytes // 8, 1024))
+    )
     plan_args = {
         "dataset": dataset,
         "encoder": encoder.schema_fingerprint(),
@@ -123,7 +127,7 @@ def plan_conversion(
         directory=directory,
         files=files,
         units=units,
-        setup=EncodeSetup(encoder, compression, level, read),
+        setup=EncodeSetup(encoder, compression, level, read, batch_bytes),
         dataset=dataset,
         schema=encoder.schema_fingerprint(),
         prefix=d.prefix,

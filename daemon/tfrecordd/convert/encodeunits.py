@@ -59,6 +59,9 @@ class EncodeSetup:
     compression: Compression
     level: int | None
     read: ReadSettings
+    batch_bytes: int = BATCH_BYTES
+    """About how many input bytes a batch holds: less than a shard, so shards are cut near
+    their cap."""
 
 
 _setup: EncodeSetup | None = None
@@ -70,7 +73,25 @@ def init_process(setup: EncodeSetup, *, worker: bool = True) -> None:
     global _setup, _encoder
     if worker:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _die_with_parent()
     _setup, _encoder = setup, setup.encoder.build()
+
+
+def _die_with_parent() -> None:
+    """Have the kernel kill this worker when its parent dies (Linux): a conversion killed with
+    SIGKILL leaves no worker behind holding its lock (inherited across the fork)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request took
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def encode_unit(unit: Unit) -> list[Batch]:
@@ -110,8 +131,8 @@ def _jsonl(unit: Unit, setup: EncodeSetup, encoder: Encoder) -> list[Batch]:
     batches: list[Batch] = []
     while at < len(data):
         end = len(data)
-        if end - at > BATCH_BYTES:
-            end = data.find(b"\n", at + BATCH_BYTES) + 1 or len(data)
+        if end - at > setup.batch_bytes:
+            end = data.find(b"\n", at + setup.batch_bytes) + 1 or len(data)
         lines = Lines(data[at:end], f.rel, unit.start + at, setup.read.max_line_bytes)
         out = encode(_request([], lines, setup), encoder)
         dead = [DeadLetter(ev.where, str(r), d, ev.payload) for ev, r, d in out.line_failures]
@@ -176,7 +197,7 @@ def _csv(unit: Unit, setup: EncodeSetup, encoder: Encoder) -> list[Batch]:
             )
         size += base + nxt - at
         at = base + nxt
-        if len(events) >= BATCH_EVENTS or size >= BATCH_BYTES:
+        if len(events) >= BATCH_EVENTS or size >= setup.batch_bytes:
             batches.append(_encoded(events, setup, encoder, size))
             events, size = [], 0
     if events or size or not batches:

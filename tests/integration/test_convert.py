@@ -1,0 +1,256 @@
+"""``tfrecordd convert`` through the real command line: JSON lines, CSV and a folder of images
+into shards that TensorFlow reads back value for value; the same shards byte for byte from two
+runs; the shard count and size options; the dead-letter exit status; a different conversion
+refused over an existing one."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.support import count_records, published_shards, run_tfrecordd, write_datasets_config
+from tfrecordd.errors import EXIT_DATA, EXIT_OK
+
+FEATURES = {"id": "int64", "title": "bytes", "score": "float", "tags": {"type": "bytes"}}
+
+
+SMALL = ("--shard-size", "64KiB")
+
+
+def _config(root: Path, **dataset: Any) -> Path:
+    return write_datasets_config(
+        root,
+        {"movies": {"encoder": "movies", "dir": root / "out"} | dataset},
+        encoders={"movies": FEATURES},
+        sources=[{"name": "spool", "dataset": "movies"}],
+    )
+
+
+def _event(i: int) -> dict[str, Any]:
+    return {"id": i, "title": f"movie {i}", "score": i / 8, "tags": [f"t{i % 3}", "x"]}
+
+
+def _jsonl(path: Path, ids: range) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(_event(i)) + "\n" for i in ids))
+    return path
+
+
+def _convert(cfg: Path, *args: str) -> Any:
+    done = run_tfrecordd("convert", "--config", str(cfg), *args, timeout=120)
+    return done
+
+
+def _shard_bytes(out: Path) -> dict[str, bytes]:
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(out.iterdir())
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def _read_with_tf(tf: Any, out: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every record of the shards in ``out``, parsed by TensorFlow with ``spec``."""
+    files = sorted(str(p) for p in published_shards(out))
+    assert files, f"no shards in {out}"
+    kind = {"gz": "GZIP", "zz": "ZLIB"}.get(files[0].rpartition(".")[2], "")
+    rows = []
+    for raw in tf.data.TFRecordDataset(files, compression_type=kind):
+        row = {}
+        for name, value in tf.io.parse_single_example(raw, spec).items():
+            if isinstance(value, tf.sparse.SparseTensor):
+                value = tf.sparse.to_dense(value)
+            row[name] = np.asarray(value.numpy()).reshape(-1).tolist()
+        rows.append(row)
+    return rows
+
+
+def _movie_spec(tf: Any) -> dict[str, Any]:
+    return {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "title": tf.io.FixedLenFeature([], tf.string),
+        "score": tf.io.FixedLenFeature([], tf.float32),
+        "tags": tf.io.VarLenFeature(tf.string),
+    }
+
+
+@pytest.mark.tensorflow
+def test_json_lines_read_back_by_tensorflow_value_for_value(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    cfg = _config(tmp_path)
+    _jsonl(tmp_path / "in" / "b.jsonl", range(1000, 1500))
+    _jsonl(tmp_path / "in" / "a.jsonl", range(0, 1000))
+    done = _convert(cfg, str(tmp_path / "in"), "--workers", "2")
+    assert done.returncode == EXIT_OK, done.stderr
+    assert "1500 records from 2 files" in done.stderr
+    assert "0 dead letters" in done.stderr
+    rows = _read_with_tf(tf, tmp_path / "out", _movie_spec(tf))
+    # Inputs in name order (a.jsonl before b.jsonl), records in input order.
+    assert [r["id"][0] for r in rows] == list(range(1500))
+    for r in rows[::97]:
+        want = _event(r["id"][0])
+        assert r["title"] == [want["title"].encode()]
+        assert r["score"] == [pytest.approx(want["score"])]
+        assert r["tags"] == [t.encode() for t in want["tags"]]
+    # The manifests are the daemon's: verify checks each shard against its own.
+    verify = run_tfrecordd("verify", *map(str, published_shards(tmp_path / "out")))
+    assert verify.returncode == EXIT_OK, verify.stdout + verify.stderr
+
+
+@pytest.mark.tensorflow
+def test_csv_read_back_by_tensorflow(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    cfg = _config(tmp_path, compression="zlib")
+    rows = ["id,title,score,tags"] + [f'{i},"movie, {i}",{i / 4},t{i}' for i in range(300)]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "movies.csv").write_text("\r\n".join(rows) + "\r\n")
+    done = _convert(cfg, str(tmp_path / "in" / "movies.csv"), "--workers", "1")
+    assert done.returncode == EXIT_OK, done.stderr
+    got = _read_with_tf(tf, tmp_path / "out", _movie_spec(tf))
+    assert [r["id"][0] for r in got] == list(range(300))
+    assert got[7]["title"] == [b"movie, 7"]
+    assert got[7]["score"] == [pytest.approx(7 / 4)]
+    assert got[7]["tags"] == [b"t7"]
+
+
+@pytest.mark.tensorflow
+def test_image_folder_read_back_by_tensorflow(tmp_path: Path) -> None:
+    tf = pytest.importorskip("tensorflow")
+    from PIL import Image
+
+    cfg = write_datasets_config(
+        tmp_path,
+        {"images": {"encoder": "images", "dir": tmp_path / "out", "compression": "none"}},
+        encoders={},
+        sources=[{"name": "spool", "dataset": "images", "format": "whole-file"}],
+    )
+    with cfg.open("a") as f:
+        f.write('[encoders.images]\ntype = "image"\nlabels = { cat = 0, dog = 1 }\n')
+    sizes = {}
+    for label in ("cat", "dog"):
+        (tmp_path / "pics" / label).mkdir(parents=True)
+        for i in range(3):
+            w, h = 5 + i, 3 + i
+            buf = io.BytesIO()
+            Image.new("RGB", (w, h), (i * 40, 10, 200)).save(buf, "PNG")
+            name = f"{label}{i}.png"
+            (tmp_path / "pics" / label / name).write_bytes(buf.getvalue())
+            sizes[name] = (h, w, label)
+    done = _convert(cfg, str(tmp_path / "pics"))
+    assert done.returncode == EXIT_OK, done.stderr
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/filename": tf.io.FixedLenFeature([], tf.string),
+        "image/class/text": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    files = [str(p) for p in published_shards(tmp_path / "out")]
+    seen = []
+    for raw in tf.data.TFRecordDataset(files):
+        ex = tf.io.parse_single_example(raw, spec)
+        name = ex["image/filename"].numpy().decode()
+        h, w, label = sizes[name]
+        image = tf.io.decode_png(ex["image/encoded"])
+        assert tuple(image.shape) == (h, w, 3)
+        assert ex["image/class/text"].numpy().decode() == label
+        assert ex["image/class/label"].numpy() == ["cat", "dog"].index(label)
+        seen.append(name)
+    assert seen == sorted(sizes, key=lambda n: (sizes[n][2], n))
+
+
+def test_same_inputs_give_the_same_shards_byte_for_byte(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    _jsonl(tmp_path / "in" / "a.jsonl", range(40_000))
+    _jsonl(tmp_path / "in" / "sub" / "b.jsonl", range(40_000, 50_000))
+    outs = []
+    for n, workers in enumerate(("1", "2")):
+        out = tmp_path / f"out{n}"
+        done = _convert(cfg, str(tmp_path / "in"), "--out", str(out), "--workers", workers, *SMALL)
+        assert done.returncode == EXIT_OK, done.stderr
+        outs.append(_shard_bytes(out))
+    assert len([n for n in outs[0] if n.endswith(".gz")]) > 3
+    assert outs[0] == outs[1]
+    # A run over what is done already writes nothing and says so.
+    again = _convert(cfg, str(tmp_path / "in"), "--out", str(tmp_path / "out0"), *SMALL)
+    assert again.returncode == EXIT_OK, again.stderr
+    assert "(resumed)" in again.stderr
+    assert _shard_bytes(tmp_path / "out0") == outs[0]
+
+
+def test_shards_option_gives_exactly_n_named_of_n(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, compression="zstd")
+    _jsonl(tmp_path / "in.jsonl", range(20_000))
+    done = _convert(cfg, str(tmp_path / "in.jsonl"), "--shards", "4", "--workers", "2")
+    assert done.returncode == EXIT_OK, done.stderr
+    names = [p.name for p in published_shards(tmp_path / "out")]
+    assert names == [f"part-0000{i}-of-00004.tfrecord.zst" for i in range(4)]
+    count = count_records(tmp_path / "out")
+    assert count.problems == []
+    assert sorted(count.ids) == list(range(20_000))
+    assert set(count.ids.values()) == {1}
+
+
+def test_size_cap_cuts_shards(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, compression="none")
+    _jsonl(tmp_path / "in.jsonl", range(20_000))
+    done = _convert(cfg, str(tmp_path / "in.jsonl"), "--shard-size", "200KiB")
+    assert done.returncode == EXIT_OK, done.stderr
+    shards = published_shards(tmp_path / "out")
+    assert len(shards) > 3
+    # Batches are an eighth of the cap: every shard ends under it, and near it.
+    sizes = [p.stat().st_size for p in shards]
+    assert all(s <= 200 << 10 for s in sizes), sizes
+    assert all(s > 150 << 10 for s in sizes[:-1]), sizes
+    assert sorted(count_records(tmp_path / "out").ids) == list(range(20_000))
+
+
+def test_dead_letters_exit_65_unless_allowed(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    src = _jsonl(tmp_path / "in.jsonl", range(10))
+    with src.open("a") as f:
+        f.write("not json\n")
+        f.write(json.dumps({"id": "eleven"}) + "\n")
+    done = _convert(cfg, str(src))
+    assert done.returncode == EXIT_DATA == 65, done.stderr
+    assert "2 dead letters" in done.stderr
+    assert "--allow-dead-letters" in done.stderr
+    letters = [
+        json.loads(line)
+        for line in (tmp_path / "out" / ".tfrecordd-convert" / "dead-letters.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    assert [d["reason"] for d in letters] == ["malformed", "schema"]
+    assert letters[0]["raw"] == "not json"
+    assert letters[0]["where"].startswith(f"{src}:")
+    assert sorted(count_records(tmp_path / "out").ids) == list(range(10))
+    allowed = _convert(cfg, str(src), "--out", str(tmp_path / "other"), "--allow-dead-letters")
+    assert allowed.returncode == EXIT_OK, allowed.stderr
+    assert "2 dead letters" in allowed.stderr
+
+
+def test_other_arguments_over_an_existing_conversion_are_refused(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    src = _jsonl(tmp_path / "in.jsonl", range(100))
+    assert _convert(cfg, str(src)).returncode == EXIT_OK
+    before = _shard_bytes(tmp_path / "out")
+    done = _convert(cfg, str(src), "--compression", "zstd")
+    assert done.returncode == 73, done.stderr
+    assert "other arguments" in done.stderr
+    assert "compression: 'gzip' → 'zstd'" in done.stderr
+    _jsonl(src, range(101))  # the input changed
+    changed = _convert(cfg, str(src))
+    assert changed.returncode == 73, changed.stderr
+    assert _shard_bytes(tmp_path / "out") == before
+
+
+def test_missing_input_is_exit_66(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    done = _convert(cfg, str(tmp_path / "nope.jsonl"))
+    assert done.returncode == 66, done.stderr
+    assert "nope.jsonl" in done.stderr
