@@ -187,7 +187,7 @@ class SourceState:
             self.since = now
         self.down[what] = (reason, self.down.get(what, (reason, now))[1])
         self.last_error, self.last_error_at = reason, now
-        repeated = self._logs.setdefault(what, Repeated(log))
+        repeated = self._logs.setdefault(what, Repeated(log, clock=self._clock))
         repeated.warning("source %s: %s failed: %s", self.name, what, reason)
         if self._on_change is not None:
             self._on_change(self, what)

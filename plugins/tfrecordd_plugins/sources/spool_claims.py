@@ -110,7 +110,7 @@ class Claims(Finishing):
         try:
             folders = [("", os.open(".", DIR_FLAGS, dir_fd=self._fds["spool"]))]
         except OSError as e:  # out of descriptors, say: looked at again after a poll
-            log.warning("%s: cannot list %s: %s", ctx.name, self.spool, e)
+            ctx.mark_down(f"cannot list {self.spool}: {e}")
             return []
         while folders:
             rel_dir, fd = folders.pop()
@@ -132,8 +132,13 @@ class Claims(Finishing):
             with os.scandir(fd) as it:
                 entries = list(it)
         except OSError as e:
-            log.warning("%s: cannot list %s: %s", ctx.name, printable(rel_dir) or self.spool, e)
+            if not rel_dir:  # the spool itself: the source reads nothing until it can
+                ctx.mark_down(f"cannot list {self.spool}: {e}")
+            else:
+                log.warning("%s: cannot list %s: %s", ctx.name, printable(rel_dir), e)
             return
+        if not rel_dir:
+            ctx.mark_up()
         for entry in entries:
             name = entry.name
             if name.startswith("."):

@@ -162,15 +162,14 @@ class StreamSource(Source):
                     except OSError as e:
                         # Out of descriptors, say: the backlog keeps the client while an idle
                         # connection makes room, or until we retry.
-                        if not backoff.failures:
-                            log.warning("%s: accept failed: %s; retrying", ctx.name, e)
+                        ctx.mark_down(f"accept failed: {e}", what="accepting")
                         ctx.count_refused("accept_failed")
                         if (idle := self._idlest()) is not None:
                             self._evict(ctx, idle, "accept failed")
                         await anyio.sleep(backoff.failed())
                         continue
-                    if failures := backoff.succeeded():
-                        log.info("%s: accepting again after %d failure(s)", ctx.name, failures)
+                    if backoff.succeeded():
+                        ctx.mark_up(what="accepting")
                     conn = self._admit(ctx, sock, addr)
                     if conn is not None:
                         tg.start_soon(self._serve, ctx, conn)
