@@ -9,8 +9,10 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -359,3 +361,69 @@ def test_status_names_each_figure_in_singular_and_plural(tmp_path: Path) -> None
         assert daemon.wait(30) == 0, daemon.output()
     finally:
         daemon.kill()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_source_down_alert_fires_after_two_minutes_down(tmp_path: Path) -> None:
+    """promtool's rule unit test: a source down 2 minutes alerts; a blip, or one up, does not."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found: install Debian's 'prometheus' package (CI installs it)")
+    base = {"job": "tfrecordd", "instance": "a"}
+
+    def series(source: str, values: str) -> dict[str, str]:
+        labels = ", ".join(f'{k}="{v}"' for k, v in (base | {"source": source}).items())
+        return {"series": f"tfrecordd_source_up{{{labels}}}", "values": values}
+
+    summary = "tfrecordd source redis on a has been down for 2 minutes"
+    spec = {
+        "rule_files": [str(ROOT / "config" / "prometheus" / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    series("redis", "1 1 0 0 0 0 1 1"),
+                    series("spool", "1 0 1 1 1 1 1 1"),  # down for a minute: no alert
+                    series("tcp", "1x7"),
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "3m", "alertname": "TfrecorddSourceDown", "exp_alerts": []},
+                    {
+                        "eval_time": "4m",
+                        "alertname": "TfrecorddSourceDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": base | {"source": "redis", "severity": "critical"},
+                                "exp_annotations": {
+                                    "summary": summary,
+                                    "description": (
+                                        "Source redis reports that it cannot read from its "
+                                        "server or input, acknowledge what was published, or "
+                                        "accept its clients; it keeps retrying by itself "
+                                        "(tfrecordd_source_reconnects_total). /readyz and "
+                                        "`tfrecordd status` on the instance say why. Acks "
+                                        "refused for 2 minutes also fail /healthz: every later "
+                                        "commit waits behind them."
+                                    ),
+                                },
+                            }
+                        ],
+                    },
+                    {"eval_time": "7m", "alertname": "TfrecorddSourceDown", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "alerts.test.yml"
+    path.write_text(json.dumps(spec, indent=2))  # JSON is YAML
+    result = subprocess.run(
+        [promtool, "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
