@@ -55,6 +55,10 @@ its encoder. A config has either `[output]` or `[datasets.NAME]` tables, not bot
 
 Types: `Duration` is a number of seconds or a string with a unit (`"250ms"`, `"30s"`, `"10m"`,
 `"1h"`, `"1d"`); `Size` is a number of bytes or a string with a unit (`"64MiB"`, `"1GB"`).
+
+Any string value may take part or all of itself from the environment or a secret file:
+`${VAR}`, `${VAR:-default}`, `${VAR:?message}`, `${file:PATH}`, `${credential:NAME}` (`$$` for a
+literal `$`); see [configuration-environment.md](configuration-environment.md).
 """
 
 _SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (

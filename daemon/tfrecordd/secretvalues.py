@@ -8,6 +8,7 @@ here when it is read and masked wherever it appears (config errors, ``check-conf
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from tfrecordd.redact import REDACTED
@@ -51,3 +52,14 @@ def mask(text: str) -> str:
     for value in known:
         text = text.replace(value, REDACTED)
     return REDACTED if text and is_secret(text) else text
+
+
+class MaskingFilter(logging.Filter):
+    """A log handler's filter that masks remembered secrets in each line it writes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _values:
+            message = record.getMessage()
+            if (masked := mask(message)) != message:
+                record.msg, record.args = masked, None
+        return True

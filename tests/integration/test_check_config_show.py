@@ -7,7 +7,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from tests.support import run_tfrecordd, write_config
+from tests.support import daemon_process, run_tfrecordd, write_config
 from tfrecordd.config import load_config
 
 
@@ -66,3 +66,15 @@ def test_show_takes_the_config_as_an_argument_too(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert tomllib.loads(result.stdout)["sources"][0]["name"] == "spool"
     assert run_tfrecordd("check-config").returncode == 2
+
+
+def test_a_secret_read_from_a_file_is_masked_in_the_daemon_log(tmp_path: Path) -> None:
+    secret = tmp_path / "node-name"
+    secret.write_text("node-secret-7\n")
+    config = write_config(tmp_path, daemon={"node_id": f"${{file:{secret}}}"})
+    with daemon_process(config) as daemon:
+        daemon.wait_started()
+        assert daemon.stop() == 0
+        log = daemon.output()
+    assert "started: node ***" in log
+    assert "node-secret-7" not in log

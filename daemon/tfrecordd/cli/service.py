@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from tfrecordd import heap, logs, speedups, startcheck
+from tfrecordd import heap, logs, secretvalues, speedups, startcheck
 from tfrecordd.cli import help_of
 from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.datasets import PartitionSection
@@ -67,6 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return e.exit_code
     level = args.log_level or config.daemon.log_level
     logs.setup(args.log_format or config.daemon.log_format, getattr(logging, level.upper()))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(secretvalues.MaskingFilter())
     for warning in startcheck.missing_inputs(config):
         log.warning("%s", warning)
     if problems := startcheck.path_problems(config):
