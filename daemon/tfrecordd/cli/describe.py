@@ -235,13 +235,14 @@ def _infer(args: argparse.Namespace) -> int:
     inference = infer(args.infer, args.format, sample=args.sample, delimiter=args.csv_delimiter)
     proposals = propose(inference)
     if not any(p.spec is not None for p in proposals):
-        why = (
-            "; ".join(f"{p.name}: {p.reasons[0]}" for p in proposals[:5])
-            or "no field holds a value"
-        )
+        why = "; ".join(f"{p.name}: {p.reasons[0]}" for p in proposals[:5])
+        rows = "row" if inference.format == "csv" else "line"
+        fit = f"{inference.records} {rows}{'' if inference.records == 1 else 's'}"
+        bad = inference.misfit_count
         raise InferenceError(
-            f"{inference.records} records sampled, {inference.misfit_count} lines did not fit, "
-            f"and no field makes a feature ({why})"
+            f"no feature to propose: no field of the {fit} sampled that fit holds a value a "
+            f"feature type takes ({why or 'none holds a value'}); {bad} {rows}"
+            f"{'' if bad == 1 else 's'} did not fit"
         )
     name = args.name or _default_encoder_name(args.infer[0])
     sys.stdout.write(render_toml(inference, name, proposals))
