@@ -100,16 +100,21 @@ class Lines:
     data: bytes
     """Whole lines, each ended by ``\\n`` except perhaps the last (at the end of the input)."""
     where: str
-    """Where the lines come from (a file name); an event's ``where`` is ``{where}:{offset}``."""
+    """Where the lines come from (a file name); an event's ``where`` is ``{where}:{offset}``,
+    or ``{where}:line {n}:{offset}`` when :attr:`line` is known (the offset stays last)."""
     offset: int
     """The position of ``data[0]`` in its stream."""
     max_line: int
     """A longer line is refused (dead-lettered with its first ``max_line`` bytes)."""
+    line: int = 0
+    """The number of the line ``data[0]`` starts, 1 for a stream's first; 0 if not known."""
+    _counted: tuple[int, int] = field(default=(0, 0), init=False, repr=False, compare=False)
+    """An offset into ``data`` and the newlines before it: :meth:`at` counts on from there."""
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         # With protocol 5 the bytes can travel out of band (to an encode worker, as they are).
         data = pickle.PickleBuffer(self.data) if int(protocol) >= 5 else self.data
-        return (Lines, (data, self.where, self.offset, self.max_line))
+        return (Lines, (data, self.where, self.offset, self.max_line, self.line))
 
     def split(self) -> tuple[list[bytes], list[RawEvent]]:
         """``(payloads, refused)``: the events' payloads in order (each is one JSON value), and
@@ -143,8 +148,19 @@ class Lines:
         ]
 
     def at(self, offset: int) -> str:
-        """The ``where`` of the event at ``offset``."""
-        return f"{self.where}:{offset}"
+        """The ``where`` of the event at ``offset``, with its line number if :attr:`line` is
+        known."""
+        if not self.line:
+            return f"{self.where}:{offset}"
+        # Asked in order of offset (a batch's dead letters): each count goes on from the last,
+        # so a batch of bad lines costs one pass over it, not one per line.
+        pos = offset - self.offset
+        last, newlines = self._counted
+        if pos < last:
+            last, newlines = 0, 0
+        newlines += self.data.count(b"\n", last, pos)
+        self._counted = (pos, newlines)
+        return f"{self.where}:line {self.line + newlines}:{offset}"
 
     def _lines(self) -> list[bytes]:
         lines = self.data.split(b"\n")

@@ -137,6 +137,10 @@ class FormatReaders:
         lines = False  # whether the last buffer held whole lines: if not, the end goes alone
         held: tuple[Lines, int] | None = None  # the last batch cut, and the offset after it
         part = False  # the file ends in a line without its line end, not read (not final)
+        # The number of the line at `offset`, for dead letters; 0: not known (a file resumed
+        # from a journalled offset, where counting would mean reading it again from its start).
+        line = 1 if offset == 0 else 0
+        head_line = 0
 
         async def send_held(last: bool) -> None:
             nonlocal held
@@ -175,7 +179,8 @@ class FormatReaders:
                         continue
                     at = nl + 1 if nl >= 0 else n
                     offset += at
-                    event = too_long(rel, head_at, head, max_line)
+                    event = too_long(rel, head_at, head, max_line, head_line)
+                    line = line and line + 1
                     last = eof and at == n
                     token = _token(claim, offset, last, seen=reader.last_seen)
                     await ctx.send(RawBatch(ctx.name, [event], token))
@@ -192,18 +197,21 @@ class FormatReaders:
                 lines = whole > at
                 start = at
                 with memoryview(work) as view:
-                    for end in cuts(work, start, whole, max_events, max_bytes):
+                    newlines: list[int] = []
+                    for end in cuts(work, start, whole, max_events, max_bytes, newlines):
                         await send_held(False)
-                        batch = Lines(bytes(view[start:end]), rel, offset + start - at, max_line)
+                        at_start = offset + start - at
+                        batch = Lines(bytes(view[start:end]), rel, at_start, max_line, line)
                         held = batch, offset + end - at
                         start = end
+                        line = line and line + newlines[-1]
                 if eof:
                     await send_held(True)
                 offset, kept = offset + whole - at, n - whole
                 if whole:  # else the line goes on where it is
                     work[:kept] = work[whole:n]
                 if kept > max_line:
-                    head, head_at = bytes(work[:max_line]), offset
+                    head, head_at, head_line = bytes(work[:max_line]), offset, line
                     offset, kept = offset + kept, 0
         except Rejected as e:
             await send_held(False)
@@ -388,12 +396,19 @@ def work_size(config: FormatSettings) -> int:
 
 
 def cuts(
-    buf: bytes | bytearray, start: int, whole: int, max_events: int, max_bytes: int
+    buf: bytes | bytearray,
+    start: int,
+    whole: int,
+    max_events: int,
+    max_bytes: int,
+    newlines: list[int] | None = None,
 ) -> Iterator[int]:
     """Where the batches of ``buf[start:whole]`` (whole lines) end: each holds
     ``max_events`` lines (the last may hold fewer) and, unless one line is longer, at most
     ``max_bytes`` bytes. Exact counts matter: a shard's record cap is filled by whole batches.
-    One at a time: the source sends each batch (and lets the event loop run) before the next."""
+    One at a time: the source sends each batch (and lets the event loop run) before the next.
+    ``newlines`` gets the newlines of each batch as it is yielded (counted on the way: the line
+    numbers of dead letters)."""
     per_line = 0  # bytes per line in the batch before: where to look for this one's end
     while start < whole:
         bound = whole
@@ -404,7 +419,9 @@ def cuts(
                 or whole
             )
         if compiled.COMPILED:
-            end, _ = compiled.line_end(buf, start, bound, max_events)
+            end, found = compiled.line_end(buf, start, bound, max_events)
+            if newlines is not None:
+                newlines.append(found)
             yield end
             start = end
             continue
@@ -424,12 +441,15 @@ def cuts(
         while lines < max_events and end < bound:
             end = buf.find(b"\n", end, bound) + 1 or bound
             lines += 1
+        if newlines is not None:
+            newlines.append(lines - (buf[end - 1] != 10))
         yield end
         per_line = (end - start) // lines + 1
         start = end
 
 
-def too_long(rel: str, at: int, head: bytes, limit: int) -> RawEvent:
+def too_long(rel: str, at: int, head: bytes, limit: int, line: int = 0) -> RawEvent:
+    where = f"{rel}:line {line}:{at}" if line else f"{rel}:{at}"
     return RawEvent(
-        head, f"{rel}:{at}", error=f"record longer than max_line_bytes ({limit}); first bytes kept"
+        head, where, error=f"record longer than max_line_bytes ({limit}); first bytes kept"
     )
