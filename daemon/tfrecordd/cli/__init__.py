@@ -102,7 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = sys.argv[1:]
     command = _command_of(argv)
     cli = _cached_parser(command if command in COMMANDS else None)
-    args = cli.parse_args(argv)
+    try:
+        args = cli.parse_args(argv)
+    except SystemExit:
+        # --help and --version write to stdout and exit: what is left in the buffer must not
+        # meet a closed pipe at the interpreter's exit.
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _closed_pipe()  # argparse's own status stands (it lets a failed write pass)
+        raise
     func: Command | None = getattr(args, "func", None)
     if func is None:  # pragma: no cover - argparse enforces a command
         cli.print_usage(sys.stderr)
