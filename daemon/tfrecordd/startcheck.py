@@ -145,6 +145,17 @@ def listen_addresses(config: DaemonConfig) -> list[tuple[str, str, socket.Socket
     return found
 
 
+def listen_key(config: DaemonConfig, address: str) -> str | None:
+    """The key that configures the listen address ``address`` (as an error names it)."""
+    for key, listen, _ in listen_addresses(config):
+        if listen == address:
+            return key
+    for i, source in enumerate(config.sources):
+        if str(getattr(source, "path", None)) == address and source.type == "unix":
+            return f"sources[{i}].path"
+    return None
+
+
 def busy_ports(config: DaemonConfig) -> list[Problem]:
     """Each listen address another process holds now (tried by binding it, then closing)."""
     problems = []

@@ -7,6 +7,7 @@ bind mount in a mount namespace of its own (``unshare -m``) for root, whom modes
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
@@ -171,3 +172,61 @@ def test_the_log_level_is_a_config_key_and_the_flag_wins(tmp_path: Path) -> None
     assert " INFO " not in quiet
     loud = _run_until(config, ["--log-level", "info"], " started: ", tmp_path / "loud.log")
     assert " INFO " in loud
+
+
+def _tcp_config(root: Path, port: int) -> Path:
+    config = root / "tcp.toml"
+    config.write_text(
+        f"""[daemon]
+node_id = "test"
+state_dir = "{root / "state"}"
+[metrics]
+enabled = false
+[output]
+dir = "{root / "shards"}"
+[[sources]]
+name = "tcp"
+type = "tcp"
+listen = "127.0.0.1:{port}"
+encoder = "events"
+[encoders.events]
+type = "example"
+features = {{ id = "int64" }}
+"""
+    )
+    return config
+
+
+def test_a_source_port_in_use_is_one_line_naming_its_key_and_exit_75(tmp_path: Path) -> None:
+    with held_port() as port:
+        config = _tcp_config(tmp_path, port)
+        check = run_tfrecordd("check-config", str(config))
+        assert check.returncode == 0, check.stderr
+        assert f"warning: sources[0].listen: 127.0.0.1:{port}: address already in use" in (
+            check.stderr
+        )
+        run = run_with(["run", "--config", str(config)])
+    assert run.returncode == EXIT_IN_USE, run.stderr
+    assert f"stopping: sources[0].listen: 127.0.0.1:{port}: " in _one_line(run.stderr)
+
+
+def test_a_write_refused_while_running_names_the_key_of_its_innermost_folder(
+    tmp_path: Path,
+) -> None:
+    """A folder that turns read-only after the start: the OSError the runtime meets, inside a
+    task group's exception group, is told with the key of the folder that holds its path (an
+    output inside ``state_dir`` is the output's)."""
+    from tfrecordd.config import load_config
+    from tfrecordd.startcheck import explain
+
+    state = tmp_path / "state"
+    config = load_config(write_config(tmp_path, output={"dir": state / "shards"}))
+    staging = state / "shards" / ".unpublished"
+    for where, key in ((staging, "output.dir"), (state / "journal", "daemon.state_dir")):
+        refused = OSError(errno.EROFS, os.strerror(errno.EROFS), str(where))
+        problem = explain(BaseExceptionGroup("unhandled errors in a TaskGroup", [refused]), config)
+        assert problem is not None
+        assert problem.exit_code == EXIT_IO
+        assert str(problem) == f"{key}: {where}: Read-only file system"
+    unrelated = OSError(errno.EROFS, os.strerror(errno.EROFS), "/somewhere/else")
+    assert explain(BaseExceptionGroup("unhandled", [unrelated]), config) is None

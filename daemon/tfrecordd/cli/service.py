@@ -13,7 +13,14 @@ from tfrecordd import heap, logs, secretvalues, speedups, startcheck
 from tfrecordd.cli import help_of
 from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.datasets import PartitionSection
-from tfrecordd.errors import EXIT_OK, EXIT_USAGE, ConfigError, TfrecorddError, find_error
+from tfrecordd.errors import (
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    ListenError,
+    TfrecorddError,
+    find_error,
+)
 from tfrecordd.fsys import LOCAL
 from tfrecordd.outputs import make_output
 from tfrecordd.pipeline.runtime import Daemon
@@ -86,7 +93,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise
             log.error("stopping: %s", explained)
             return explained.exit_code
-        log.error("stopping: %s", error)
+        key = (
+            startcheck.listen_key(config, error.address) if isinstance(error, ListenError) else None
+        )
+        log.error("stopping: %s%s", f"{key}: " if key else "", error)
         return error.exit_code
     log.info("stopped")
     return EXIT_OK
