@@ -18,7 +18,16 @@ from pathlib import Path
 
 from .harness import Context, Row, as_json, machine, markdown, text_table
 
-CASES = ("movies", "passthrough", "images", "sequence", "daemon", "large_inputs", "datasets")
+CASES = (
+    "movies",
+    "passthrough",
+    "images",
+    "sequence",
+    "daemon",
+    "large_inputs",
+    "datasets",
+    "convert",
+)
 RESULTS = Path(__file__).parent / "results"
 
 

@@ -5,8 +5,13 @@ refused over an existing one."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import os
+import pty
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +259,48 @@ def test_missing_input_is_exit_66(tmp_path: Path) -> None:
     done = _convert(cfg, str(tmp_path / "nope.jsonl"))
     assert done.returncode == 66, done.stderr
     assert "nope.jsonl" in done.stderr
+
+
+def test_progress_lines_off_a_terminal_and_a_bar_on_one(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    src = _jsonl(tmp_path / "in.jsonl", range(60_000))
+    done = _convert(cfg, str(src), "--progress-interval", "0", "--workers", "1", *SMALL)
+    assert done.returncode == EXIT_OK, done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.startswith("convert: ") and "ETA" in x]
+    assert lines, done.stderr
+    assert "records/s" in lines[-1]
+    assert "\x1b" not in done.stderr
+
+    # On a terminal: one line redrawn in place, erased before the summary.
+    master, slave = pty.openpty()
+    argv = [sys.executable, "-m", "tfrecordd", "convert", "--config", str(cfg), str(src)]
+    argv += ["--out", str(tmp_path / "tty"), "--workers", "1", *SMALL]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the other end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == EXIT_OK, seen
+    text = seen.decode(errors="replace")
+    assert "\r\x1b[Kconvert [" in text
+    assert "ETA" in text
+    assert "convert: 60000 records" in text
+
+
+def test_a_second_conversion_into_the_same_output_exits_75(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    src = _jsonl(tmp_path / "in.jsonl", range(10))
+    folder = tmp_path / "out" / ".tfrecordd-convert"
+    folder.mkdir(parents=True)
+    with (folder / "lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = _convert(cfg, str(src))
+    assert done.returncode == 75, done.stderr
+    assert "another tfrecordd convert" in done.stderr

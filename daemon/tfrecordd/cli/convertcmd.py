@@ -18,7 +18,7 @@ from typing import Any
 
 from tfrecordd.cli import help_of
 from tfrecordd.cli.datasetargs import UsageError, add_dataset_options, choose_dataset
-from tfrecordd.errors import EXIT_OK
+from tfrecordd.errors import EXIT_OK, DurabilityError
 from tfrecordd.format.compression import Compression
 from tfrecordd.units import parse_size
 
@@ -78,6 +78,10 @@ def _convert(args: argparse.Namespace) -> int:
     run = Run(plan, meter)
     try:
         summary = run.run()
+    except OSError as e:
+        # A full disk or a vanished folder: one line and the I/O status, and a rerun resumes.
+        where = e.filename or plan.directory
+        raise DurabilityError(f"{where}: {e.strerror or e}; run again to resume") from e
     finally:
         if meter is not None:
             meter.close()

@@ -10,7 +10,7 @@ import time
 from typing import TextIO
 
 _ERASE = "\r\x1b[K"
-_BAR = 24
+_BAR = 20
 _REDRAW = 0.2
 
 
@@ -76,10 +76,10 @@ class Meter:
         byte_rate = (self.done - self.start_done) / elapsed
         pct = 100 * self.done / self.total if self.total else 100.0
         eta = (self.total - self.done) / byte_rate if byte_rate > 0 else 0.0
+        # What matters most first: a narrow terminal cuts the end of the line.
         return (
-            f"{pct:5.1f}% {human_size(self.done)}/{human_size(self.total)}, "
-            f"{self.records} records, {rate:,.0f} records/s, "
-            f"{human_size(int(byte_rate))}/s, ETA {_duration(eta)}"
+            f"{pct:5.1f}%, ETA {_duration(eta)}, {rate:,.0f} records/s, {self.records} records, "
+            f"{human_size(self.done)} of {human_size(self.total)} ({human_size(byte_rate)}/s)"
         )
 
     def _show(self, now: float) -> None:
