@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,10 +30,11 @@ from tests.support import (
     run_tfrecordd,
     spool_drained,
     spool_file,
+    wait_for,
     write_config,
 )
 from tfrecordd.cli import EXIT_BROKEN_PIPE, parser
-from tfrecordd.cli.initcmd import FORMATS, starter_sources
+from tfrecordd.cli.initcmd import FORMATS, kind, starter_sources
 from tfrecordd.errors import EXIT_IN_USE, EXIT_OK, EXIT_USAGE
 from tfrecordd.events import Lines
 from tfrecordd.outputs.manifest import SUFFIX as MANIFEST_SUFFIX
@@ -236,31 +238,54 @@ def test_init_writes_a_config_for_every_kind_of_source(tmp_path: Path) -> None:
     assert refused.returncode == EXIT_USAGE, refused.stderr
 
 
-def test_the_tcp_starters_try_line_ends_and_delivers(tmp_path: Path) -> None:
-    port, tcp = free_port(), free_port()
-    init = run_tfrecordd(
-        "init",
-        "--source",
-        "tcp",
-        "--metrics-listen",
-        f"127.0.0.1:{port}",
-        cwd=tmp_path,
-    )
+def _received(port: int) -> float:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0
+    found = re.findall(r"^tfrecordd_events_received_total\{[^}]*\} (\S+)$", text, re.M)
+    return sum(float(v) for v in found)
+
+
+@pytest.mark.parametrize(
+    ("source", "fmt", "listen"),
+    [
+        ("tcp", "jsonl", "7070"),
+        ("udp", "jsonl", "7071"),
+        ("unix", "jsonl", None),
+        ("directory", "csv", None),
+    ],
+)
+def test_the_starters_try_line_ends_and_delivers(
+    tmp_path: Path, source: str, fmt: str, listen: str | None
+) -> None:
+    """The try-it line ``init`` prints ends by itself, with any netcat or none, and its event
+    lands in the clicks dataset."""
+    port = free_port()
+    argv = ["init", "--source", source, "--format", fmt, "--metrics-listen", f"127.0.0.1:{port}"]
+    init = run_tfrecordd(*argv, cwd=tmp_path)
     assert init.returncode == EXIT_OK, init.stderr
     config = tmp_path / "tfrecordd.toml"
-    config.write_text(config.read_text().replace("7070", str(tcp)))
     (try_it,) = [line for line in init.stdout.splitlines() if "try it:" in line]
-    command = try_it.split("try it:", 1)[1].strip().replace("7070", str(tcp))
+    command = try_it.split("try it:", 1)[1].strip()
+    if listen is not None:  # the plugin's fixed port, moved to one free in this test
+        free = str(free_port())
+        config.write_text(config.read_text().replace(listen, free))
+        command = command.replace(listen, free)
     d = DaemonProcess(config)
     try:
         d.wait_started()
         sent = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=20)
         assert sent.returncode == 0, sent.stderr
+        wait_for(lambda: _received(port) >= 1, timeout=30)
         assert d.stop() == 0, d.output()
     finally:
         d.kill()
-    shards = list((tmp_path / "tfrecordd-tcp" / "shards" / "clicks").rglob("*.tfrecord.gz"))
+    base = tmp_path / f"tfrecordd-{kind(source, fmt)}"
+    shards = list((base / "shards" / "clicks").rglob("*.tfrecord.gz"))
     assert len(shards) == 1, d.output()
+    assert not (base / "state" / "dead-letters.jsonl").exists(), d.output()
 
 
 def _every_action(
