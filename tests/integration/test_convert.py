@@ -304,3 +304,14 @@ def test_a_second_conversion_into_the_same_output_exits_75(tmp_path: Path) -> No
         done = _convert(cfg, str(src))
     assert done.returncode == 75, done.stderr
     assert "another tfrecordd convert" in done.stderr
+
+
+def test_out_as_a_file_url(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    src = _jsonl(tmp_path / "in.jsonl", range(500))
+    done = _convert(cfg, str(src), "--out", (tmp_path / "url").as_uri())
+    assert done.returncode == EXIT_OK, done.stderr
+    assert sorted(count_records(tmp_path / "url").ids) == list(range(500))
+    refused = _convert(cfg, str(src), "--out", "memory://bucket/x")
+    assert refused.returncode == 2, refused.stderr
+    assert "local directory" in refused.stderr

@@ -14,28 +14,20 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support import count_records, published_shards, write_datasets_config
 
 LINES = 300_000
 BAD_EVERY = 9973
 """Every this-many-th line is not JSON: dead letters spread over the whole run."""
 KILLS = 6
-ARGS = ("--shard-size", "96KiB", "--workers", "2", "--progress-interval", "0.2")
+ARGS = ("--workers", "2", "--progress-interval", "0.2")
 
 
-def _argv(cfg: Path, src: Path, out: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "tfrecordd",
-        "convert",
-        "--config",
-        str(cfg),
-        str(src),
-        "--out",
-        str(out),
-        *ARGS,
-    ]
+def _argv(cfg: Path, src: Path, out: Path, shards: tuple[str, ...]) -> list[str]:
+    command = [sys.executable, "-m", "tfrecordd", "convert", "--config", str(cfg), str(src)]
+    return [*command, "--out", str(out), *ARGS, *shards]
 
 
 def _run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -53,7 +45,12 @@ def _files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
 
 
-def test_killed_at_random_moments_then_resumed_writes_each_record_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "shards", [("--shard-size", "96KiB"), ("--shards", "12")], ids=["by-size", "by-count"]
+)
+def test_killed_at_random_moments_then_resumed_writes_each_record_once(
+    tmp_path: Path, shards: tuple[str, ...]
+) -> None:
     cfg = write_datasets_config(
         tmp_path,
         {"events": {"encoder": "events", "dir": tmp_path / "unused"}},
@@ -73,7 +70,7 @@ def test_killed_at_random_moments_then_resumed_writes_each_record_once(tmp_path:
                     f.write(json.dumps({"id": i, "name": f"n{i}"}) + "\n")
     # The run never killed: what every resumed run must end as, and how long a run takes.
     started = time.monotonic()
-    ref = _run(_argv(cfg, src, tmp_path / "ref"))
+    ref = _run(_argv(cfg, src, tmp_path / "ref", shards))
     took = time.monotonic() - started
     assert ref.returncode == 65, ref.stderr  # dead letters
     reference = _files(tmp_path / "ref")
@@ -87,7 +84,10 @@ def test_killed_at_random_moments_then_resumed_writes_each_record_once(tmp_path:
     midway = []  # shards published when a kill landed in the middle of the conversion
     for k in range(KILLS):
         proc = subprocess.Popen(
-            _argv(cfg, src, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            _argv(cfg, src, out, shards),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         if k == 0:
             time.sleep(rng.uniform(0.05, took / 2))  # anywhere, start-up included
@@ -113,7 +113,7 @@ def test_killed_at_random_moments_then_resumed_writes_each_record_once(tmp_path:
     assert killed >= 3, f"only {killed} of {KILLS} runs were still running when killed"
     assert midway, "no kill landed between the first shard and the end"
 
-    final = _run(_argv(cfg, src, out))
+    final = _run(_argv(cfg, src, out, shards))
     assert final.returncode == 65, final.stderr
     assert f"{LINES - len(bad)} records" in final.stderr
 
