@@ -315,3 +315,19 @@ def test_out_as_a_file_url(tmp_path: Path) -> None:
     refused = _convert(cfg, str(src), "--out", "memory://bucket/x")
     assert refused.returncode == 2, refused.stderr
     assert "local directory" in refused.stderr
+
+
+def test_output_inside_the_input_folder_is_not_read_back(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    _jsonl(tmp_path / "data" / "a.jsonl", range(300))
+    (tmp_path / "data" / "old.jsonl.gz").write_bytes(b"\x1f\x8b not read")
+    out = tmp_path / "data" / "shards"
+    for _ in range(2):  # the second run finds the first one's shards inside its input
+        done = _convert(cfg, str(tmp_path / "data"), "--out", str(out))
+        assert done.returncode == EXIT_DATA, done.stderr
+        assert "1 dead letter " in done.stderr
+    assert "(resumed)" in done.stderr
+    assert sorted(count_records(out).ids) == list(range(300))
+    letter = json.loads((out / ".tfrecordd-convert" / "dead-letters.jsonl").read_text())
+    assert letter["reason"] == "rejected"
+    assert "compressed" in letter["detail"]

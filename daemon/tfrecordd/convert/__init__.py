@@ -99,7 +99,7 @@ def plan_conversion(
     if compression is Compression.NONE and level is not None:
         raise ConvertUsageError(f"--level {level} with compression none: nothing to compress")
     read = read_settings(config, dataset, fmt)
-    files = list_inputs(inputs, read)
+    files = list_inputs(inputs, read, exclude=directory)
     if not files:
         raise InputError(" ".join(inputs), "holds no input file")
     total = sum(f.size for f in files)

@@ -14,7 +14,14 @@ import os
 import signal
 from dataclasses import dataclass
 
-from tfrecordd.convert.inputs import BATCH_BYTES, BATCH_EVENTS, InputFile, ReadSettings, Unit
+from tfrecordd.convert.inputs import (
+    BATCH_BYTES,
+    BATCH_EVENTS,
+    COMPRESSED,
+    InputFile,
+    ReadSettings,
+    Unit,
+)
 from tfrecordd.errors import InputError
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.writer import Packed
@@ -99,6 +106,8 @@ def encode_unit(unit: Unit) -> list[Batch]:
     assert _setup is not None
     assert _encoder is not None
     first = unit.files[0]
+    if first.format != "whole-file" and first.path.endswith(COMPRESSED):
+        return [_rejected(first, 0, "a compressed file: decompress it first (gzip -dk, zstd -d)")]
     if first.format == "jsonl":
         return _jsonl(unit, _setup, _encoder)
     if first.format == "csv":

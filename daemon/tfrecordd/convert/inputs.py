@@ -36,6 +36,9 @@ BATCH_EVENTS = 4096
 """At most this many CSV records, or whole files, in one batch."""
 FILE_BATCH_BYTES = 16 << 20
 """At most about this many bytes of whole files in one unit."""
+COMPRESSED = (".gz", ".zst", ".zz", ".bz2", ".xz")
+"""Names of compressed files, which convert does not read as lines or CSV records: each is
+one dead letter saying so."""
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
 
 
@@ -99,8 +102,12 @@ def format_of(name: str, settings: ReadSettings) -> Format:
     return settings.default_format
 
 
-def list_inputs(args: Sequence[str], settings: ReadSettings) -> list[InputFile]:
-    """The files the arguments name, in order (see the module's docstring).
+def list_inputs(
+    args: Sequence[str], settings: ReadSettings, exclude: str | None = None
+) -> list[InputFile]:
+    """The files the arguments name, in order (see the module's docstring), leaving out the
+    folder ``exclude`` (the output: converting into a folder of the input must not read the
+    shards back as input on the next run).
 
     Raises:
         InputError: an argument is missing, or is neither a file nor a directory.
@@ -111,8 +118,14 @@ def list_inputs(args: Sequence[str], settings: ReadSettings) -> list[InputFile]:
         if not os.path.lexists(path):
             raise InputError(arg, "no such file or directory")
         if os.path.isdir(path):
+            if exclude is not None and os.path.abspath(path) == exclude:
+                continue
             for here, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+                dirs[:] = sorted(
+                    d
+                    for d in dirs
+                    if not d.startswith((".", "_")) and os.path.join(here, d) != exclude
+                )
                 for name in sorted(files):
                     if name.startswith((".", "_")):
                         continue
@@ -121,6 +134,8 @@ def list_inputs(args: Sequence[str], settings: ReadSettings) -> list[InputFile]:
                     label = os.path.basename(here) or os.path.basename(path)
                     _add(found, full, rel, label, settings)
         elif os.path.isfile(path):
+            if exclude is not None and path.startswith(exclude + os.sep):
+                continue
             _add(found, path, arg, os.path.basename(os.path.dirname(path)), settings)
         else:
             raise InputError(arg, "neither a regular file nor a directory")
@@ -171,7 +186,7 @@ def plan_units(files: Sequence[InputFile], unit_bytes: int = UNIT_BYTES) -> list
             group_bytes += f.size
             continue
         close_group()
-        if f.format == "csv" or f.size <= unit_bytes:
+        if f.format == "csv" or f.size <= unit_bytes or f.path.endswith(COMPRESSED):
             units.append(Unit(len(units), (f,), 0, f.size))
             continue
         for start, end in line_cuts(f.path, f.size, unit_bytes):

@@ -57,7 +57,8 @@ class Meter:
         self.records = 0
         self.interval = interval
         self.started = time.monotonic()
-        self._shown_at = self.started
+        # A bar shows at the first update; plain lines start after an interval.
+        self._shown_at = float("-inf") if tty else self.started
         self._drawn = False
 
     def update(self, input_bytes: int, records: int) -> None:
