@@ -33,7 +33,10 @@ from tests.support import (
     movie_event,
     read_ids,
     run_tfrecordd,
+    spool_drained,
+    spool_file,
     wait_for,
+    write_config,
 )
 from tfrecordd.config import load_config
 from tfrecordd.pipeline import runtime
@@ -302,10 +305,7 @@ def test_a_socket_source_that_cannot_accept_is_not_ready(tmp_path: Path) -> None
         # Accepted before the limit drops: the endpoint answers on it while accept() fails.
         probe = socket.create_connection(("127.0.0.1", metrics_port))
         time.sleep(0.3)
-        # The lowest free descriptor at the limit: every accept() fails with EMFILE.
-        held = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
-        lowest_free = min(set(range(len(held) + 1)) - held)
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, 4096))
+        lower_descriptors_to_none(pid)  # every accept() fails with EMFILE
         clients = [socket.create_connection(("127.0.0.1", tcp_port)) for _ in range(2)]
         time.sleep(1.0)
         with probe:
@@ -325,6 +325,45 @@ def test_a_socket_source_that_cannot_accept_is_not_ready(tmp_path: Path) -> None
         log = daemon.output()
         assert log.count("source tcp-in: accepting failed: ") == 1, log[-3000:]
         assert "source tcp-in: accepting works again" in log
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0, daemon.output()
+    finally:
+        daemon.kill()
+    assert read_ids(tmp_path / "shards") == dict.fromkeys(range(10), 1)
+
+
+def lower_descriptors_to_none(pid: int) -> None:
+    """Set ``pid``'s descriptor limit to its lowest free descriptor: every open fails (EMFILE)."""
+    held = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    lowest_free = min(set(range(len(held) + 1)) - held)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, 4096))
+
+
+def test_a_spool_that_cannot_be_listed_is_not_ready(tmp_path: Path) -> None:
+    metrics_port = free_port()
+    cfg = write_config(tmp_path, metrics_port=metrics_port, output={"max_shard_age": "200ms"})
+    daemon = DaemonProcess(cfg)
+    pid = daemon.proc.pid
+    try:
+        daemon.wait_started()
+        wait_for(lambda: get(metrics_port, "/readyz")[0] == 200, 10)
+        probe = socket.create_connection(("127.0.0.1", metrics_port))
+        time.sleep(0.3)
+        lower_descriptors_to_none(pid)  # the spool folder cannot be opened to be listed
+        time.sleep(1.0)  # polled every 100ms
+        with probe:
+            status, body = ask(probe, "/readyz")
+        assert status == 503, body
+        down = json.loads(body)["sources"]["spool"]["down"]
+        assert down["reading"]["reason"].startswith(f"cannot list {tmp_path / 'spool'}: "), down
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (4096, 4096))
+        wait_for(lambda: get(metrics_port, "/readyz")[0] == 200, 10)
+        spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(10)])
+        wait_for(lambda: spool_drained(tmp_path / "spool"))
+        assert source_up(metrics_port, "spool") == 1
+        log = daemon.output()
+        assert log.count("source spool: reading failed: cannot list ") == 1, log[-3000:]
+        assert "source spool: reading works again" in log
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(30) == 0, daemon.output()
     finally:
