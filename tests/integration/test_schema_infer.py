@@ -170,6 +170,15 @@ def test_what_schema_cannot_do_has_its_exit_status(tmp_path: Path) -> None:
     assert wrong.returncode == EXIT_USAGE
     assert "jsonl or csv" in wrong.stderr
 
+    unknown = run_tfrecordd("schema", "--infer", str(cfg))
+    assert unknown.returncode == EXIT_USAGE
+    assert "give --format jsonl or --format csv" in unknown.stderr
+    delimiter = run_tfrecordd(
+        "schema", "--infer", str(cfg), "--format", "csv", "--csv-delimiter", ";;"
+    )
+    assert delimiter.returncode == EXIT_USAGE
+    assert "--csv-delimiter must be one character" in delimiter.stderr
+
     nothing = tmp_path / "flags.jsonl"
     nothing.write_text('{"ok": true}\nnot json\n')
     refused = run_tfrecordd("schema", "--infer", str(nothing))

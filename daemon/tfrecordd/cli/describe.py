@@ -45,7 +45,7 @@ from tfrecordd.errors import EXIT_OK, TfrecorddError
 from tfrecordd.format.wire import FeatureType
 from tfrecordd.plugin import EncoderConfig
 from tfrecordd.schema import ExampleSchema, FeatureSpec, SequenceSchema, default_values
-from tfrecordd.schema.infer import SAMPLE_LINES, InferenceError, infer
+from tfrecordd.schema.infer import SAMPLE_LINES, InferenceError, infer, input_format
 from tfrecordd.schema.infer_toml import propose, render_toml
 
 __all__ = [
@@ -232,6 +232,20 @@ def _infer(args: argparse.Namespace) -> int:
         )
     if args.sample < 1:
         raise UsageError(f"--sample must be at least 1, got {args.sample}")
+    if len(args.csv_delimiter) != 1 or args.csv_delimiter in '"\r\n':
+        raise UsageError(
+            f"--csv-delimiter must be one character, not a quote or a line end: "
+            f"got {args.csv_delimiter!r}"
+        )
+    if args.format is None:
+        unknown = [p for p in args.infer if input_format(p) is None]
+        if unknown:
+            raise UsageError(
+                f"{unknown[0]}: cannot tell JSON lines from CSV by its name (.jsonl, .ndjson, "
+                ".json, .csv, each perhaps .gz): give --format jsonl or --format csv"
+            )
+        if len({input_format(p) for p in args.infer}) > 1:
+            raise UsageError("JSON lines and CSV files given together: infer each on its own")
     inference = infer(args.infer, args.format, sample=args.sample, delimiter=args.csv_delimiter)
     proposals = propose(inference)
     if not any(p.spec is not None for p in proposals):
