@@ -85,7 +85,7 @@ def _convert(args: argparse.Namespace) -> int:
     finally:
         if meter is not None:
             meter.close()
-    rate = summary.records / summary.seconds if summary.seconds > 0 else 0.0
+    rate = summary.run_records / summary.seconds if summary.seconds > 0 else 0.0
     line = (
         f"convert: {_plural(summary.records, 'record')} from {_plural(len(plan.files), 'file')} "
         f"({human_size(summary.input_bytes)}) into {_plural(summary.shards, 'shard')} "

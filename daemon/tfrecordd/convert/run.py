@@ -68,6 +68,8 @@ class Summary:
     events: int
     seconds: float
     """This run's time."""
+    run_records: int
+    """Records this run wrote (the others, before it was resumed)."""
     resumed: bool
     directory: str
     dead_letter_path: str
@@ -139,6 +141,7 @@ class Run:
         self.folder = os.path.join(plan.directory, runstate.FOLDER)
         self.state_path = os.path.join(self.folder, runstate.STATE)
         self.resumed = False
+        self.records_before = 0
         self._resume_publish = False
         self.shard: OpenShard | None = None
         self.shard_from = (0, 0)
@@ -183,6 +186,7 @@ class Run:
         """Convert (resuming if a state is there); blocking."""
         started = time.monotonic()
         state = self.prepare()
+        self.records_before = state.records
         if self.meter is not None:
             self.meter.done = self.meter.start_done = state.input_bytes
         dead = runstate.DeadLetterFile(
@@ -204,6 +208,7 @@ class Run:
             input_bytes=state.input_bytes,
             events=state.events,
             seconds=time.monotonic() - started,
+            run_records=state.records - self.records_before,
             resumed=self.resumed,
             directory=self.plan.directory,
             dead_letter_path=dead.path,
