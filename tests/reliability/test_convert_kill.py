@@ -130,3 +130,36 @@ def test_killed_at_random_moments_then_resumed_writes_each_record_once(
         n for n in reference if n.endswith(".gz")
     )
     assert os.listdir(out / ".unpublished" / "convert") == []
+
+
+def test_ctrl_c_stops_with_130_and_the_same_command_resumes(tmp_path: Path) -> None:
+    cfg = write_datasets_config(
+        tmp_path,
+        {"events": {"encoder": "events", "dir": tmp_path / "out"}},
+        encoders={"events": {"id": "int64", "name": "bytes"}},
+        sources=[{"name": "spool", "dataset": "events"}],
+    )
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "name": f"n{i}"}) + "\n" for i in range(LINES)))
+    argv = [sys.executable, "-m", "tfrecordd", "convert", "--config", str(cfg), str(src)]
+    argv += ["--shard-size", "64KiB", "--workers", "2"]
+    state_file = tmp_path / "out" / ".tfrecordd-convert" / "state.json"
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and _published(state_file) < 2 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        # Finished before the signal came (a fast machine): nothing to resume.
+        return
+    assert proc.returncode == 130, err
+    assert "interrupted; the same command again resumes it" in err
+    assert "Traceback" not in err
+    final = _run(argv)
+    assert final.returncode == 0, final.stderr
+    assert "(resumed)" in final.stderr
+    count = count_records(tmp_path / "out")
+    assert count.problems == []
+    assert sorted(count.ids) == list(range(LINES))
+    assert set(count.ids.values()) == {1}

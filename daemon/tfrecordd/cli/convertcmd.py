@@ -78,6 +78,11 @@ def _convert(args: argparse.Namespace) -> int:
     run = Run(plan, meter)
     try:
         summary = run.run()
+    except KeyboardInterrupt:
+        if meter is not None:
+            meter.close()
+        print("convert: interrupted; the same command again resumes it", file=sys.stderr)
+        raise
     except OSError as e:
         # A full disk or a vanished folder: one line and the I/O status, and a rerun resumes.
         where = e.filename or plan.directory
