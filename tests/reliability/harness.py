@@ -483,7 +483,10 @@ def dead_letter_places(state: Path) -> set[str]:
     for name in ("dead-letters.jsonl", "dead-letters.jsonl.1"):
         path = state / name
         if path.exists():
-            places.update(json.loads(line)["where"] for line in path.read_text().splitlines())
+            places.update(
+                dead_letter_place(json.loads(line)["where"])
+                for line in path.read_text().splitlines()
+            )
     return places
 
 
@@ -803,6 +806,15 @@ class DatasetAudit(Audit):
         )
 
 
+def dead_letter_place(where: str) -> str:
+    """A spool dead letter's ``where`` as ``file:offset``: the line number it may also carry
+    (``file:line N:offset``) dropped, so it compares with the producer's own record."""
+    name, sep, rest = where.partition(":line ")
+    if not sep:
+        return where
+    return f"{name}:{rest.rpartition(':')[2]}"
+
+
 def dead_letter_entries(state: Path) -> list[dict[str, Any]]:
     """Every dead letter in ``state`` (and its rotated file)."""
     found: list[dict[str, Any]] = []
@@ -886,7 +898,7 @@ def audit_datasets(
         oracle.finish()
     letters = dead_letter_entries(root / "state")
     late = [d for d in letters if d["reason"] == "late"]
-    places = Counter(d["where"] for d in letters if d["reason"] != "late")
+    places = Counter(dead_letter_place(d["where"]) for d in letters if d["reason"] != "late")
     problems = index.problems + [v for o in oracles for v in o.violations]
     problems += audit_markers(root / "clicks", producer.click_hours())
     problems += acks.problems
@@ -970,7 +982,7 @@ def run_dataset_trials(
     finally:
         if tf is not None:
             tf.close()
-    places = {d["where"] for d in dead_letter_entries(root / "state")}
+    places = {dead_letter_place(d["where"]) for d in dead_letter_entries(root / "state")}
     figs.dead_letters_missing = len((producer.bad | producer.unrouted) - places)
     figs.seconds = time.monotonic() - t0
     figs.notes.extend(a.problems[:10])

@@ -28,6 +28,7 @@ from tests.reliability.harness import (
     clean_run,
     datasets_config,
     dead_letter_entries,
+    dead_letter_place,
     markers_present,
     run_dataset_trials,
 )
@@ -112,7 +113,7 @@ def _finish(root: Path, producer: DatasetProducer, acks: AckAudit) -> DatasetAud
     )
     a = audit_datasets(root, producer, acks, oracles, verify=False)
     check_audit(a, figs.notes)
-    places = {d["where"] for d in dead_letter_entries(root / "state")}
+    places = {dead_letter_place(d["where"]) for d in dead_letter_entries(root / "state")}
     assert producer.unrouted | producer.bad <= places, "every unrouted and malformed event"
     return a
 

@@ -69,6 +69,7 @@ from tests.reliability.harness import (
     count_ids,
     dataset_event,
     datasets_config,
+    dead_letter_place,
     expected_place,
     late_ids,
     markers_present,
@@ -411,7 +412,7 @@ def _dead_letter_places(state: Path) -> set[str]:
         if path.exists():
             for line in path.read_bytes().splitlines():
                 with contextlib.suppress(orjson.JSONDecodeError):
-                    places.add(orjson.loads(line)["where"])
+                    places.add(dead_letter_place(orjson.loads(line)["where"]))
     return places
 
 
