@@ -5,6 +5,7 @@ And ``schema``'s exit statuses for what it cannot do."""
 from __future__ import annotations
 
 import csv
+import re
 import struct
 import tomllib
 from datetime import UTC, datetime, timedelta
@@ -185,3 +186,14 @@ def test_what_schema_cannot_do_has_its_exit_status(tmp_path: Path) -> None:
     assert (refused.returncode, refused.stdout) == (EXIT_DATA, "")
     assert "1 line did not fit" in refused.stderr
     assert "ok: holds true/false" in refused.stderr
+
+
+def test_the_docs_example_is_what_the_command_prints(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "docs" / "schema-inference.md").read_text()
+    blocks = re.findall(r"```\w*\n(.*?)```", text, re.S)
+    given = next(b for b in blocks if b.startswith('{"id": 1'))
+    shown = next(b for b in blocks if b.startswith("# tfrecordd schema --infer"))
+    (tmp_path / "clicks.jsonl").write_text(given)
+    printed = run_tfrecordd("schema", "--infer", "clicks.jsonl", cwd=tmp_path)
+    assert printed.returncode == EXIT_OK, printed.stderr
+    assert printed.stdout == shown

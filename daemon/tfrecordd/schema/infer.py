@@ -328,6 +328,7 @@ def _read_jsonl(inf: Inference, name: str, f: IO[bytes], sample: int) -> tuple[i
             continue
         if not line.strip():
             continue  # the daemon skips blank lines
+        line = line.removesuffix(b"\n")
         try:
             parsed = orjson.loads(line)
         except orjson.JSONDecodeError as e:

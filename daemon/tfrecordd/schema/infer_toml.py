@@ -259,7 +259,8 @@ def render_toml(inf: Inference, encoder: str, proposals: list[Proposal]) -> str:
         shown = len(inf.misfits)
         more = f" (the first {shown} below)" if shown < inf.misfit_count else ""
         did = f"{_plural(inf.misfit_count, noun)} did not fit"
-        lines.append(f"# {did}; the daemon dead-letters them{more}:")
+        them = "it" if inf.misfit_count == 1 else "them"
+        lines.append(f"# {did}; the daemon dead-letters {them}{more}:")
         lines += [_comment(f"#   {m.file}:{m.line}: {m.reason}") for m in inf.misfits]
     if inf.untracked:
         lines.append(f"# {inf.untracked} values of fields past the first 1000 were not read")
