@@ -130,7 +130,7 @@ def test_a_command_runs_to_its_end_with_its_output_and_errors_apart(tmp_path: Pa
     assert f"{cfg.name}: OK" in ok.stdout
     assert ok.stderr == ""
     missing = run_tfrecordd("check-config", "nowhere.toml", cwd=tmp_path)
-    assert missing.returncode == 78
+    assert missing.returncode == 66  # EX_NOINPUT: no config was read
     assert "nowhere.toml" in missing.stderr
     assert missing.stdout == ""
     cold = run_tfrecordd(

@@ -135,9 +135,10 @@ def test_once_text_view(daemon: Daemon) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"tfrecordd 0.1.0 at {daemon.url}: up  (rates over ")
-    assert "\nwritten     40 records, " in result.stdout
+    assert "\nwritten     40 records (" in result.stdout
+    assert "): 0 in published shards, 40 in open shards\n" in result.stdout
     assert "\npublished   0 shards, last never\n" in result.stdout
-    assert "\nopen        1 shard: 40 records, " in result.stdout
+    assert "\nopen        1 shard holding 40 records not yet published, " in result.stdout
     assert ", oldest " in result.stdout
     assert "dead letters 2" in result.stdout
     row = next(line for line in lines if line.startswith("movies "))
