@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support import count_records, published_shards, run_tfrecordd, write_datasets_config
+from tests.support import (
+    count_records,
+    published_shards,
+    read_shard_bytes,
+    record_id,
+    run_tfrecordd,
+    write_datasets_config,
+)
 from tfrecordd.errors import EXIT_DATA, EXIT_OK
 
 FEATURES = {"id": "int64", "title": "bytes", "score": "float", "tags": {"type": "bytes"}}
@@ -312,9 +319,6 @@ def test_out_as_a_file_url(tmp_path: Path) -> None:
     done = _convert(cfg, str(src), "--out", (tmp_path / "url").as_uri())
     assert done.returncode == EXIT_OK, done.stderr
     assert sorted(count_records(tmp_path / "url").ids) == list(range(500))
-    refused = _convert(cfg, str(src), "--out", "memory://bucket/x")
-    assert refused.returncode == 2, refused.stderr
-    assert "local directory" in refused.stderr
 
 
 def test_output_inside_the_input_folder_is_not_read_back(tmp_path: Path) -> None:
@@ -331,3 +335,37 @@ def test_output_inside_the_input_folder_is_not_read_back(tmp_path: Path) -> None
     letter = json.loads((out / ".tfrecordd-convert" / "dead-letters.jsonl").read_text())
     assert letter["reason"] == "rejected"
     assert "compressed" in letter["detail"]
+
+
+def test_out_to_an_object_store_url_resumes_from_local_state(tmp_path: Path) -> None:
+    """fsspec's in-memory store, so in this process: the daemon's object-store output uploads
+    each shard; the state stays on this machine, under the dataset's staging root."""
+    fsspec = pytest.importorskip("fsspec")
+    from tfrecordd.config import load_config
+    from tfrecordd.convert import Run, plan_conversion
+
+    config = load_config(_config(tmp_path))
+    src = _jsonl(tmp_path / "in.jsonl", range(3000))
+    url = f"memory://bucket/{tmp_path.name}"
+
+    def run() -> Any:
+        plan = plan_conversion(config, "movies", [str(src)], out=url, shards=3, workers=2)
+        assert plan.state_folder.startswith(str(tmp_path / "state"))
+        return Run(plan, None).run()
+
+    first = run()
+    assert (first.records, first.shards, first.resumed) == (3000, 3, False)
+    store = fsspec.filesystem("memory")
+    names = sorted(p.rpartition("/")[2] for p in store.find(f"/bucket/{tmp_path.name}"))
+    assert names == sorted(
+        f"part-0000{i}-of-00003.{kind}"
+        for i in range(3)
+        for kind in ("manifest.json", "tfrecord.gz")
+    )
+    ids: list[int | None] = []
+    for i in range(3):
+        data = store.cat(f"/bucket/{tmp_path.name}/part-0000{i}-of-00003.tfrecord.gz")
+        ids += [record_id(r) for r in read_shard_bytes(data, "x.tfrecord.gz")]
+    assert ids == list(range(3000))
+    again = run()
+    assert (again.records, again.shards, again.resumed) == (3000, 3, True)

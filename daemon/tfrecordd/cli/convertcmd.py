@@ -1,5 +1,5 @@
-"""``tfrecordd convert --config FILE [--dataset NAME] INPUT... [--out DIR]``: files of JSON lines,
-CSV or images into a dataset's shards, in one run and without a daemon (see
+"""``tfrecordd convert --config FILE [--dataset NAME] INPUT... [--out DIR|URL]``: files of JSON
+lines, CSV or images into a dataset's shards, in one run and without a daemon (see
 :mod:`tfrecordd.convert` and docs/convert.md).
 
 The summary goes to stderr (and as JSON to stdout with ``--json``). The exit status is 0, or
@@ -150,8 +150,9 @@ def add_commands(sub: Any) -> None:
     add_dataset_options(p, config_required=True)
     p.add_argument(
         "--out",
-        metavar="DIR",
-        help="the output directory, made if missing (default: the dataset's own dir)",
+        metavar="DIR|URL",
+        help="the output directory (made if missing) or an object store URL "
+        "(default: the dataset's own dir)",
     )
     count = p.add_mutually_exclusive_group()
     count.add_argument(

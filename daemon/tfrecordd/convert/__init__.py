@@ -10,13 +10,15 @@ encoded, in the encode processes), :mod:`.run` (shards written, published, the s
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tfrecordd.convert.encodeunits import EncodeSetup
 from tfrecordd.convert.inputs import BATCH_BYTES, Format, ReadSettings, list_inputs, plan_units
-from tfrecordd.convert.run import Plan, Run, Summary, args_of, unit_bytes_for
+from tfrecordd.convert.run import NODE_ID, Plan, Run, Summary, args_of, unit_bytes_for
+from tfrecordd.convert.runstate import FOLDER
 from tfrecordd.errors import EXIT_DATA, EXIT_USAGE, InputError, OutputError, TfrecorddError
 from tfrecordd.format.compression import DEFAULT_LEVELS, Compression
 from tfrecordd.fsys import is_url, local_path
@@ -71,9 +73,10 @@ def plan_conversion(
     inputs and reads a few bytes at each cut of a large JSON-lines file).
 
     Raises:
-        ConvertUsageError: a partitioned dataset, or an output that is not a local directory.
+        ConvertUsageError: a partitioned dataset.
         InputError: an input is missing, or there are no input files.
-        OutputError: the output directory cannot be made.
+        OutputError: the output directory (or, for a URL, the local state folder) cannot be
+            made.
     """
     d = config.datasets[dataset]
     if d.partition.partitioned:
@@ -82,24 +85,39 @@ def plan_conversion(
             "convert writes unpartitioned shards; convert into a dataset without partitions"
         )
     location = out if out is not None else d.dir
+    store_config = None
     if is_url(location):
-        raise ConvertUsageError(
-            f"{location}: convert writes to a local directory (or a file:// URL); convert "
-            "there, then copy the shards and manifests to the store"
+        # An object store: shards staged and the state kept on this machine, under the
+        # dataset's staging root (as the daemon stages its uploads), one folder per URL.
+        location = location.rstrip("/")
+        store_config = config.model_copy(
+            update={
+                "daemon": config.daemon.model_copy(update={"node_id": NODE_ID}),
+                "datasets": config.datasets | {dataset: d.model_copy(update={"dir": location})},
+            }
         )
-    directory = os.path.abspath(local_path(location))
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except FileExistsError:
-        raise OutputError(directory, "exists and is not a directory") from None
-    except OSError as e:
-        raise OutputError(directory, f"cannot be made: {e.strerror or e}") from None
+        url_key = hashlib.sha256(location.encode()).hexdigest()[:16]
+        state_folder = os.path.join(config.staging_root(dataset), "convert-state", url_key)
+        directory = location
+        try:
+            os.makedirs(state_folder, exist_ok=True)
+        except OSError as e:
+            raise OutputError(state_folder, f"cannot be made: {e.strerror or e}") from None
+    else:
+        directory = os.path.abspath(local_path(location))
+        state_folder = os.path.join(directory, FOLDER)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except FileExistsError:
+            raise OutputError(directory, "exists and is not a directory") from None
+        except OSError as e:
+            raise OutputError(directory, f"cannot be made: {e.strerror or e}") from None
     if compression is None:
         compression, level = d.compression, d.level if level is None else level
     if compression is Compression.NONE and level is not None:
         raise ConvertUsageError(f"--level {level} with compression none: nothing to compress")
     read = read_settings(config, dataset, fmt)
-    files = list_inputs(inputs, read, exclude=directory)
+    files = list_inputs(inputs, read, exclude=None if store_config else directory)
     if not files:
         raise InputError(" ".join(inputs), "holds no input file")
     total = sum(f.size for f in files)
@@ -125,6 +143,8 @@ def plan_conversion(
     }
     return Plan(
         directory=directory,
+        state_folder=state_folder,
+        store_config=store_config,
         files=files,
         units=units,
         setup=EncodeSetup(encoder, compression, level, read, batch_bytes),

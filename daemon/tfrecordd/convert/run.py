@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfrecordd.convert import runstate
 from tfrecordd.convert.encodeunits import Batch, EncodeSetup, encode_unit, init_process
@@ -26,8 +26,11 @@ from tfrecordd.convert.meter import Meter
 from tfrecordd.format.compression import SUFFIXES
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.outputs import manifest
-from tfrecordd.outputs.output import LocalOutput
+from tfrecordd.outputs.output import LocalOutput, Output
 from tfrecordd.outputs.shards import FinishedShard, OpenShard, leftovers
+
+if TYPE_CHECKING:
+    from tfrecordd.config import DaemonConfig
 
 NODE_ID = "convert"
 """The staging folder of a conversion's shards: ``<output>/.unpublished/convert/``."""
@@ -39,6 +42,12 @@ class Plan:
     """What a run writes and how (all but ``workers`` and ``meter`` is fixed by the arguments)."""
 
     directory: str
+    """The output: a local directory, or a URL."""
+    state_folder: str
+    """Where the state, its lock and the dead letters are (local)."""
+    store_config: DaemonConfig | None
+    """For a URL output: the config its :class:`FsspecOutput` is made from (the dataset's
+    ``dir`` the URL, the node id ``convert``); ``None`` for a local directory."""
     files: Sequence[InputFile]
     units: Sequence[Unit]
     setup: EncodeSetup
@@ -137,11 +146,18 @@ class Run:
         self.plan = plan
         self.fs = fs
         self.meter = meter
-        self.output = LocalOutput(plan.directory, fs, node_id=NODE_ID, fsync=plan.fsync)
-        self.folder = os.path.join(plan.directory, runstate.FOLDER)
+        self.output: Output
+        if plan.store_config is not None:
+            from tfrecordd.outputs.objectstore import FsspecOutput
+
+            self.output = FsspecOutput(plan.store_config, fs, dataset=plan.dataset)
+        else:
+            self.output = LocalOutput(plan.directory, fs, node_id=NODE_ID, fsync=plan.fsync)
+        self.folder = plan.state_folder
         self.state_path = os.path.join(self.folder, runstate.STATE)
         self.resumed = False
         self.records_before = 0
+        self._lock: int | None = None
         self._resume_publish = False
         self.shard: OpenShard | None = None
         self.shard_from = (0, 0)
@@ -151,7 +167,7 @@ class Run:
         from tfrecordd.errors import OutputError
 
         os.makedirs(self.folder, exist_ok=True)
-        runstate.lock(self.folder)
+        self._lock = runstate.lock(self.folder)
         state = runstate.load(self.state_path)
         if state is not None:
             changed = runstate.differences(state.args, self.plan.args)
@@ -185,6 +201,14 @@ class Run:
     def run(self) -> Summary:
         """Convert (resuming if a state is there); blocking."""
         started = time.monotonic()
+        try:
+            return self._run(started)
+        finally:
+            if self._lock is not None:
+                os.close(self._lock)
+                self._lock = None
+
+    def _run(self, started: float) -> Summary:
         state = self.prepare()
         self.records_before = state.records
         if self.meter is not None:
