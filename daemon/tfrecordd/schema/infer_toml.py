@@ -67,6 +67,8 @@ def _fits_int64(fld: Field, per_second: int) -> bool:
 def _epoch(name: str, fld: Field) -> str | None:
     if not _TIME_NAME.search(name) or fld.low is None or fld.high is None or fld.nonfinite:
         return None
+    if fld.kinds["bigint"] or fld.kinds["huge"]:
+        return None  # numbers past int64: no count of any unit
     for what, low, high in _EPOCHS:
         if low <= fld.low and fld.high <= high:
             return what
@@ -196,7 +198,7 @@ def propose(inf: Inference) -> list[Proposal]:
         if why_out is None and any(p is not None and p.present for p in parents):
             why_out = "a parent key holds a value (not an object) in some lines"
         if why_out is None and name in names:
-            why_out = f"the name {name!r} is taken by a top-level key"
+            why_out = f"the name {name!r} is taken by another field"
         if why_out is not None:
             out.append(Proposal(name, None, [why_out]))
             continue
