@@ -4,6 +4,7 @@ own parser, checked in current (regenerate with ``python -m tfrecordd.cli.manpag
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -112,14 +113,55 @@ def test_bash_completes_commands_options_and_values(tmp_path: Path) -> None:
     assert bash_complete("tfrecordd", "run", "--config", f"{tmp_path}/tfr") == [str(config)]
 
 
-@pytest.mark.parametrize(("shell", "rel"), [("zsh", "zsh/site-functions/_tfrecordd")])
-def test_zsh_reads_its_script(shell: str, rel: str) -> None:
-    if shutil.which(shell) is None:
-        pytest.skip(f"{shell} is not installed")
+ZSH_SESSION = r"""
+zmodload zsh/zpty
+zpty z 'zsh -f -i'
+drain() {  # what the shell wrote, once it has been quiet for 0.3 s (at most 10 s)
+  local chunk quiet=0 i; REPLY=""
+  for i in {1..100}; do
+    if zpty -rt z chunk; then REPLY+=$chunk; quiet=0; else (( quiet++ )); fi
+    [[ -n $REPLY && $quiet -ge 3 ]] && break
+    sleep 0.1
+  done
+}
+zpty -w z 'PS1="%% "; fpath=(FOLDER $fpath); autoload -Uz compinit; compinit -u; echo READY'
+drain
+for line in "$@"; do
+  zpty -w -n z "$line"$'	'
+  drain
+  print -rn -- "${line} => ${REPLY}"$'\x1e'
+  zpty -w -n z $'\C-e\C-u'
+  drain
+done
+zpty -d z
+"""
+
+
+def test_zsh_completes_commands_options_and_values(tmp_path: Path) -> None:
+    if shutil.which("zsh") is None:
+        pytest.skip("zsh is not installed")
+    script = SHARE / "zsh/site-functions/_tfrecordd"
+    checked = subprocess.run(["zsh", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert (checked.returncode, checked.stderr) == (0, "")
+    session = tmp_path / "session.zsh"
+    session.write_text(ZSH_SESSION.replace("FOLDER", str(script.parent)))
+    lines = [
+        "tfrecordd sch",
+        "tfrecordd schema --format ",
+        "tfrecordd state re",
+        "tfrecordd state repair --d",
+    ]
     done = subprocess.run(
-        [shell, "-n", str(SHARE / rel)], capture_output=True, text=True, timeout=30
+        ["zsh", "-f", str(session), *lines], capture_output=True, text=True, timeout=120
     )
-    assert (done.returncode, done.stderr) == (0, "")
+    assert done.returncode == 0, done.stderr
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", done.stdout)  # the terminal's escapes
+    got = dict(entry.split(" => ", 1) for entry in shown.split("\x1e") if " => " in entry)
+    assert "tfrecordd schema " in got["tfrecordd sch"]
+    assert all(w in got["tfrecordd schema --format "] for w in ("csv", "json", "python"))
+    assert "rename-source" in got["tfrecordd state re"]
+    assert "repair" in got["tfrecordd state re"]
+    assert "--discard-checkpoint" in got["tfrecordd state repair --d"]
 
 
 def test_fish_completes_commands_options_and_values() -> None:
