@@ -21,6 +21,11 @@ encoder ``{name: {"kind", "dtype"[, "shape"][, "default_value"]}}``, for a seque
 The output is strict JSON: a NaN or infinite ``default_value`` is the string ``"NaN"``,
 ``"Infinity"`` or ``"-Infinity"``, which ``float()`` reads back.
 
+``tfrecordd schema --infer FILE... [--format jsonl|csv] [--sample N] [--name NAME]`` goes the
+other way: it reads a sample of JSON lines or CSV files and prints an ``[encoders.NAME]`` table
+of the features they hold (:mod:`tfrecordd.schema.infer`), each choice with its reason as a
+comment, to paste into a config (docs/schema-inference.md).
+
 An encoder config built on a declared schema returns it from ``declared_schema()``, and this
 command describes the schema; any other encoder config describes its output through its
 ``feature_description()`` method returning that data, which raises for one whose records it cannot
