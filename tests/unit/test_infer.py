@@ -270,3 +270,20 @@ def test_the_inferred_features_take_every_sampled_csv_row(rows: list[list[str]])
     result = encoder_of(inf).encode_batch(events)
     assert result.failures == []
     assert len(result.records) == len(rows)
+
+
+def test_csv_is_split_as_the_directory_source_splits_it(tmp_path: Path) -> None:
+    path = tmp_path / "excel.csv"
+    path.write_bytes(
+        b'\xef\xbb\xbf#TYPE Row\r\nid,note\r\n1,"two\r\nlines"\r\n2,x\r\n3\r\n\r\n4,\xff\r\n5,y\r\n'
+    )
+    inf = infer([str(path)])
+    assert inf.records == 3  # the BOM, the preamble and the blank record skipped
+    assert [(m.line, m.reason) for m in inf.misfits] == [
+        (6, "1 field, the header 2"),
+        (8, "not UTF-8 text, or longer than 1048576 bytes"),
+    ]
+    assert table(inf) == {
+        "id": {"type": "int64", "required": True, "shape": []},
+        "note": {"type": "bytes", "required": True, "shape": []},
+    }

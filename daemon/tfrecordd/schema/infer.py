@@ -399,7 +399,8 @@ def _read_csv(
             inf.misfit(name, start, f"not UTF-8 text, or longer than {MAX_LINE_BYTES} bytes")
             continue
         if len(row) != len(header):
-            inf.misfit(name, start, f"{len(row)} fields, the header {len(header)}")
+            fields = "1 field" if len(row) == 1 else f"{len(row)} fields"
+            inf.misfit(name, start, f"{fields}, the header {len(header)}")
             continue
         inf.records += 1
         for column, text in zip(header, row, strict=True):
