@@ -57,12 +57,12 @@ class Option:
 
     @property
     def path(self) -> bool:
-        """The value is a file or a directory."""
-        return self.metavar in _PATH_METAVARS
+        """The value is a file or a directory (``DIR|URL``: may be)."""
+        return bool(_PATH_METAVARS.intersection((self.metavar or "").split("|")))
 
     @property
     def directory(self) -> bool:
-        return self.metavar in _DIR_METAVARS
+        return bool(_DIR_METAVARS.intersection((self.metavar or "").split("|")))
 
 
 @dataclass
