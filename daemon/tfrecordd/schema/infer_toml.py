@@ -267,6 +267,8 @@ def render_toml(inf: Inference, encoder: str, proposals: list[Proposal]) -> str:
     if inf.untracked:
         lines.append(f"# {inf.untracked} values of fields past the first 1000 were not read")
     table = f"encoders.{toml_key(encoder)}"
+    use = _comment(f"encoder = {toml_string(encoder)}")
+    lines.append(f"# Paste into the config, and set {use} on the source or dataset to encode.")
     lines += ["", f"[{table}]", 'type = "example"', "", f"[{table}.features]"]
     for p in proposals:
         if p.spec is None:
