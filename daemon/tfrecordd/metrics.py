@@ -297,6 +297,22 @@ class Metrics:
             "still the one its path names (once a second; 0 before the first).",
             registry=r,
         )
+        self.config_reloads = Counter(
+            "tfrecordd_config_reloads_total",
+            "Config reloads (SIGHUP), by result: applied (the new config runs), unchanged (the "
+            "file says what runs already), failed (invalid, or a key that cannot change live: "
+            "the old config keeps running).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("applied", "unchanged", "failed"):
+            self.config_reloads.labels(result)
+        self.config_reload_success = Gauge(
+            "tfrecordd_config_last_reload_success_timestamp_seconds",
+            "Unix time the config running now was loaded (at start, or by the last reload "
+            "that applied).",
+            registry=r,
+        )
 
     def show_source(self, state: SourceState, failed: str | None = None) -> None:
         """Set a source's series from its state, at start and at every change (``failed``: what

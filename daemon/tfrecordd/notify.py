@@ -3,7 +3,8 @@
 systemd passes ``NOTIFY_SOCKET`` to a ``Type=notify`` service: a path (``/run/systemd/notify``) or
 an abstract name (``@...``) of an ``AF_UNIX`` datagram socket. The service sends newline-separated
 ``KEY=VALUE`` fields to it: ``READY=1`` once it serves, ``WATCHDOG=1`` to prove it is alive,
-``STOPPING=1`` when it begins to shut down, ``STATUS=...`` for ``systemctl status``.
+``STOPPING=1`` when it begins to shut down, ``RELOADING=1`` when a config reload begins (then
+``READY=1`` when it ends), ``STATUS=...`` for ``systemctl status``.
 
 Outside systemd (no ``NOTIFY_SOCKET``) every method is a no-op, so the daemon calls them
 unconditionally. A failed send is logged once and never raised: losing a notification must not
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 from types import TracebackType
 
@@ -45,6 +47,12 @@ class SystemdNotifier:
     def ready(self, status: str | None = None) -> bool:
         """Tell systemd start-up is complete (``READY=1``)."""
         return self.notify("READY=1", *_status_field(status))
+
+    def reloading(self, status: str | None = None) -> bool:
+        """Tell systemd a config reload begins (``RELOADING=1`` with ``MONOTONIC_USEC``, as
+        ``Type=notify-reload`` asks); :meth:`ready` ends it."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return self.notify("RELOADING=1", f"MONOTONIC_USEC={usec}", *_status_field(status))
 
     def stopping(self, status: str | None = None) -> bool:
         """Tell systemd the daemon is shutting down (``STOPPING=1``)."""

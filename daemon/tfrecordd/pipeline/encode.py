@@ -15,6 +15,7 @@ kept back for the dead letters) and each outcome an
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -99,6 +100,34 @@ class EncodeStage:
         self.built: dict[str, Encoder | Target] = {n: b.build() for n, b in plan.builders.items()}
         self.workers = workers
         self.metrics = metrics
+
+    def refusals(self, plan: EncodePlan, sources: Iterable[str]) -> list[str]:
+        """Why the encoding of ``sources`` in ``plan`` cannot be taken while running: with
+        encode worker processes, what they were started with cannot change."""
+        if self.workers == 1:
+            return []
+        out = []
+        for name in sources:
+            key = plan.sources[name].target
+            if self.plan.builders.get(key) != plan.builders[key]:
+                out.append(
+                    f"source {name}: its encoding differs from what the encode worker processes "
+                    "were started with (encode_workers > 1); restart to change it"
+                )
+        return out
+
+    def use(self, plan: EncodePlan, sources: Iterable[str], removed: Iterable[str]) -> None:
+        """Encode ``sources`` as ``plan`` says from now on, and forget ``removed`` (a reload,
+        once none of their batches is in the pipeline; :meth:`refusals` said none)."""
+        for name in removed:
+            self.plan.sources.pop(name, None)
+        for name in sources:
+            source = plan.sources[name]
+            builder = plan.builders[source.target]
+            if self.plan.builders.get(source.target) != builder:
+                self.built[source.target] = builder.build()
+                self.plan.builders[source.target] = builder
+            self.plan.sources[name] = source
 
     async def run(
         self,

@@ -9,14 +9,13 @@ worker threads so the event loop keeps serving sockets and metrics.
 The stages are modules of :mod:`tfrecordd.pipeline`: encode (:class:`EncodeStage`), write
 (:class:`WriteStage`), commit (:class:`Committer`) and recovery. A batch large enough
 (:data:`~tfrecordd.pipeline.encoding.PACK_MIN_BYTES` framed) is framed and compressed where it
-was encoded (the encode thread, or an encode worker process) into a compression unit of its own,
-which the shard appends as it is: the writer then only writes bytes, and compression grows with
-``encode_workers`` like encoding does. A shard is committed (fsync, journal, publish, acks) in a
-task of its own while the writer fills the next one; commits run one at a time, in order
-(:meth:`WriteStage.commit`).
+was encoded into a compression unit of its own, which the shard appends as it is: compression
+grows with ``encode_workers`` like encoding does. A shard is committed (fsync, journal, publish,
+acks) in a task of its own while the writer fills the next one; commits run one at a time, in
+order (:meth:`WriteStage.commit`).
 
-:class:`Daemon` keeps the lifecycle (locks, start, drain, clean-up), signals, the watchdog and
-the wiring of the stages.
+:class:`Daemon` keeps the lifecycle (locks, start, drain, clean-up), signals, the watchdog, the
+wiring of the stages, and each source's task (stopped alone by a reload: :mod:`.reload`).
 """
 
 from __future__ import annotations
@@ -27,23 +26,25 @@ import signal
 import time
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from tfrecordd import crashpoints, descriptors
 from tfrecordd.boundary import PipelineClosedError
 from tfrecordd.config import DaemonConfig
 from tfrecordd.endpoints import split_host_port
-from tfrecordd.errors import DurabilityError, StateInUseError
+from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.metrics import Metrics, serve
 from tfrecordd.notify import SystemdNotifier
 from tfrecordd.outputs import make_output
+from tfrecordd.pipeline import heldfiles
 from tfrecordd.pipeline.commit import Committer
 from tfrecordd.pipeline.datasets import completions, dataset_outputs, manifest_writers
 from tfrecordd.pipeline.encode import EncodeStage
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import recover
+from tfrecordd.pipeline.reload import Reloader
 from tfrecordd.pipeline.routing import plan_encoding
 from tfrecordd.pipeline.write import WriteStage
 from tfrecordd.plugin import RawBatch, Registry, Source, SourceContext, SourceState
@@ -89,6 +90,7 @@ class _SourceContext(SourceContext):
         self.max_batch_bytes = min(
             [cfg.daemon.max_batch_bytes, *(d.max_shard_bytes // 4 for d in fed)]
         )
+        self.sent = 0  # batches sent into the pipeline: a reload waits for them to be acked
         self._send: MemoryObjectSendStream[RawBatch] | None = None
         """The pipeline's stream, set when the source starts running."""
         self._m = daemon.metrics
@@ -117,6 +119,7 @@ class _SourceContext(SourceContext):
         except (anyio.ClosedResourceError, anyio.BrokenResourceError) as e:
             # The daemon is stopping: no input boundary may take this for its input's fault.
             raise PipelineClosedError(f"source {self.name}: the pipeline is closed") from e
+        self.sent += 1
         self._received.inc(len(batch.events))
         # A source that finds room keeps making batches without waiting: let the other stages
         # run between two batches (the workers' results, the writer's trips to its thread), or a
@@ -159,8 +162,11 @@ class Daemon:
         metrics: Metrics | None = None,
         notifier: SystemdNotifier | None = None,
         handle_signals: bool = True,
+        config_path: str | None = None,
     ) -> None:
+        """``config_path``: the file a reload (SIGHUP) reads (``None``: ``config.path``)."""
         self.config = config
+        self.config_path = config_path or (str(config.path) if config.path else None)
         self.fs = fs
         self.metrics = metrics or Metrics()
         self.notifier = notifier or SystemdNotifier()
@@ -174,18 +180,17 @@ class Daemon:
         if crashpoints.armed() is not None:
             declared = [p for s in config.sources for p in type(s).crash_points]
             crashpoints.check_armed([*Registry.from_entry_points().crash_points(), *declared])
-        self._contexts = {name: _SourceContext(self, name) for name in self.sources}
-        for name, src in self.sources.items():
-            src.attach(self._contexts[name])
+        self.contexts: dict[str, _SourceContext] = {}
+        for name, src in list(self.sources.items()):
+            self.attach(name, src)
         self.encode = EncodeStage(
             plan_encoding(config), workers=config.daemon.encode_workers, metrics=self.metrics
         )
+        # Kept by reference in the journal: a reload adds its new sources' folds and types.
+        self.folds = {name: type(src).fold for name, src in self.sources.items()}
+        self.source_types = {s.name: s.type for s in config.sources}
         self.journal = Journal(
-            self.state_dir,
-            fs,
-            folds={name: type(src).fold for name, src in self.sources.items()},
-            fsync=self.fsync,
-            types={s.name: s.type for s in config.sources},
+            self.state_dir, fs, folds=self.folds, fsync=self.fsync, types=self.source_types
         )
         self.dead_letters = DeadLetters(
             self.state_dir,
@@ -212,6 +217,11 @@ class Daemon:
         )
         self.metrics_port: int | None = None
         self._sources_scope: anyio.CancelScope | None = None
+        self.sources_tg: TaskGroup | None = None
+        self._raw_send: MemoryObjectSendStream[RawBatch] | None = None
+        self._source_scopes: dict[str, tuple[anyio.CancelScope, anyio.Event]] = {}
+        """Per running source, the scope that stops it alone and the event set once it has."""
+        self.reloader = Reloader(self)
         self._pipeline_scope: anyio.CancelScope | None = None
         self._stopping = False
         self._running = False
@@ -219,6 +229,12 @@ class Daemon:
         self._node_locks: dict[str, int] = {}
         """Per dataset, the lock held on this node's staging folder."""
         self._checked_at = time.monotonic()
+
+    def attach(self, name: str, src: Source) -> None:
+        """Make ``src`` the source ``name``, with a context of its own (made of :attr:`config`)."""
+        self.sources[name] = src
+        self.contexts[name] = ctx = _SourceContext(self, name)
+        src.attach(ctx)
 
     # -- control ---------------------------------------------------------------------------
 
@@ -240,7 +256,7 @@ class Daemon:
             self._pipeline_scope.deadline = deadline
 
     def request_flush(self) -> None:
-        """Publish the open shards now (what SIGHUP does)."""
+        """Publish the open shards now (what SIGUSR1 does)."""
         self.write.request_flush()
 
     def healthy(self, now: float | None = None) -> bool:
@@ -257,7 +273,7 @@ class Daemon:
 
     def source_states(self) -> list[SourceState]:
         """Each source's state, as it reports it (``/readyz``)."""
-        return [ctx.source_state for ctx in self._contexts.values()]
+        return [ctx.source_state for ctx in self.contexts.values()]
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -328,11 +344,13 @@ class Daemon:
                     )
                 if self.handle_signals:
                     await services.start(self._signals)
+                services.start_soon(self.reloader.run)
                 services.start_soon(self._watchdog)
                 services.start_soon(self._watch_state)
                 self._checked_at = time.monotonic()
                 self._running = True
                 self.metrics.up.set(1)
+                self.metrics.config_reload_success.set(time.time())
                 self.notifier.ready(f"running {len(self.sources)} source(s)")
                 log.info(
                     "started: node %s, %d source(s), %s",
@@ -379,14 +397,17 @@ class Daemon:
         self.journal.close()
 
     async def _signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+        with anyio.open_signal_receiver(*handled) as signals:
             # Started only now: a SIGTERM sent as soon as "started" is logged (or READY=1 sent)
             # drains, rather than killing the process with the default action.
             task_status.started()
             async for signum in signals:
-                if signum == signal.SIGHUP:
-                    log.info("SIGHUP: publishing open shards")
+                if signum == signal.SIGUSR1:
+                    log.info("SIGUSR1: publishing open shards")
                     self.request_flush()
+                elif signum == signal.SIGHUP:
+                    self.reloader.request()
                 elif self._stopping:
                     # 128 + the signal's number, as a shell reports a process the signal killed.
                     name = signal.Signals(signum).name
@@ -416,34 +437,10 @@ class Daemon:
         self._check_staging()
 
     def _check_state_lock(self) -> None:
-        path = os.path.join(self.state_dir, statelock.LOCK)
-        what = _changed(self._state_lock, path)
-        if what is None:
-            return
-        try:
-            fd = statelock.acquire(self.state_dir)
-        except StateInUseError as e:
-            raise DurabilityError(
-                f"{path} was {what} while the daemon ran, and another tfrecordd has locked "
-                "state_dir since: one daemon per state_dir; stopping"
-            ) from e
-        old, self._state_lock = self._state_lock, fd
-        os.close(old)
-        log.warning("%s was %s while the daemon ran: locked again", path, what)
-        self.metrics.watch_repairs.labels("state_lock").inc()
+        self._state_lock = heldfiles.relock_state(self.state_dir, self._state_lock, self.metrics)
 
     def _check_staging(self) -> None:
-        for name, fd in self._node_locks.items():
-            staging = self.outputs[name].staging_dir
-            what = _changed(fd, staging, follow=True)
-            if what is not None:
-                # Not made again: the open shards are in the old folder, and the node's lock too.
-                raise DurabilityError(
-                    f"{staging}: the staging folder was {what} (dataset {name}) while the "
-                    "daemon ran (the output directory moved or deleted?); no shard can be "
-                    "published from it; stopping. Nothing of its open shards was acknowledged "
-                    "since the last commit: it replays at the next start"
-                )
+        heldfiles.check_staging(self._node_locks, self.outputs)
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval()  # already half of WatchdogSec
@@ -460,27 +457,43 @@ class Daemon:
         assert self._sources_scope is not None
         async with raw_send:
             with self._sources_scope:
-                async with anyio.create_task_group() as tg:
-                    for name, src in self.sources.items():
-                        tg.start_soon(self._run_source, name, src, raw_send.clone())
+                async with anyio.create_task_group() as self.sources_tg:
+                    self._raw_send = raw_send
+                    for name in self.sources:
+                        self.start_source(name)
+                self.sources_tg = self._raw_send = None
+
+    def start_source(self, name: str) -> bool:
+        """Start running source ``name`` (as :attr:`sources` and the contexts hold it); whether
+        it was (not once the sources have stopped)."""
+        if self.sources_tg is None or self._raw_send is None:
+            return False
+        scope, done = self._source_scopes[name] = (anyio.CancelScope(), anyio.Event())
+        src, send = self.sources[name], self._raw_send.clone()
+        self.sources_tg.start_soon(self._run_source, name, src, send, scope, done)
+        return True
+
+    async def stop_source(self, name: str) -> None:
+        """Stop reading source ``name`` and wait until it has stopped (what it sent before goes
+        through the pipeline as usual)."""
+        if (entry := self._source_scopes.pop(name, None)) is not None:
+            entry[0].cancel()
+            await entry[1].wait()
 
     async def _run_source(
-        self, name: str, src: Source, send: MemoryObjectSendStream[RawBatch]
+        self,
+        name: str,
+        src: Source,
+        send: MemoryObjectSendStream[RawBatch],
+        scope: anyio.CancelScope,
+        done: anyio.Event,
     ) -> None:
-        ctx = self._contexts[name]
-        async with send:
-            ctx.connect(send)
-            await src.run(ctx)
-        log.info("source %s: finished", name)
-
-
-def _changed(fd: int, path: str, *, follow: bool = False) -> str | None:
-    """``"removed"`` or ``"replaced"`` if ``path`` no longer names the file open as ``fd``."""
-    held = os.fstat(fd)
-    try:
-        st = os.stat(path) if follow else os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return "removed"
-    if (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino):
-        return "replaced"
-    return None
+        ctx = self.contexts[name]
+        try:
+            with scope:
+                async with send:
+                    ctx.connect(send)
+                    await src.run(ctx)
+                log.info("source %s: finished", name)
+        finally:
+            done.set()

@@ -107,6 +107,9 @@ class WriteStage:
         self.beat = time.monotonic()
         """``time.monotonic()`` when the stage last showed it is alive (the watchdog's view)."""
         self._flush_requested = False
+        self.flushes = 0  # commits of every open shard so far; a reload waits for one
+        self.taken: dict[str, int] = {}  # per source, batches taken into commit units
+        self.commit_gate = anyio.Semaphore(1)  # held from a cut to its commit's end
         self._cut_wanted = False
         self._commits: TaskGroup | None = None
         self._committed: anyio.Event | None = None
@@ -150,6 +153,7 @@ class WriteStage:
                 self._update_open_gauges()
                 self.close_partitions()
                 if self.unit.empty() and not self.open:
+                    self.flushes += self._flush_requested
                     self._flush_requested = False
                     continue
                 deadline = self._next_deadline()
@@ -162,8 +166,9 @@ class WriteStage:
                     or self._cut_wanted
                     or (deadline is not None and self.beat >= deadline)
                 ):
-                    await self.commit(everything=self._flush_requested)
-                    self._flush_requested = False
+                    flushing, self._flush_requested = self._flush_requested, False
+                    await self.commit(everything=flushing)
+                    self.flushes += flushing
             if self.open or not self.unit.empty():
                 await self.commit(everything=True)
 
@@ -230,6 +235,7 @@ class WriteStage:
                 await self.commit()
 
     def _add(self, batch: EncodedBatch) -> None:
+        self.taken[batch.source] = self.taken.get(batch.source, 0) + 1
         self.unit.add(batch, self.committer.sources[batch.source].compact)
 
     async def _wait_for_space(self, batch: EncodedBatch) -> None:
@@ -463,6 +469,7 @@ class WriteStage:
             unit.continuing = await anyio.to_thread.run_sync(_marked, dirty)
         if unit.empty():
             return
+        await self.commit_gate.acquire()
         self.unit = CommitUnit()
         done = self._committed = anyio.Event()
         self._commits.start_soon(self._commit_unit, unit, done)
@@ -474,6 +481,7 @@ class WriteStage:
             self._commit_failed = True
             raise
         finally:
+            self.commit_gate.release()
             done.set()
 
 

@@ -68,6 +68,30 @@ class StreamSource(Source):
     def _bind(self) -> socket.socket:
         """A listening, non-blocking socket for ``config``."""
 
+    def _listens_at(self) -> object:
+        """Where the source listens, as its config says (``None``: its listening socket is not
+        handed over to a successor)."""
+        return None
+
+    def take_listener(self, old: Source) -> bool:
+        """Take over ``old``'s listening socket if it listens where this source would (a
+        reload restarting the source): clients that connect meanwhile wait in its backlog, and
+        ``old`` no longer closes it. Whether it did."""
+        if (
+            type(old) is not type(self)
+            or not isinstance(old, StreamSource)
+            or old._listener is None
+            or self._listens_at() is None
+            or old._listens_at() != self._listens_at()
+        ):
+            return False
+        self._listener, old._listener = old._listener, None
+        self._took_over(old)
+        return True
+
+    def _took_over(self, old: StreamSource) -> None:
+        """What else the source takes of ``old`` with its listening socket."""
+
     @abc.abstractmethod
     def _peer(self, sock: socket.socket, addr: Any) -> str:
         """How dead letters and logs name the client of an accepted connection."""

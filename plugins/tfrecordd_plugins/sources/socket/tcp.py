@@ -59,5 +59,12 @@ class TcpSource(StreamSource):
         log.info("%s: listening on %s (tcp)", self.config.name, inet_peer(self.address))
         return sock
 
+    def _listens_at(self) -> object:
+        return self.config.listen
+
+    def _took_over(self, old: StreamSource) -> None:
+        assert isinstance(old, TcpSource)
+        self.address = old.address
+
     def _peer(self, sock: socket.socket, addr: Any) -> str:
         return inet_peer(addr)
