@@ -25,6 +25,7 @@ from tests.support import (
     free_port,
     movie_event,
     read_ids,
+    run_tfrecordd,
     shard_files,
     spool_drained,
     spool_file,
@@ -290,3 +291,37 @@ def test_a_key_that_cannot_change_live_fails_the_reload_naming_it(tmp_path: Path
         assert not (tmp_path / "elsewhere").exists()
         write(tmp_path, [{"name": "spool"}], metrics_port=port)
         reload_and_wait(d, port, "unchanged")
+
+
+def test_the_reload_and_flush_commands_signal_the_daemon_of_a_config(tmp_path: Path) -> None:
+    port = free_port()
+    hour = {"max_shard_age": "1h"}
+    cfg = write(tmp_path, [{"name": "spool"}], metrics_port=port, output=hour)
+    absent = run_tfrecordd("flush", "--config", str(cfg))
+    assert absent.returncode == 69, absent
+    assert "no tfrecordd runs with state_dir" in absent.stderr
+    with running(cfg, port) as d:
+        spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(10)])
+        wait_for(lambda: metric(port, "tfrecordd_records_written_total", dataset="movies") == 10)
+        flushed = run_tfrecordd("flush", "--config", str(cfg))
+        assert flushed.returncode == 0, flushed
+        assert f"(PID {d.proc.pid})" in flushed.stdout
+        wait_for(lambda: len(shard_files(tmp_path / "shards")) == 1, 10)
+        same = run_tfrecordd("reload", "--config", str(cfg))
+        assert (same.returncode, same.stdout) == (
+            0,
+            f"tfrecordd (PID {d.proc.pid}) reloaded its config: unchanged: nothing to apply\n",
+        ), same
+        write(tmp_path, [{"name": "spool"}, {"name": "more"}], metrics_port=port, output=hour)
+        applied = run_tfrecordd("reload", "--config", str(cfg))
+        assert applied.stdout.endswith("reloaded its config: applied\n"), applied
+        cfg.write_text(cfg.read_text() + "[nonsense]\n")
+        invalid = run_tfrecordd("reload", "--config", str(cfg))
+        assert invalid.returncode == 78, invalid
+        assert "nothing was sent (the daemon keeps the config it runs)" in invalid.stderr
+        other = {"node_id": "other"}
+        refused = write(tmp_path, [{"name": "spool"}], metrics_port=port, output=hour, daemon=other)
+        failed = run_tfrecordd("reload", "--config", str(refused))
+        assert failed.returncode == 78, failed
+        assert "refused the new config and runs the old one" in failed.stderr
+        assert reloads(port, "failed") == 1

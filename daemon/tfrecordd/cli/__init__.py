@@ -49,6 +49,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "statecmd",
         "check or repair the daemon's state (journal, checkpoint) while it is stopped",
     ),
+    "reload": ("signalcmd", "make the running daemon read its config file again (SIGHUP)"),
+    "flush": ("signalcmd", "make the running daemon publish its open shards now (SIGUSR1)"),
 }
 """Every command: the module of :mod:`tfrecordd.cli` that adds it (``add_commands``), and its
 one-line help."""
