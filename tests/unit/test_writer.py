@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import io
 import os
+import random
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tfrecordd.format.compress import Compressor
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.framing import OVERHEAD, frame_many
 from tfrecordd.format.reader import iter_records
-from tfrecordd.format.writer import HOLD_BYTES, RecordWriter, inprogress_name, open_writer
+from tfrecordd.format.writer import (
+    HOLD_BYTES,
+    RecordWriter,
+    inprogress_name,
+    open_writer,
+    pack,
+)
 
 batches_st = st.lists(st.lists(st.binary(max_size=500), max_size=8), max_size=6)
 
@@ -150,3 +160,62 @@ def test_open_writer_refuses_a_leftover_in_progress_file(tmp_path: Path) -> None
         pass
     assert leftover.read_bytes() == b"someone else's"
     assert not path.exists()
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("write"),
+            st.lists(st.sampled_from([0, 7, 1_000, 60_000, 150_000, 300_000]), max_size=3),
+        ),
+        st.tuples(st.just("packed"), st.lists(st.integers(0, 5_000), min_size=1, max_size=4)),
+        st.tuples(st.just("sync"), st.just([])),
+        st.tuples(st.just("collect"), st.just([])),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(list(Compression)), _OPS, st.randoms(use_true_random=False))
+@example(Compression.GZIP, [("write", [300_000])] * 3 + [("sync", [])], random.Random(1))
+@example(Compression.ZSTD, [("write", [300_000])] * 2 + [("collect", [])], random.Random(2))
+def test_units_compressed_in_an_executor_keep_order_and_bounds(
+    compression: Compression, ops: list[tuple[str, list[int]]], rng: Any
+) -> None:
+    """Held writes compressed in threads reach the sink in order, from the writer's thread
+    only, and ``file_bytes + pending_bound()`` bounds the stream at each sync and at the end."""
+    out = bytearray()
+    sink_threads: set[int] = set()
+
+    def sink(data: bytes) -> None:
+        sink_threads.add(threading.get_ident())
+        out.extend(data)
+
+    written: list[bytes] = []
+    with ThreadPoolExecutor(2) as pool:
+        w = RecordWriter(sink, compression, level=1, executor=pool)
+        cap = w.file_bytes + w.pending_bound()
+        for op, sizes in ops:
+            # Random bytes do not compress: a bound that leaves out a unit shows.
+            records = [rng.randbytes(n) for n in sizes]
+            if op == "write":
+                w.write_many(records)
+                written += records
+            elif op == "packed":
+                w.write_packed(pack(records, compression, 1))
+                written += records
+            elif op == "sync":
+                w.sync()
+                assert w.file_bytes <= cap
+                assert w.pending_raw == 0
+            else:
+                w.collect()
+                assert w.file_bytes + w.pending_bound() <= cap
+            cap = w.file_bytes + w.pending_bound()
+        w.finish()
+    assert w.file_bytes <= cap
+    assert sink_threads <= {threading.get_ident()}
+    assert _read(bytes(out), compression) == written
+    assert w.file_bytes == len(out)
+    assert w.records == len(written)

@@ -15,7 +15,9 @@ import io
 import os
 import zlib
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -87,11 +89,19 @@ def _zstd_frames(data: bytes) -> Iterator[bytes]:
         yield chunk
 
 
+IN_FLIGHT_UNITS = 2
+"""Units one writer may have compressing in its executor at once; one more waits for the
+oldest (the write side's memory stays bounded whatever the compressors' pace)."""
+
+
 class RecordWriter:
     """Frames records, compresses them, and hands the compressed bytes to ``sink``.
 
-    ``sink`` is called only with non-empty ``bytes``, in stream order. Records may sit inside the
-    compressor until :meth:`sync` or :meth:`finish`.
+    ``sink`` is called only with non-empty ``bytes``, in stream order, from the thread that
+    calls the writer. Records may sit in the writer until :meth:`sync` or :meth:`finish`.
+    With an ``executor``, held writes are compressed there (:meth:`write_many`) while the
+    caller goes on; their bytes reach the sink, in order, at :meth:`collect`, :meth:`sync`,
+    :meth:`write_packed` and :meth:`finish`.
     """
 
     def __init__(
@@ -100,17 +110,21 @@ class RecordWriter:
         compression: Compression = Compression.GZIP,
         *,
         level: int | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.compression = Compression(compression)
         self._sink = sink
         self._compressor = Compressor(self.compression, level)
         self._passthrough = self.compression is Compression.NONE
+        self._executor = executor
         self._records = 0
         self._raw_bytes = 0
         self._file_bytes = 0
         self._pending_raw = 0
         self._held: list[bytes] = []
         self._held_bytes = 0
+        self._in_flight: deque[Future[Unit]] = deque()
+        self._in_flight_bound = 0
 
     @property
     def records(self) -> int:
@@ -131,10 +145,15 @@ class RecordWriter:
     def pending_raw(self) -> int:
         """Raw bytes fed since the last sync whose compressed form may not have reached the sink.
 
-        Always 0 without compression. ``file_bytes + Compressor.bound(compression, pending_raw)``
-        bounds the size the stream will have after the next :meth:`sync` and :meth:`finish`.
-        """
+        Always 0 without compression."""
         return self._pending_raw
+
+    def pending_bound(self, incoming: int = 0) -> int:
+        """The most bytes the sink may yet receive, through the next :meth:`sync` and
+        :meth:`finish`, for what was fed and ``incoming`` raw bytes more: ``file_bytes`` plus
+        this bounds the stream's size then."""
+        held = Compressor.bound(self.compression, self._held_bytes + incoming)
+        return self._in_flight_bound + held
 
     def _emit(self, data: bytes) -> None:
         if data:
@@ -168,27 +187,52 @@ class RecordWriter:
             self._release()
 
     def _release(self) -> None:
-        """Compress what the writes held into one unit, appended to the stream."""
-        if self._held:
-            held = self._held
-            self._held, self._held_bytes = [], 0
-            compressor = self._compressor
-            self._emit(
-                compressor.append_unit(Compressor.unit(self.compression, compressor.level, held))
-            )
-            self._pending_raw = 0
+        """Compress what the writes held into one unit for the stream: here, or in the
+        executor (its bytes then follow at :meth:`collect`)."""
+        if not self._held:
+            return
+        held, size = self._held, self._held_bytes
+        self._held, self._held_bytes = [], 0
+        level = self._compressor.level
+        if self._executor is None:
+            self._append(Compressor.unit(self.compression, level, held))
+            return
+        while len(self._in_flight) >= IN_FLIGHT_UNITS:
+            self._collect_one()
+        self._in_flight.append(
+            self._executor.submit(Compressor.unit, self.compression, level, held)
+        )
+        self._in_flight_bound += Compressor.bound(self.compression, size)
+
+    def _append(self, unit: Unit) -> None:
+        self._emit(self._compressor.append_unit(unit))
+        self._pending_raw -= unit.raw_size
+
+    def _collect_one(self) -> None:
+        unit = self._in_flight.popleft().result()
+        self._in_flight_bound -= Compressor.bound(self.compression, unit.raw_size)
+        self._append(unit)
+
+    def collect(self, *, wait: bool = False) -> None:
+        """Hand the sink the bytes of the units compressed in the executor: those done (every
+        one, with ``wait``), in order."""
+        while self._in_flight and (wait or self._in_flight[0].done()):
+            self._collect_one()
+
+    def _drain(self) -> None:
+        self._release()
+        self.collect(wait=True)
 
     def write_packed(self, packed: Packed) -> None:
-        """Append records :func:`pack` framed and compressed (ending the current unit first)."""
-        self._release()
+        """Append records :func:`pack` framed and compressed (after everything written before)."""
+        self._drain()
         self._emit(self._compressor.append_unit(packed.unit))
         self._records += packed.records
         self._raw_bytes += packed.unit.raw_size
-        self._pending_raw = 0
 
     def sync(self) -> None:
         """End the current compression unit and push every pending byte to the sink."""
-        self._release()
+        self._drain()
         self._emit(self._compressor.sync())
         self._pending_raw = 0
 
@@ -201,7 +245,7 @@ class RecordWriter:
 
     def finish(self) -> None:
         """End the stream. The sink's file is left for the caller to fsync and close."""
-        self._release()
+        self._drain()
         self._emit(self._compressor.finish())
         self._pending_raw = 0
 

@@ -40,6 +40,7 @@ import secrets
 import time
 from array import array
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -316,6 +317,7 @@ class OpenShard:
         *,
         track_offsets: bool = True,
         folder: str = "",
+        executor: Executor | None = None,
     ) -> None:
         self.directory = directory
         self.file_name = name
@@ -337,7 +339,7 @@ class OpenShard:
         self._dir_synced = False
         self._file: BinaryIO | None = fs.create_exclusive(self.tmp_path)
         self._out = _Sink(fs, self._file)
-        self._writer = RecordWriter(self._out, compression, level=level)
+        self._writer = RecordWriter(self._out, compression, level=level, executor=executor)
 
     @property
     def file_bytes(self) -> int:
@@ -359,18 +361,24 @@ class OpenShard:
             return True
         bound = Compressor.bound
         c = self.compression
+        writer = self._writer
         if isinstance(batch, Packed):
             # The unit's size is known; the stream's ending (a zlib trailer) is all that may follow.
             incoming = len(batch.unit.data) + bound(c, 0)
-            if self.file_bytes + bound(c, self._writer.pending_raw) + incoming <= self.max_bytes:
+            if self.file_bytes + writer.pending_bound() + incoming <= self.max_bytes:
                 return True
-            self._writer.sync()
+            writer.sync()
             return self.file_bytes + incoming <= self.max_bytes
         raw = framed_size(batch)
-        if self.file_bytes + bound(c, self._writer.pending_raw + raw) <= self.max_bytes:
+        if self.file_bytes + writer.pending_bound(raw) <= self.max_bytes:
             return True
         self._writer.sync()
         return self.file_bytes + bound(c, raw) <= self.max_bytes
+
+    def collect(self) -> None:
+        """Write the units compressed in the executor so far (see
+        :meth:`RecordWriter.collect <tfrecordd.format.writer.RecordWriter.collect>`)."""
+        self._writer.collect()
 
     @property
     def dirty(self) -> bool:

@@ -33,6 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import anyio
@@ -41,9 +42,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
-from tfrecordd.format.compress import Compressor
-from tfrecordd.format.framing import framed_size
-from tfrecordd.format.writer import Packed
 from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.shards import OpenShard
 from tfrecordd.pipeline.commit import Committer, CommitUnit, Kept, Positions
@@ -51,8 +49,14 @@ from tfrecordd.pipeline.completion import LATE_TREE
 from tfrecordd.pipeline.datasets import DatasetOutput
 from tfrecordd.pipeline.encode import take_waiting
 from tfrecordd.pipeline.encoding import EncodedBatch, Part
+from tfrecordd.pipeline.space import FreeSpace
 
 log = logging.getLogger("tfrecordd")
+
+COMPRESS_THREADS = min(4, os.cpu_count() or 1)
+"""Threads that compress what small writes to open shards gathered (a partitioned dataset's
+parts), while the stage goes on writing: the compressor releases the interpreter lock, so the
+daemon's process compresses on several cores as the encode workers do for large batches."""
 
 WRITE_RUN_BATCHES = 16
 """The most waiting batches the write stage takes at once: written in one trip to its thread
@@ -115,6 +119,9 @@ class WriteStage:
         self._committed: anyio.Event | None = None
         self._commit_failed = False
         self._statvfs_at = 0.0
+        self.space = FreeSpace(self.metrics)
+        self.compressing = ThreadPoolExecutor(COMPRESS_THREADS, "tfrecordd-compress")
+        """Where open shards compress their held writes (:data:`COMPRESS_THREADS`)."""
 
     def request_flush(self) -> None:
         """Publish every open shard at the next turn of the loop."""
@@ -130,6 +137,12 @@ class WriteStage:
     async def run(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         """Write what ``recv`` brings until it ends, then commit what is left and wait for the
         last commit."""
+        try:
+            await self._run(recv)
+        finally:
+            self.compressing.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, recv: MemoryObjectReceiveStream[EncodedBatch]) -> None:
         depth = self.metrics.stream_depth.labels("write")
         # Leaving the commits' group waits for the last commit.
         async with recv, anyio.create_task_group() as self._commits:
@@ -215,7 +228,7 @@ class WriteStage:
         while at < len(batches):
             run = batches[at : at + step]
             if any(b.count for b in run):
-                await self._wait_for_space(run[0])
+                await self.space.wait(run[0], self.datasets, self._alive)
                 written = await anyio.to_thread.run_sync(self.write_run, run)
                 if not written:
                     await self.commit()
@@ -234,58 +247,12 @@ class WriteStage:
             if self._cut_wanted:
                 await self.commit()
 
+    def _alive(self) -> None:
+        self.beat = time.monotonic()
+
     def _add(self, batch: EncodedBatch) -> None:
         self.taken[batch.source] = self.taken.get(batch.source, 0) + 1
         self.unit.add(batch, self.committer.sources[batch.source].compact)
-
-    async def _wait_for_space(self, batch: EncodedBatch) -> None:
-        """Hold the writer (and so, by backpressure, the sources) while an output's file
-        system lacks room for the batch above its ``min_free_bytes``."""
-        incoming: dict[str, int] = {}
-        for part in batch.parts:
-            d = self.datasets[part.dataset]
-            if not d.config.min_free_bytes:
-                continue
-            records = part.records
-            if isinstance(records, Packed):
-                size = len(records.unit.data)
-            else:
-                size = Compressor.bound(d.config.compression, framed_size(records))
-            incoming[d.name] = incoming.get(d.name, 0) + size
-        # One look at each dataset's file system a batch, however many parts it has there.
-        for name, size in incoming.items():
-            await self._wait_for_room(self.datasets[name], size)
-
-    async def _wait_for_room(self, d: DatasetOutput, incoming: int) -> None:
-        needed = d.config.min_free_bytes + incoming
-        paused_at: float | None = None
-        while (free := self.free_bytes(d)) is not None and free < needed:
-            if paused_at is None:
-                paused_at = time.monotonic()
-                self.metrics.paused.set(1)
-                self.metrics.disk_full_pauses.inc()
-                log.warning(
-                    "output of dataset %s nearly full (%d bytes free, %d needed): sources paused",
-                    d.name,
-                    free,
-                    needed,
-                )
-            self.beat = time.monotonic()
-            await anyio.sleep(1.0)
-        if paused_at is not None:
-            self.metrics.paused.set(0)
-            log.info("output has room again: resumed after %.1fs", time.monotonic() - paused_at)
-
-    def free_bytes(self, d: DatasetOutput) -> int | None:
-        """Bytes free for this process on the file system of dataset ``d``'s shards; ``None`` if
-        unknown."""
-        try:
-            st = os.statvfs(d.output.staging_dir)
-        except OSError:
-            return None
-        free = st.f_bavail * st.f_frsize
-        self.metrics.output_free_bytes.labels(d.name).set(free)
-        return free
 
     def _dead_letter(self, batches: list[EncodedBatch]) -> None:
         discarded = 0
@@ -304,7 +271,21 @@ class WriteStage:
         to the first that does not fit in its shards as they are (a cut comes first, so that the
         shards it closes are published without waiting for this batch's records elsewhere) or
         through one that closed a shard; the count written (``0``: cut, then write again).
+        Then the units compressed meanwhile (:data:`COMPRESS_THREADS`) go to their files.
         Blocking."""
+        try:
+            return self._write_batches_of(run)
+        finally:
+            for entry in self.open.values():
+                shard = entry.shard
+                before = shard.file_bytes
+                shard.collect()
+                if shard.file_bytes != before:
+                    self.metrics.file_bytes_written.labels(entry.dataset).inc(
+                        shard.file_bytes - before
+                    )
+
+    def _write_batches_of(self, run: list[EncodedBatch]) -> int:
         for n, batch in enumerate(run):
             placed = [self.datasets[p.dataset].place(p) for p in batch.parts]
             parts = [p.part for p in placed if not p.refused]
@@ -425,6 +406,7 @@ class WriteStage:
             self.fs,
             track_offsets=out.manifests,
             folder=key[1],
+            executor=self.compressing,
         )
         crashpoints.reached("after-create")
         now = time.monotonic()
