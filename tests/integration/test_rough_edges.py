@@ -345,6 +345,22 @@ def test_a_dead_letter_says_its_line(output: Path) -> None:
         assert letter["where"] == f"a.jsonl:line {number}:{offset}"
 
 
+def test_a_csv_dead_letter_says_the_line_its_record_starts_on(tmp_path: Path) -> None:
+    """Lines as an editor numbers them: a quoted field's line end starts a line too."""
+    config = write_config(
+        tmp_path,
+        source={"pattern": "*.csv", "format": "csv"},
+        features={"id": "int64", "user": "bytes"},
+    )
+    rows = ["id,user", "1,ann", '2,"two\nlines"', "3,cid", "4,dan,extra", "5,eve"]
+    spool_file(tmp_path / "spool", "a.csv", rows)
+    run_clean_until(config, lambda: spool_drained(tmp_path / "spool"))
+    (letter,) = dead_letters(tmp_path / "state")
+    assert letter["raw"] == "4,dan,extra"
+    offset = sum(len(row) + 1 for row in rows[:4])
+    assert letter["where"] == f"a.csv:line 6:{offset}", letter
+
+
 def test_line_numbers_asked_in_any_order() -> None:
     lines = Lines(b"a\nbb\nccc\n\nd\n", "f", 100, 10, line=7)
     assert lines.at(100) == "f:line 7:100"

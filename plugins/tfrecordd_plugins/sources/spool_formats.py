@@ -255,7 +255,10 @@ class FormatReaders:
         scanned = 0  # buf[:scanned] was scanned already, ending in `state`
         state = csvrecords.State.FIELD_START
         head: bytes | None = None  # first bytes of an overlong record still being skipped
-        head_at = 0
+        head_at = head_line = 0
+        # The number of the line at `offset`, as in _read_lines (0: not known); a record's is
+        # the line it starts on (a quoted field may hold line ends).
+        line = 1 if offset == 0 else 0
         # The last full batch waits for the next one: if none comes, it carries the file's end
         # (as the JSON-lines reader's last batch does), not an empty batch of its own.
         held: RawBatch | None = None
@@ -279,7 +282,7 @@ class FormatReaders:
                     for record, nxt in zip(found.records, found.ends, strict=True):
                         n = len(record)
                         if head is not None:
-                            events.append(too_long(rel, head_at, head, max_line))
+                            events.append(too_long(rel, head_at, head, max_line, head_line))
                             head = None
                         elif header is None:
                             if n > max_line:
@@ -287,16 +290,16 @@ class FormatReaders:
                             if n and not record.isspace() and not csvrecords.preamble(record):
                                 header = self._header(record)
                         elif n > max_line:
-                            events.append(too_long(rel, at, record[:max_line], max_line))
+                            events.append(too_long(rel, at, record[:max_line], max_line, line))
                         elif not n or record.isspace():
                             pass
                         else:
+                            where = f"{rel}:line {line}:{at}" if line else f"{rel}:{at}"
                             events.append(
-                                csvrecords.event(
-                                    record, f"{rel}:{at}", header, delimiter, cfg.csv_encoding
-                                )
+                                csvrecords.event(record, where, header, delimiter, cfg.csv_encoding)
                             )
                             batch_bytes += n
+                        line = line and line + buf.count(b"\n", at - offset, nxt)
                         at = offset + nxt
                         if len(events) >= max_events or batch_bytes >= max_bytes:
                             if held is not None:
@@ -308,7 +311,7 @@ class FormatReaders:
                     state, scanned = found.state, len(buf)
                     if not chunk:
                         if head is not None:  # the input ended inside the over-long record
-                            events.append(too_long(rel, head_at, head, max_line))
+                            events.append(too_long(rel, head_at, head, max_line, head_line))
                         break
                     # A carriage return at the end may be the record's end: not counted yet.
                     if len(buf) - (state is csvrecords.State.AFTER_CR) > max_line:
@@ -317,7 +320,8 @@ class FormatReaders:
                         # Over-long: keep its first bytes for the dead letter and drop the rest,
                         # carrying the scanner's state across so its end is found exactly.
                         if head is None:
-                            head, head_at = bytes(buf[:max_line]), offset
+                            head, head_at, head_line = bytes(buf[:max_line]), offset, line
+                        line = line and line + buf.count(b"\n")
                         offset += len(buf)
                         buf.clear()
                         scanned = 0
