@@ -391,9 +391,14 @@ def serve() -> int:
     pending = b""
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ)
+    parent = os.getppid()
     while True:
         ready = selector.select(timeout=0.02)
         _reap(statuses)
+        if os.getppid() != parent:
+            # The test run is gone (killed, timed out) while its pipe to us lives on in a
+            # process it started: a template left behind would poll for ever.
+            return 0
         if not ready:
             continue
         chunk = os.read(0, 1 << 16)

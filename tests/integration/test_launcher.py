@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +140,32 @@ def test_a_command_runs_to_its_end_with_its_output_and_errors_apart(tmp_path: Pa
         "check-config", cfg.name, cwd=tmp_path, env=dict(os.environ) | {"PYTHONPATH": "/x"}
     )
     assert (cold.returncode, cold.stdout) == (ok.returncode, ok.stdout)
+
+
+def test_a_template_whose_test_run_dies_ends(tmp_path: Path) -> None:
+    """A test run killed while a process it started holds the template's stdin open: the
+    template must not poll for ever (left behind, each burned a fifth of a core)."""
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        "import os, signal, subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import tests.launcher as l; "
+        "raise SystemExit(l.serve())'], stdin=subprocess.PIPE, stdout=subprocess.PIPE, "
+        f"cwd={str(Path(__file__).resolve().parents[2])!r})\n"
+        "assert p.stdin is not None\n"
+        "subprocess.Popen(['sleep', '20'], pass_fds=(p.stdin.fileno(),))\n"
+        "print(p.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    out = subprocess.run([sys.executable, str(parent)], capture_output=True, timeout=60)
+    template = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(template, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{template}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return  # ended, not yet reaped by init
+        time.sleep(0.05)
+    os.kill(template, 9)
+    raise AssertionError("the template outlived its test run")
