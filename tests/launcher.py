@@ -159,7 +159,7 @@ class Template:
 
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="tfrecordd-launcher-"))
-        self.env = dict(os.environ) | {"PYTHONUNBUFFERED": "1"}
+        self.env = dict(os.environ) | {"PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         self.env.pop("TFRECORDD_CRASH_AT", None)
         self._err = self.folder / "template.err"
         with self._err.open("wb") as err:
@@ -377,6 +377,10 @@ def _fork(request: dict[str, Any], statuses: dict[int, str]) -> tuple[int, dict[
     return pid, {"id": request["id"], "pid": pid}
 
 
+PARENT_ENV = "TFRECORDD_LAUNCHER_PARENT"
+"""The environment variable that gives the template the pid of the test run that started it."""
+
+
 def serve() -> int:
     """The template's loop: fork a daemon per request line on stdin, answer once it is set up,
     write each one's exit status when it is reaped; return at EOF. In a child, return the
@@ -391,7 +395,8 @@ def serve() -> int:
     pending = b""
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ)
-    parent = os.getppid()
+    # The test run's pid as it gave it: the template may start after the run died.
+    parent = int(os.environ.get(PARENT_ENV, os.getppid()))
     while True:
         ready = selector.select(timeout=0.02)
         _reap(statuses)

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher import LAUNCHER, LaunchedProcess, TemplateLost, enabled, forkable
+from tests.launcher import (
+    LAUNCHER,
+    PARENT_ENV,
+    LaunchedProcess,
+    TemplateLost,
+    enabled,
+    forkable,
+)
 from tests.support import (
     DaemonProcess,
     movie_event,
@@ -150,15 +157,17 @@ def test_a_template_whose_test_run_dies_ends(tmp_path: Path) -> None:
         "import os, signal, subprocess, sys\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import tests.launcher as l; "
         "raise SystemExit(l.serve())'], stdin=subprocess.PIPE, stdout=subprocess.PIPE, "
-        f"cwd={str(Path(__file__).resolve().parents[2])!r})\n"
+        f"env=os.environ | {{{PARENT_ENV!r}: str(os.getpid())}}, "
+        f"stderr=subprocess.DEVNULL, cwd={str(Path(__file__).resolve().parents[2])!r})\n"
         "assert p.stdin is not None\n"
-        "subprocess.Popen(['sleep', '20'], pass_fds=(p.stdin.fileno(),))\n"
+        "subprocess.Popen(['sleep', '20'], pass_fds=(p.stdin.fileno(),), "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(p.pid, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     out = subprocess.run([sys.executable, str(parent)], capture_output=True, timeout=60)
     template = int(out.stdout.split()[0])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # the template warms up (imports) first
     while time.monotonic() < deadline:
         try:
             os.kill(template, 0)
