@@ -159,7 +159,7 @@ class Template:
 
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="tfrecordd-launcher-"))
-        self.env = dict(os.environ) | {"PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
+        self.env = dict(os.environ) | {"PYTHONUNBUFFERED": "1"}
         self.env.pop("TFRECORDD_CRASH_AT", None)
         self._err = self.folder / "template.err"
         with self._err.open("wb") as err:
@@ -168,7 +168,7 @@ class Template:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
-                env=self.env,
+                env=self.env | {PARENT_ENV: str(os.getpid())},
                 cwd=Path(__file__).resolve().parent.parent,
             )
         self._replies = b""

@@ -160,21 +160,23 @@ def test_a_template_whose_test_run_dies_ends(tmp_path: Path) -> None:
         f"env=os.environ | {{{PARENT_ENV!r}: str(os.getpid())}}, "
         f"stderr=subprocess.DEVNULL, cwd={str(Path(__file__).resolve().parents[2])!r})\n"
         "assert p.stdin is not None\n"
-        "subprocess.Popen(['sleep', '20'], pass_fds=(p.stdin.fileno(),), "
+        "s = subprocess.Popen(['sleep', '120'], pass_fds=(p.stdin.fileno(),), "
         "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-        "print(p.pid, flush=True)\n"
+        "print(p.pid, s.pid, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     out = subprocess.run([sys.executable, str(parent)], capture_output=True, timeout=60)
-    template = int(out.stdout.split()[0])
-    deadline = time.monotonic() + 30  # the template warms up (imports) first
-    while time.monotonic() < deadline:
-        try:
-            os.kill(template, 0)
-        except ProcessLookupError:
-            return
-        if Path(f"/proc/{template}/stat").read_text().split(")")[-1].split()[0] == "Z":
-            return  # ended, not yet reaped by init
-        time.sleep(0.05)
-    os.kill(template, 9)
-    raise AssertionError("the template outlived its test run")
+    template, holder = (int(pid) for pid in out.stdout.split())
+    try:
+        deadline = time.monotonic() + 30  # the template warms up (imports) first
+        while time.monotonic() < deadline:
+            try:
+                if Path(f"/proc/{template}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                    return  # ended, not yet reaped by init
+            except FileNotFoundError:
+                return
+            time.sleep(0.05)
+        os.kill(template, signal.SIGKILL)
+        raise AssertionError("the template outlived its test run")
+    finally:
+        os.kill(holder, signal.SIGKILL)
