@@ -25,6 +25,7 @@ from tests.support import (
     free_port,
     movie_event,
     read_ids,
+    read_shard,
     run_tfrecordd,
     shard_files,
     spool_drained,
@@ -130,9 +131,11 @@ def test_spool_under_load_with_repeated_reloads_writes_every_event_once(tmp_path
         try:
             for n in range(10):
                 # The main source changes each time (restarted from its journalled position);
-                # the extra one comes and goes.
+                # the extra one comes and goes; the dataset's record cap changes every third.
                 spool = main | {"poll_interval": f"{50 + 10 * (n % 2)}ms"}
-                write(tmp_path, [spool, extra] if n % 2 == 0 else [spool], metrics_port=port)
+                cap = {"max_shard_records": 150 if n % 3 == 0 else 0}
+                srcs = [spool, extra] if n % 2 == 0 else [spool]
+                write(tmp_path, srcs, metrics_port=port, output=cap)
                 reload_and_wait(d, port)
         finally:
             stop.set()
@@ -325,3 +328,32 @@ def test_the_reload_and_flush_commands_signal_the_daemon_of_a_config(tmp_path: P
         assert failed.returncode == 78, failed
         assert "refused the new config and runs the old one" in failed.stderr
         assert reloads(port, "failed") == 1
+
+
+def test_a_datasets_shard_cap_changes_live(tmp_path: Path) -> None:
+    port = free_port()
+    hour = {"max_shard_age": "1h"}
+    cfg = write(tmp_path, [{"name": "spool"}], metrics_port=port, output=hour)
+    out = tmp_path / "shards"
+
+    def written() -> float:
+        return metric(port, "tfrecordd_records_written_total", dataset="movies")
+
+    with running(cfg, port) as d:
+        spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(10)])
+        wait_for(lambda: written() == 10)
+        d.signal(signal.SIGUSR1)
+        wait_for(lambda: len(shard_files(out)) == 1, 10)
+        write(
+            tmp_path, [{"name": "spool"}], metrics_port=port, output=hour | {"max_shard_records": 7}
+        )
+        reload_and_wait(d, port)
+        assert "reload: applied (restarted: spool; datasets: movies)" in d.output()
+        spool_file(tmp_path / "spool", "b.jsonl", [movie_event(i) for i in range(10, 30)])
+        wait_for(lambda: written() == 30)
+        d.signal(signal.SIGUSR1)
+        wait_for(lambda: len(shard_files(out)) == 4, 10)
+    sizes = [len(read_shard(p)) for p in shard_files(out)]
+    assert sizes[0] == 10
+    assert sorted(sizes[1:]) == [6, 7, 7], sizes
+    assert read_ids(out) == dict.fromkeys(range(30), 1)

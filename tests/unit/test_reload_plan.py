@@ -70,7 +70,7 @@ def test_each_key_that_cannot_change_live_is_named(tmp_path: Path) -> None:
         tmp_path,
         sources=[{"name": "s", "type": "udp"}],
         daemon={"state_dir": str(tmp_path / "other"), "node_id": "n2", "encode_workers": 2},
-        dataset={"max_shard_records": 10},
+        dataset={"compression": "zstd", "max_shard_records": 10},
     )
     refused = plan_reload(old, new).refused
     keys = [line.split(":")[0] for line in refused]
@@ -78,7 +78,7 @@ def test_each_key_that_cannot_change_live_is_named(tmp_path: Path) -> None:
         "daemon.node_id",
         "daemon.state_dir",
         "daemon.encode_workers",
-        "datasets.d.max_shard_records",
+        "datasets.d.compression",
         "sources[0].type (source s",
     ], refused
     assert all(
@@ -103,3 +103,12 @@ def test_reloading_tells_systemd_with_the_monotonic_clock(tmp_path: Path) -> Non
     assert fields[1].startswith("MONOTONIC_USEC=")
     assert before <= int(fields[1].removeprefix("MONOTONIC_USEC=")) <= after
     assert fields[2] == "STATUS=reloading c.toml"
+
+
+def test_a_datasets_shard_limits_change_live_restarting_its_sources(tmp_path: Path) -> None:
+    sources = [{"name": "a"}, {"name": "b"}]
+    old = config(tmp_path, sources=sources)
+    new = config(tmp_path, sources=sources, dataset={"max_shard_records": 10})
+    plan = plan_reload(old, new)
+    assert (plan.datasets, plan.changed, plan.refused) == (["d"], ["a", "b"], [])
+    assert plan.summary() == "restarted: a, b; datasets: d"

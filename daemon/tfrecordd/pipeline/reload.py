@@ -11,6 +11,9 @@ applies):
   socket to its new instance, so clients connecting meanwhile wait in the socket's backlog and
   none is refused;
 - a removed source is stopped the same way; a new one starts;
+- a dataset whose shard limits change (:data:`LIVE_DATASET_KEYS`, in ``[datasets.NAME]`` or
+  ``[output]``), or whose encoder's settings change, takes them once every source feeding it
+  has been stopped that way; those sources then start again;
 - ``[daemon] drain_timeout`` applies at once.
 
 While a source is stopped for a reload, every open shard is published (as SIGUSR1 does), so
@@ -18,8 +21,9 @@ that the positions of everything it sent are committed and acknowledged before i
 instance reads on from them: nothing acknowledged is lost, nothing is written twice. The other
 sources do not pause.
 
-Every other key (the ``[daemon]`` section but ``drain_timeout``, ``[metrics]``, ``[output]``,
-the datasets, the encoders, a source's type) cannot change while the daemon runs: a reload
+Every other key (the ``[daemon]`` section but ``drain_timeout``, ``[metrics]``, the datasets'
+and ``[output]``'s other keys, datasets or encoders added or removed, a source's type) cannot
+change while the daemon runs: a reload
 that changes one fails with a line naming each, and the running config stays as it was. An
 invalid file fails the same way, each error on a line of its own.
 """
@@ -29,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
@@ -37,6 +41,7 @@ from pydantic import BaseModel
 
 from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.errors import ConfigError
+from tfrecordd.pipeline.datasets import manifest_writers
 from tfrecordd.pipeline.routing import EncodePlan, plan_encoding
 from tfrecordd.plugin import Source
 from tfrecordd.state.reading import read_checkpoint
@@ -44,12 +49,24 @@ from tfrecordd.state.reading import read_checkpoint
 if TYPE_CHECKING:
     from tfrecordd.pipeline.runtime import Daemon
 
-__all__ = ["LIVE_DAEMON_KEYS", "ListenerHandover", "ReloadPlan", "Reloader", "plan_reload"]
+__all__ = [
+    "LIVE_DAEMON_KEYS",
+    "LIVE_DATASET_KEYS",
+    "ListenerHandover",
+    "ReloadPlan",
+    "Reloader",
+    "plan_reload",
+]
 
 log = logging.getLogger("tfrecordd")
 
 LIVE_DAEMON_KEYS = frozenset({"drain_timeout"})
 """The keys of ``[daemon]`` a reload may change."""
+
+LIVE_DATASET_KEYS = frozenset(
+    {"max_shard_bytes", "max_shard_records", "max_shard_age", "max_open_shards", "min_free_bytes"}
+)
+"""The keys of a dataset (or of ``[output]``) a reload may change: its shards' limits."""
 
 POLL = 0.02
 """Seconds between two looks at the pipeline while a reload waits for a source's batches."""
@@ -76,11 +93,20 @@ class ReloadPlan:
     """One line per key that cannot change while the daemon runs."""
     settings: list[str] = field(default_factory=list)
     """The live settings that change (``daemon.drain_timeout``)."""
+    datasets: list[str] = field(default_factory=list)
+    """Datasets whose shard limits (:data:`LIVE_DATASET_KEYS`) or encoder change."""
 
     @property
     def unchanged(self) -> bool:
         """Whether the new config says what runs already."""
-        return not (self.added or self.changed or self.removed or self.refused or self.settings)
+        return not (
+            self.added
+            or self.changed
+            or self.removed
+            or self.refused
+            or self.settings
+            or self.datasets
+        )
 
     def summary(self) -> str:
         """What the plan does, in a few words."""
@@ -90,6 +116,7 @@ class ReloadPlan:
                 ("sources added:", self.added),
                 ("restarted:", self.changed),
                 ("removed:", self.removed),
+                ("datasets:", self.datasets),
                 ("settings:", self.settings),
             )
             if names
@@ -104,25 +131,42 @@ def plan_reload(old: DaemonConfig, new: DaemonConfig) -> ReloadPlan:
     for key in _changed_keys(old.daemon, new.daemon):
         (settings if key in LIVE_DAEMON_KEYS else refused).append(f"daemon.{key}")
     refused += [f"metrics.{k}" for k in _changed_keys(old.metrics, new.metrics)]
-    if old.output != new.output:
-        refused.append("output")
-    refused += _changed_entries("datasets", old.datasets, new.datasets)
-    refused += _changed_entries("encoders", old.encoders, new.encoders)
+    if old.output is None or new.output is None:
+        refused += [] if old.output == new.output else ["output"]
+    else:
+        keys = _changed_keys(old.output, new.output)
+        refused += [f"output.{k}" for k in keys if k not in LIVE_DATASET_KEYS]
+    datasets: list[str] = []
+    for name, keys in _changed_entries(old.datasets, new.datasets).items():
+        bad = [k for k in keys if k not in LIVE_DATASET_KEYS]
+        if not keys:
+            refused.append(f"datasets.{name} ({'added' if name in new.datasets else 'removed'})")
+        elif not bad:
+            datasets.append(name)
+        elif old.output is None:  # the older form names them under [output], above
+            refused += [f"datasets.{name}.{k}" for k in bad]
+    encoders = list(_changed_entries(old.encoders, new.encoders))
+    for name in encoders:
+        if name not in old.encoders or name not in new.encoders:
+            refused.append(f"encoders.{name} ({'added' if name in new.encoders else 'removed'})")
+    encoded = {n for n, d in new.datasets.items() if d.encoder in encoders}
     was = {s.name: s for s in old.sources}
     now = {s.name: s for s in new.sources}
     changed: list[str] = []
     for i, source in enumerate(new.sources):
         before = was.get(source.name)
-        if before is None or before == source:
+        if before is None:
             continue
         if before.type != source.type:
             refused.append(f"sources[{i}].type (source {source.name}: {before.type} before)")
-        else:
+        elif before != source or set(old.fed_datasets(before)) & {*datasets, *encoded}:
+            # A source feeding a dataset whose settings or encoder change is restarted with it.
             changed.append(source.name)
     return ReloadPlan(
         added=[n for n in now if n not in was],
         changed=changed,
         removed=[n for n in was if n not in now],
+        datasets=sorted({*datasets, *encoded}),
         refused=[
             f"{key}: cannot change while the daemon runs; restart to change it" for key in refused
         ],
@@ -136,17 +180,16 @@ def _changed_keys(old: BaseModel, new: BaseModel) -> list[str]:
 
 
 def _changed_entries(
-    section: str, old: Mapping[str, BaseModel], new: Mapping[str, BaseModel]
-) -> list[str]:
-    out: list[str] = []
+    old: Mapping[str, BaseModel], new: Mapping[str, BaseModel]
+) -> dict[str, list[str]]:
+    """Per entry that differs, its keys that do (none: added, removed, or of another type)."""
+    out: dict[str, list[str]] = {}
     for name in {**old, **new}:
         a, b = old.get(name), new.get(name)
-        if a is None or b is None:
-            out.append(f"{section}.{name} ({'added' if a is None else 'removed'})")
-        elif type(a) is not type(b):
-            out.append(f"{section}.{name}")
+        if a is None or b is None or type(a) is not type(b):
+            out[name] = []
         elif a != b:
-            out += [f"{section}.{name}.{k}" for k in _changed_keys(a, b)] or [f"{section}.{name}"]
+            out[name] = _changed_keys(a, b)
     return out
 
 
@@ -279,6 +322,12 @@ class Reloader:
         failed: list[str] = []
         for name in plan.removed:
             del d.sources[name], d.contexts[name]
+        manifests = manifest_writers(new, d.outputs)
+        for name in plan.datasets:
+            # Every source writing to it stopped and its shards published: none is open.
+            d.write.datasets[name] = replace(d.write.datasets[name], config=new.datasets[name])
+            if name in manifests:
+                d.committer.manifests[name] = manifests[name]
         d.encode.use(encode_plan, starting, plan.removed)
         for name in starting:
             src = built[name]
