@@ -161,7 +161,7 @@ async def test_a_long_multi_line_quoted_field_is_one_dead_letter(tmp_path: Path)
     assert "longer than max_line_bytes (1024)" in long.error
     assert long.payload.startswith(b'2,bob,"line 0,')
     first_rows = "id,name,comment\n1,ann,short\n"
-    assert long.where == f"a.csv:{len(first_rows)}"
+    assert long.where == f"a.csv:line 3:{len(first_rows)}"
 
 
 @pytest.mark.anyio

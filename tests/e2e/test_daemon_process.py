@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -76,7 +77,7 @@ def test_sigterm_drains_publishes_and_exits_0(tmp_path: Path) -> None:
     assert "stopped" in d.output()
 
 
-def test_sighup_publishes_open_shard_now(tmp_path: Path) -> None:
+def test_sigusr1_publishes_open_shard_now(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, output={"max_shard_age": "1h"})
     expected = fill_spool(tmp_path, 1, 20)
     d = DaemonProcess(cfg)
@@ -85,10 +86,10 @@ def test_sighup_publishes_open_shard_now(tmp_path: Path) -> None:
         wait_for(lambda: not list((tmp_path / "spool").glob("*.jsonl")), 20)
         time.sleep(0.5)
         assert shard_files(tmp_path / "shards") == []
-        d.signal(signal.SIGHUP)
+        d.signal(signal.SIGUSR1)
         wait_for(lambda: len(shard_files(tmp_path / "shards")) == 1, 10)
         wait_for(lambda: drained(tmp_path), 10)
-        assert d.proc.poll() is None, "SIGHUP does not stop the daemon"
+        assert d.proc.poll() is None, "SIGUSR1 does not stop the daemon"
         assert d.stop() == 0
     finally:
         d.kill()
@@ -156,7 +157,9 @@ def test_crash_point_then_restart_is_exactly_once(tmp_path: Path, point: str, nt
     assert rc == 137, f"crash point {point} not reached: exit {rc}\n{d.output()}"
     finish(tmp_path, cfg)
     assert_exactly_once(tmp_path / "shards", expected, manifests=True)
-    letters = [d["where"] for d in dead_letters(tmp_path / "state")]
+    # A bad line dead-lettered again after the restart (its commit was cut short) has no line
+    # number if its file resumed mid-way: the same place, as file:offset.
+    letters = [re.sub(r":line \d+:", ":", d["where"]) for d in dead_letters(tmp_path / "state")]
     assert len(set(letters)) == len(expected) // 30
 
 

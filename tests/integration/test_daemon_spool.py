@@ -112,7 +112,9 @@ async def test_good_events_once_and_bad_ones_dead_lettered(tmp_path: Path, worke
     b_bytes = b"".join(json.dumps(e).encode() + b"\n" for e in events[200:400])
     b_bytes += b'{not json\n\n{"id": 10000, "age": "old"}\n' + b"x" * 5000 + b"\n"
     for reason, line in start_of.items():
-        assert by_reason[reason]["where"] == f"b.jsonl:{b_bytes.index(line)}"
+        at = b_bytes.index(line)
+        number = b_bytes.count(b"\n", 0, at) + 1
+        assert by_reason[reason]["where"] == f"b.jsonl:line {number}:{at}"
     m = daemon.metrics
     assert metric(m, "tfrecordd_events_received_total", source="spool") == 603
     assert metric(m, "tfrecordd_records_written_total") == 600

@@ -19,7 +19,13 @@ from tests.support import (
     wait_for,
 )
 from tfrecordd.cli import main
-from tfrecordd.cli.initcmd import ROUTE_TABLE, routed, sample_event, starter_sources
+from tfrecordd.cli.initcmd import (
+    ROUTE_TABLE,
+    metrics_listen,
+    routed,
+    sample_event,
+    starter_sources,
+)
 from tfrecordd.errors import EXIT_OK
 from tfrecordd.format.reader import iter_examples
 from tfrecordd.plugin import Registry
@@ -61,7 +67,7 @@ def test_starter_config_passes_check_config(tmp_path: Path, source: str) -> None
         "partitioned by event time (ts) per hour in UTC, completion marker _SUCCESS" in check.stdout
     )
     data = tomllib.loads(config.read_text())
-    base = tmp_path / "tfrecordd-data"
+    base = tmp_path / f"tfrecordd-{source}"
     datasets = data["datasets"]
     assert list(datasets) == ["clicks", "impressions"], "the datasets come first, in this order"
     assert datasets["clicks"]["dir"] == str(base / "shards" / "clicks"), "absolute, under the base"
@@ -69,7 +75,7 @@ def test_starter_config_passes_check_config(tmp_path: Path, source: str) -> None
     assert "output" not in data
     assert data["daemon"]["state_dir"] == str(base / "state")
     assert data["sources"][0]["type"] == source
-    assert data["metrics"]["listen"] == "127.0.0.1:9464"
+    assert data["metrics"]["listen"] == metrics_listen(source)
 
 
 def test_source_keys_are_the_documented_ones(tmp_path: Path) -> None:
@@ -143,7 +149,7 @@ def test_refuses_to_overwrite(tmp_path: Path) -> None:
         result.stderr.strip() == "tfrecordd: tfrecordd.toml: exists already; refusing to overwrite"
     )
     assert existing.read_text() == "# mine\n"
-    assert not (tmp_path / "tfrecordd-data").exists()
+    assert not (tmp_path / "tfrecordd-directory").exists()
 
 
 def test_output_dash_prints_the_config(tmp_path: Path) -> None:

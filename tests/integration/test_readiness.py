@@ -397,7 +397,7 @@ def test_status_names_each_figure_in_singular_and_plural(tmp_path: Path) -> None
         assert "\npublished   0 shards, last never\n" in text
         assert "\nopen        1 shard holding 1 record not yet published, " in text
         assert re.search(r"\ntcp-in +up\n", text), text
-        os.kill(daemon.proc.pid, signal.SIGHUP)  # publish the open shard now
+        os.kill(daemon.proc.pid, signal.SIGUSR1)  # publish the open shard now
         wait_for(lambda: open_records(metrics_port) == 0, 20)
         send(1, 5)
         wait_for(lambda: open_records(metrics_port) == 4, 20)

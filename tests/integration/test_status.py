@@ -112,7 +112,7 @@ def test_once_json_snapshot_before_and_after_publish(daemon: Daemon) -> None:
     assert set(snap["stream_depth_batches"]) >= {"encode", "write"}
     assert snap["output_free_bytes"] > 0
 
-    daemon.process.signal(signal.SIGHUP)
+    daemon.process.signal(signal.SIGUSR1)
     wait_for(lambda: len(shard_files(daemon.root / "shards")) == 1, 20)
     # The open-shard gauges are refreshed by the write stage at least once a second.
     wait_for(lambda: scrape(daemon.url).open_shard_records == 0, 10)

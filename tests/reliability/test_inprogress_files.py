@@ -160,7 +160,7 @@ class LiveOutput:
         self.daemon = DaemonProcess(cfg)
         self.daemon.wait_started(120)
         wait_for(lambda: not list((root / "spool").glob("*.jsonl")), 120)
-        self.daemon.signal(signal.SIGHUP)
+        self.daemon.signal(signal.SIGUSR1)
         wait_for(lambda: len(shard_files(self.out)) == 1, 120)
         events = (movie_event(i) for i in range(100, 100 + OPEN_EVENTS))
         spool_file(root / "spool", "b.jsonl", events)
