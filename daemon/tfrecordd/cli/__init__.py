@@ -39,7 +39,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cat": ("tools", "print records as JSON lines (feature name → values)"),
     "transcode": ("tools", "re-compress shards, each published atomically"),
     "convert": ("convertcmd", "convert files of JSON lines, CSV or images into shards, resumably"),
-    "schema": ("describe", "print the tf.io feature description that reads a dataset's records"),
+    "schema": (
+        "describe",
+        "print the tf.io feature description that reads a dataset's records, or (--infer) "
+        "propose the features of a sample of JSON lines or CSV",
+    ),
     "status": (
         "status",
         "a live view of a running daemon: rates, pending events, shards, dead letters",
@@ -49,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "statecmd",
         "check or repair the daemon's state (journal, checkpoint) while it is stopped",
     ),
+    "completion": ("completion", "print the shell completion script for bash, zsh or fish"),
     "reload": ("signalcmd", "make the running daemon read its config file again (SIGHUP)"),
     "flush": ("signalcmd", "make the running daemon publish its open shards now (SIGUSR1)"),
 }
