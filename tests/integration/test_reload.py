@@ -357,3 +357,21 @@ def test_a_datasets_shard_cap_changes_live(tmp_path: Path) -> None:
     assert sizes[0] == 10
     assert sorted(sizes[1:]) == [6, 7, 7], sizes
     assert read_ids(out) == dict.fromkeys(range(30), 1)
+
+
+def test_a_new_source_that_cannot_start_is_retried_by_the_next_reload(tmp_path: Path) -> None:
+    port, tcp_port = free_port(), free_port()
+    cfg = write(tmp_path, [{"name": "spool"}], metrics_port=port)
+    tcp = {"name": "tcp-in", "type": "tcp", "listen": f"127.0.0.1:{tcp_port}"}
+    with running(cfg, port) as d:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", tcp_port))
+            taken.listen()
+            write(tmp_path, [{"name": "spool"}, tcp], metrics_port=port)
+            reload_and_wait(d, port, "failed")
+        assert "reload: failed: source tcp-in: cannot start: " in d.output()
+        reload_and_wait(d, port, "applied")
+        assert "reload: source tcp-in started" in d.output()
+        with socket.create_connection(("127.0.0.1", tcp_port)) as c:
+            c.sendall(b"".join(orjson.dumps(movie_event(i)) + b"\n" for i in range(5)))
+        wait_for(lambda: len(read_ids(tmp_path / "shards")) == 5, 20)

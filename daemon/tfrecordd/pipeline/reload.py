@@ -30,6 +30,7 @@ invalid file fails the same way, each error on a line of its own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -283,7 +284,7 @@ class Reloader:
         configs = {s.name: s for s in new.sources}
         built = {name: configs[name].build() for name in starting}
         if d.sources_tg is None:
-            raise ReloadRefusedError(["the sources have stopped: nothing to reload"])
+            raise ReloadRefusedError(["the sources are not running (starting or stopping)"])
         # Held open while no source runs between the old ones' end and the new ones' start:
         # the pipeline ends when its last source does.
         held = anyio.Event()
@@ -341,10 +342,16 @@ class Reloader:
                 await src.recover(states.get(name), [])
             except Exception as e:
                 failed.append(f"source {name}: cannot start: {e}")
+                del d.sources[name], d.contexts[name]
+                with contextlib.suppress(Exception):
+                    await src.aclose()
                 continue
             if d.start_source(name):
                 log.info("reload: source %s started", name)
         if failed:
+            # Left out of the config that runs: the next reload starts them as new sources.
+            running = [s for s in new.sources if s.name in d.sources]
+            d.config = new.model_copy(update={"sources": running})
             raise ReloadRefusedError(
                 [*failed, "the other changes are applied; fix the config and reload again"]
             )
