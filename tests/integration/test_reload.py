@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.support import (
     MOVIES_FEATURES,
@@ -150,9 +151,12 @@ def test_spool_under_load_with_repeated_reloads_writes_every_event_once(tmp_path
     assert set(ids.values()) == {1}, {i: n for i, n in ids.items() if n != 1}
 
 
-def send_acked(port: int, line: bytes) -> None:
-    """Send one line and wait for its ack (the connection refused raises)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+def send_acked(address: tuple[str, int] | str, line: bytes) -> None:
+    """Send one line on a new connection and wait for its ack (a refusal raises)."""
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(20)
+        sock.connect(address)
         sock.sendall(line)
         sock.shutdown(socket.SHUT_WR)
         replies = b""
@@ -163,20 +167,18 @@ def send_acked(port: int, line: bytes) -> None:
         assert replies.startswith(b"ACK 1"), replies
 
 
-def test_a_tcp_client_is_never_refused_during_20_reloads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_a_client_is_never_refused_during_20_reloads(tmp_path: Path, kind: str) -> None:
     port, tcp_port = free_port(), free_port()
+    path = str(tmp_path / "in.sock")
+    address: tuple[str, int] | str = ("127.0.0.1", tcp_port) if kind == "tcp" else path
+    where = {"listen": f"127.0.0.1:{tcp_port}"} if kind == "tcp" else {"path": path}
 
-    def tcp(n: int) -> dict[str, Any]:
+    def source(n: int) -> dict[str, Any]:
         # A setting that differs at each reload: the source restarts, its socket stays.
-        return {
-            "name": "tcp-in",
-            "type": "tcp",
-            "listen": f"127.0.0.1:{tcp_port}",
-            "ack": True,
-            "max_connections": 64 + n % 2,
-        }
+        return {"name": "in", "type": kind, "ack": True, "max_connections": 64 + n % 2} | where
 
-    cfg = write(tmp_path, [tcp(0)], metrics_port=port)
+    cfg = write(tmp_path, [source(0)], metrics_port=port)
     sent: list[int] = []
     refused: list[str] = []
     with running(cfg, port) as d:
@@ -187,8 +189,8 @@ def test_a_tcp_client_is_never_refused_during_20_reloads(tmp_path: Path) -> None
             deadline = time.monotonic() + 120
             while not stop.is_set() and time.monotonic() < deadline:
                 try:
-                    send_acked(tcp_port, orjson.dumps(movie_event(i)) + b"\n")
-                except ConnectionRefusedError as e:
+                    send_acked(address, orjson.dumps(movie_event(i)) + b"\n")
+                except (ConnectionRefusedError, FileNotFoundError) as e:
                     refused.append(f"event {i}: {e}")
                     time.sleep(0.05)
                     continue
@@ -199,7 +201,7 @@ def test_a_tcp_client_is_never_refused_during_20_reloads(tmp_path: Path) -> None
         thread.start()
         try:
             for n in range(1, 21):
-                write(tmp_path, [tcp(n)], metrics_port=port)
+                write(tmp_path, [source(n)], metrics_port=port)
                 reload_and_wait(d, port)
         finally:
             stop.set()

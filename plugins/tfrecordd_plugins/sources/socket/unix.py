@@ -112,6 +112,17 @@ class UnixSource(StreamSource):
         log.info("%s: listening on %s (unix, mode %o)", self.config.name, path, self.config.mode)
         return sock
 
+    def _listens_at(self) -> object:
+        return str(self.config.path)
+
+    def _took_over(self, old: StreamSource) -> None:
+        assert isinstance(old, UnixSource)
+        # The socket file is this source's now: the old one must not remove it as it closes.
+        self._inode, old._inode = old._inode, None
+        if self.config.mode != old.config.mode:
+            with contextlib.suppress(OSError):
+                os.chmod(str(self.config.path), self.config.mode)
+
     def _peer(self, sock: socket.socket, addr: Any) -> str:
         if hasattr(socket, "SO_PEERCRED"):
             with contextlib.suppress(OSError):
