@@ -25,6 +25,7 @@ from tests.support import (
     DaemonProcess,
     free_port,
     movie_event,
+    read_examples,
     read_ids,
     read_shard,
     run_tfrecordd,
@@ -46,6 +47,7 @@ def write(
     metrics_port: int,
     output: Mapping[str, Any] | None = None,
     daemon: Mapping[str, Any] | None = None,
+    features: Mapping[str, str] = MOVIES_FEATURES,
 ) -> Path:
     """The config file at ``root/tfrecordd.toml`` (written again in place, as an operator
     edits it before a reload); spool folders are created."""
@@ -64,7 +66,7 @@ def write(
         lines.append("[[sources]]")
         lines += [f"{k} = {_value(v)}" for k, v in src.items()]
     lines += ["[encoders.movies]", 'type = "example"', "[encoders.movies.features]"]
-    lines += [f"{json.dumps(k)} = {_value(v)}" for k, v in MOVIES_FEATURES.items()]
+    lines += [f"{json.dumps(k)} = {_value(v)}" for k, v in features.items()]
     path = root / "tfrecordd.toml"
     tmp = root / "tfrecordd.toml.new"
     tmp.write_text("\n".join(lines) + "\n")
@@ -108,11 +110,15 @@ def reload_and_wait(d: DaemonProcess, port: int, result: str = "applied") -> Non
     assert d.proc.poll() is None, d.output()[-5000:]
 
 
-def test_spool_under_load_with_repeated_reloads_writes_every_event_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_spool_under_load_with_repeated_reloads_writes_every_event_once(
+    tmp_path: Path, workers: int
+) -> None:
     port = free_port()
     main = {"name": "spool"}
     extra = {"name": "extra"}
-    cfg = write(tmp_path, [main], metrics_port=port)
+    daemon = {"encode_workers": workers}
+    cfg = write(tmp_path, [main], metrics_port=port, daemon=daemon)
     (tmp_path / "extra").mkdir()
     files, per_file = 60, 100
     with running(cfg, port) as d:
@@ -136,12 +142,12 @@ def test_spool_under_load_with_repeated_reloads_writes_every_event_once(tmp_path
                 spool = main | {"poll_interval": f"{50 + 10 * (n % 2)}ms"}
                 cap = {"max_shard_records": 150 if n % 3 == 0 else 0}
                 srcs = [spool, extra] if n % 2 == 0 else [spool]
-                write(tmp_path, srcs, metrics_port=port, output=cap)
+                write(tmp_path, srcs, metrics_port=port, output=cap, daemon=daemon)
                 reload_and_wait(d, port)
         finally:
             stop.set()
             producer.join(30)
-        write(tmp_path, [main, extra], metrics_port=port)
+        write(tmp_path, [main, extra], metrics_port=port, daemon=daemon)
         reload_and_wait(d, port)
         wait_for(lambda: spool_drained(tmp_path / "spool"), 60)
         wait_for(lambda: spool_drained(tmp_path / "extra"), 60)
@@ -377,3 +383,28 @@ def test_a_new_source_that_cannot_start_is_retried_by_the_next_reload(tmp_path: 
         with socket.create_connection(("127.0.0.1", tcp_port)) as c:
             c.sendall(b"".join(orjson.dumps(movie_event(i)) + b"\n" for i in range(5)))
         wait_for(lambda: len(read_ids(tmp_path / "shards")) == 5, 20)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_encoders_features_change_live(tmp_path: Path, workers: int) -> None:
+    port = free_port()
+    daemon = {"encode_workers": workers}
+    fewer = {k: v for k, v in MOVIES_FEATURES.items() if k != "purchase_price"}
+    cfg = write(tmp_path, [{"name": "spool"}], metrics_port=port, daemon=daemon, features=fewer)
+    out = tmp_path / "shards"
+    with running(cfg, port) as d:
+        spool_file(tmp_path / "spool", "a.jsonl", [movie_event(i) for i in range(5)])
+        wait_for(lambda: len(read_ids(out)) == 5, 20)
+        write(tmp_path, [{"name": "spool"}], metrics_port=port, daemon=daemon)
+        if workers > 1:
+            reload_and_wait(d, port, "failed")
+            assert (
+                "reload: failed: source spool: its encoding differs from what the encode worker "
+                "processes were started with (encode_workers > 1); restart to change it"
+            ) in d.output()
+            return
+        reload_and_wait(d, port)
+        spool_file(tmp_path / "spool", "b.jsonl", [movie_event(i) for i in range(5, 10)])
+        wait_for(lambda: len(read_ids(out)) == 10, 20)
+    priced = sorted(int(e["id"][0]) for e in read_examples(out) if "purchase_price" in e)
+    assert priced == list(range(5, 10))
