@@ -377,7 +377,10 @@ def test_a_new_source_that_cannot_start_is_retried_by_the_next_reload(tmp_path: 
             taken.listen()
             write(tmp_path, [{"name": "spool"}, tcp], metrics_port=port)
             reload_and_wait(d, port, "failed")
-        assert "reload: failed: source tcp-in: cannot start: " in d.output()
+        log = d.output()
+        assert "reload: failed: source tcp-in: cannot start: " in log
+        assert "reload: failed: the other changes are applied; fix the config" in log
+        assert "the running config is kept" not in log
         reload_and_wait(d, port, "applied")
         assert "reload: source tcp-in started" in d.output()
         with socket.create_connection(("127.0.0.1", tcp_port)) as c:

@@ -195,11 +195,13 @@ def _changed_entries(
 
 
 class ReloadRefusedError(Exception):
-    """The new config cannot be applied; ``lines`` say why (nothing was changed)."""
+    """The new config cannot be applied; ``lines`` say why. Nothing was changed, unless
+    ``partly`` (a source could not start, the rest of the config applied)."""
 
-    def __init__(self, lines: list[str]) -> None:
+    def __init__(self, lines: list[str], *, partly: bool = False) -> None:
         super().__init__("; ".join(lines))
         self.lines = lines
+        self.partly = partly
 
 
 class Reloader:
@@ -210,8 +212,6 @@ class Reloader:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self._wanted = anyio.Event()
-        self.busy = False
-        """Whether a reload runs now."""
 
     def request(self) -> None:
         """Reload as soon as the one running (if any) ends."""
@@ -222,11 +222,7 @@ class Reloader:
         while True:
             await self._wanted.wait()
             self._wanted = anyio.Event()
-            self.busy = True
-            try:
-                await self.reload()
-            finally:
-                self.busy = False
+            await self.reload()
 
     async def reload(self) -> str:
         """Read the config file again and apply it; the result (``applied``, ``unchanged``,
@@ -270,7 +266,8 @@ class Reloader:
         except ReloadRefusedError as e:
             for line in e.lines:
                 log.error("reload: failed: %s", line)
-            log.error("reload: failed: the running config is kept")
+            if not e.partly:
+                log.error("reload: failed: the running config is kept")
             return "failed"
         log.info("reload: applied (%s)", plan.summary())
         return "applied"
@@ -353,7 +350,8 @@ class Reloader:
             running = [s for s in new.sources if s.name in d.sources]
             d.config = new.model_copy(update={"sources": running})
             raise ReloadRefusedError(
-                [*failed, "the other changes are applied; fix the config and reload again"]
+                [*failed, "the other changes are applied; fix the config and reload again"],
+                partly=True,
             )
 
     async def _drain(self, stopping: list[str], starting: Mapping[str, Source]) -> dict[str, Any]:
