@@ -411,3 +411,55 @@ def test_an_encoders_features_change_live(tmp_path: Path, workers: int) -> None:
         wait_for(lambda: len(read_ids(out)) == 10, 20)
     priced = sorted(int(e["id"][0]) for e in read_examples(out) if "purchase_price" in e)
     assert priced == list(range(5, 10))
+
+
+def dropped(port: int) -> float:
+    """Every event the daemon counted as dropped, whatever the source and reason."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return sum(
+        float(line.split()[-1])
+        for line in lines
+        if line.startswith("tfrecordd_events_dropped_total{")
+    )
+
+
+def test_udp_datagrams_through_reloads_are_each_written_once(tmp_path: Path) -> None:
+    port, udp_port = free_port(), free_port()
+
+    def udp(n: int) -> dict[str, Any]:
+        listen = f"127.0.0.1:{udp_port}"
+        return {"name": "udp-in", "type": "udp", "listen": listen, "buffer_events": 10000 + n % 2}
+
+    cfg = write(tmp_path, [udp(0)], metrics_port=port)
+    sent: list[int] = []
+    with running(cfg, port) as d:
+        stop = threading.Event()
+
+        def sender() -> None:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                i = 0
+                while not stop.is_set() and i < 20000:
+                    s.sendto(orjson.dumps(movie_event(i)), ("127.0.0.1", udp_port))
+                    sent.append(i)
+                    i += 1
+                    if i % 10 == 0:  # about 500 a second: a reload's pause fits the buffer
+                        time.sleep(0.02)
+
+        thread = threading.Thread(target=sender)
+        thread.start()
+        try:
+            for n in range(1, 11):
+                write(tmp_path, [udp(n)], metrics_port=port)
+                reload_and_wait(d, port)
+        finally:
+            stop.set()
+            thread.join(30)
+        wait_for(lambda: len(read_ids(tmp_path / "shards")) + dropped(port) >= len(sent), 30)
+        lost = dropped(port)
+        log = d.output()
+    assert "keeps its listening socket" in log
+    ids = read_ids(tmp_path / "shards")
+    assert set(ids.values()) == {1}
+    assert set(ids) <= set(sent)
+    assert (len(ids), lost) == (len(sent), 0)

@@ -7,9 +7,9 @@ applies):
 - a source whose settings are the same keeps running, untouched;
 - a changed source is stopped alone (it stops reading; what it sent goes through the pipeline
   and is acknowledged as usual), then started again with its new settings from the position
-  the journal holds for it; a ``tcp`` or ``unix`` source that listens where it did hands its
-  listening socket to its new instance (:class:`ListenerHandover`), so clients connecting
-  meanwhile wait in the socket's backlog and none is refused;
+  the journal holds for it; a ``tcp``, ``udp`` or ``unix`` source that listens where it did
+  hands its listening socket to its new instance (:class:`ListenerHandover`), so clients
+  connecting meanwhile wait in the socket's backlog (datagrams in its buffer), none refused;
 - a removed source is stopped the same way; a new one starts;
 - a dataset whose shard limits change (:data:`LIVE_DATASET_KEYS`, in ``[datasets.NAME]`` or
   ``[output]``), or whose encoder's settings change, takes them once every source feeding it

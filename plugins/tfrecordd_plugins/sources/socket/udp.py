@@ -75,6 +75,9 @@ class UdpSource(Source):
         self._pending_bytes = 0
         self._ready = anyio.Event()
         self._count = 0
+        self._successor: UdpSource | None = None
+        """The instance that took the socket over (a reload), and takes the buffer as this one
+        stops."""
 
     def _bind(self) -> socket.socket:
         sock = inet_socket(self.config.listen, socket.SOCK_DGRAM)
@@ -90,6 +93,22 @@ class UdpSource(Source):
         del state, pending
         if self._sock is None:
             self._sock = self._bind()
+
+    def take_listener(self, old: Source) -> bool:
+        """Take over ``old``'s socket if it listens where this source would (a reload
+        restarting the source): datagrams sent meanwhile wait in the socket's buffer, and those
+        ``old`` holds when it stops come to this one. Whether it did."""
+        if not isinstance(old, UdpSource) or old._sock is None:
+            return False
+        if old.config.listen != self.config.listen:
+            return False
+        self._sock, old._sock = old._sock, None
+        self.address = old.address
+        if self.config.receive_buffer and self.config.receive_buffer != old.config.receive_buffer:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.receive_buffer)
+        self._count = old._count
+        old._successor = self
+        return True
 
     async def ack(self, tokens: Sequence[Token]) -> None:
         """Nothing to do: datagrams cannot be acknowledged."""
@@ -108,10 +127,15 @@ class UdpSource(Source):
                 tg.start_soon(self._forward, ctx)
                 await self._receive(ctx, self._sock)
         finally:
-            if self._pending:
+            if self._pending and self._successor is not None:
+                # Older than what it buffers meanwhile: they go first.
+                self._successor._pending.extendleft(reversed(self._pending))
+                self._successor._pending_bytes += self._pending_bytes
+                self._successor._ready.set()
+            elif self._pending:
                 ctx.count_dropped("shutdown", len(self._pending))
-                self._pending.clear()
-                self._pending_bytes = 0
+            self._pending.clear()
+            self._pending_bytes = 0
 
     async def _receive(self, ctx: SourceContext, sock: socket.socket) -> None:
         cfg = self.config
