@@ -26,3 +26,11 @@ def split_host_port(value: str) -> tuple[str, int]:
     if not host:
         raise ValueError(f"expected host:port with a host, got {value!r}")
     return host, int(port)
+
+
+def local_url(listen: str, path: str = "/metrics") -> str:
+    """The URL this machine reaches ``[metrics] listen`` at (a wildcard address is asked on
+    loopback), with ``path``."""
+    host, port = split_host_port(listen)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"

@@ -348,6 +348,10 @@ def _cmd_init(args: argparse.Namespace) -> int:
         raise OutputError(output, f"cannot create: {e.strerror or e}") from e
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    if args.source == "directory":
+        # Made now: producers may drop files before the first run, and the daemon's start does
+        # not warn of a spool that is not there (which reads as a mistyped path).
+        (base / "spool").mkdir(parents=True, exist_ok=True)
     what = args.source if fmt == "jsonl" else f"{args.source} ({fmt})"
     print(f"wrote {output}: a {what} source, data under {base}, metrics on {listen}")
     print(f"  check it:  tfrecordd check-config {output}")

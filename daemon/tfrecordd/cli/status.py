@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tfrecordd.cli import help_of
 from tfrecordd.cli.health import describe_state, readiness, source_state
-from tfrecordd.endpoints import METRICS_URL
+from tfrecordd.endpoints import METRICS_URL, local_url
 from tfrecordd.errors import EXIT_FAILURE, EXIT_OK
 from tfrecordd.units import parse_duration
 
@@ -457,16 +457,25 @@ def _interval(text: str) -> float:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    return run(
-        args.url, once=args.once, interval=args.interval, as_json=args.json, stream=sys.stdout
-    )
+    url = args.url
+    if args.config is not None:
+        from tfrecordd.config import load_config
+
+        url = local_url(load_config(args.config).metrics.listen)
+    return run(url, once=args.once, interval=args.interval, as_json=args.json, stream=sys.stdout)
 
 
 def add_commands(sub: Any) -> None:
     """Register ``status`` on the CLI's subparsers."""
     help_text = help_of("status")
     p = sub.add_parser("status", help=help_text, description=help_text)
-    p.add_argument("--url", default=DEFAULT_URL, help="the daemon's metrics (default: %(default)s)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--url", default=DEFAULT_URL, help="the daemon's metrics (default: %(default)s)"
+    )
+    where.add_argument(
+        "--config", "-c", help="the config file the daemon runs: its [metrics] listen address"
+    )
     p.add_argument(
         "--once",
         action="store_true",

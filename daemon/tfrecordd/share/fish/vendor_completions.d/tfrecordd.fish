@@ -87,6 +87,7 @@ complete -c tfrecordd -n '__fish_seen_subcommand_from schema' -l name -x -d 'wit
 complete -c tfrecordd -n '__fish_seen_subcommand_from schema' -l csv-delimiter -x -d 'with --infer on CSV: the field delimiter (default: \',\')'
 complete -c tfrecordd -n '__fish_seen_subcommand_from status' -s h -l help -d 'show this help message and exit'
 complete -c tfrecordd -n '__fish_seen_subcommand_from status' -l url -x -d 'the daemon\'s metrics (default: http://127.0.0.1:9464/metrics)'
+complete -c tfrecordd -n '__fish_seen_subcommand_from status' -l config -s c -r -F -d 'the config file the daemon runs: its [metrics] listen address'
 complete -c tfrecordd -n '__fish_seen_subcommand_from status' -l once -d 'print one snapshot and exit (two scrapes --interval apart, for rates)'
 complete -c tfrecordd -n '__fish_seen_subcommand_from status' -l json -d 'one JSON object per snapshot and line'
 complete -c tfrecordd -n '__fish_seen_subcommand_from status' -l interval -x -d 'time between scrapes, e.g'
