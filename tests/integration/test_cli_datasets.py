@@ -363,7 +363,7 @@ def test_status_shows_each_dataset(ran: Run) -> None:
     lines = ran.status_text.splitlines()
     header = next(line for line in lines if line.startswith("DATASET "))
     assert header.split() == [
-        *("DATASET", "RECORDS", "SHARDS", "OPEN", "PENDING", "COMPLETE", "LATE"),
+        *("DATASET", "WRITTEN", "PUBLISHED", "OPEN", "PENDING", "COMPLETE", "LATE"),
         *("WATERMARK", "(UTC)"),
     ]
     row = next(line for line in lines if line.startswith("clicks "))
@@ -372,7 +372,7 @@ def test_status_shows_each_dataset(ran: Run) -> None:
     row = next(line for line in lines if line.startswith("impressions "))
     assert row.split()[1] == "120"
     assert row.split()[4:] == ["-", "-", "-", "-"]
-    assert f"\nwritten     {len(EVENTS)} records, " in ran.status_text
+    assert f"\nwritten     {len(EVENTS)} records (" in ran.status_text
 
 
 def test_the_late_click_was_dead_lettered(ran: Run) -> None:

@@ -77,12 +77,16 @@ def test_verify_in_process_prints_plain_progress_to_stderr(
         f"verify: 3/3 {bad}: BAD after 0 records",
     ]
     assert json.loads(out)["bad_files"] == 1
-    # Without --json, verify's own line per file on stdout is the progress: none repeated.
+    # Without --json, the progress goes to stderr too, unless stderr is the very file stdout
+    # is (2>&1, or one terminal): then verify's own line per file is the progress.
     code = main(["verify", *map(str, good)])
     out, err = capsys.readouterr()
     assert code == EXIT_OK
     assert f"OK   {good[0]}: 3000 records" in out
-    assert err == ""
+    assert err.splitlines() == [
+        f"verify: 1/2 {good[0]}: 3000 records",
+        f"verify: 2/2 {good[1]}: 3000 records",
+    ]
 
 
 def test_transcode_in_process_prints_plain_progress(

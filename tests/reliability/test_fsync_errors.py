@@ -176,7 +176,7 @@ def test_cli_exits_non_zero_on_an_fsync_error(
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(FileSystem, "fsync", failing_fsync)
-    args = argparse.Namespace(config=str(cfg), log_format=None)
+    args = argparse.Namespace(config=str(cfg), log_format=None, log_level=None)
     assert service.cmd_run(args) == EXIT_IO
     assert _claimed_or_spooled(tmp_path)
     # At most the shard whose fsync failed stays in progress, for the next start to discard.
