@@ -59,8 +59,10 @@ class DaemonSection(_Section):
     shards in the order they were read."""
     queue_batches: int = Field(default=16, ge=1)
     """Capacity, in batches, of each stream between stages; a full stream pauses the sources."""
-    max_batch_events: int = Field(default=1000, ge=1)
-    """The most events a source puts in one batch."""
+    max_batch_events: int = Field(default=4096, ge=1)
+    """The most events a source puts in one batch (``max_batch_bytes`` bounds it as well).
+    Large batches matter most where a batch is split: routed into datasets and partitions, each
+    part of a batch costs the writer a step of its own."""
     max_batch_bytes: Size = Field(default=1 << 20, ge=1)
     """The payload bytes a source aims to keep one batch under (one large event may exceed)."""
     dead_letter_max_bytes: Size = Field(default=64 << 20, ge=1024)
