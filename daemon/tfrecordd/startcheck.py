@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfrecordd.endpoints import split_host_port
-from tfrecordd.errors import EXIT_IN_USE, EXIT_IO
+from tfrecordd.errors import EXIT_CONFIG, EXIT_IN_USE, EXIT_IO
 from tfrecordd.pathcheck import CLAIM_FOLDER, outputs
 
 if TYPE_CHECKING:
@@ -166,16 +166,19 @@ def busy_ports(config: DaemonConfig) -> list[Problem]:
             continue
         if port == 0:
             continue
-        if (why := _bind_fails(host, port, kind)) is not None:
-            problems.append(Problem(key, f"{listen}: {why}", EXIT_IN_USE))
+        if (fails := _bind_fails(host, port, kind)) is not None:
+            why, status = fails
+            problems.append(Problem(key, f"{listen}: {why}", status))
     return problems
 
 
-def _bind_fails(host: str, port: int, kind: socket.SocketKind) -> str | None:
+def _bind_fails(host: str, port: int, kind: socket.SocketKind) -> tuple[str, int] | None:
+    """Why binding ``host:port`` fails now, and ``run``'s exit status for it; ``None`` if it
+    binds."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=kind, flags=socket.AI_PASSIVE)
-    except OSError:
-        return None  # does not resolve: the daemon says so itself
+    except OSError as e:
+        return f"the host does not resolve ({e.strerror or e})", EXIT_CONFIG
     for family, socktype, proto, _, addr in infos:
         with contextlib.closing(socket.socket(family, socktype, proto)) as sock:
             if kind == socket.SOCK_STREAM:
@@ -185,7 +188,9 @@ def _bind_fails(host: str, port: int, kind: socket.SocketKind) -> str | None:
                 sock.bind(addr)
             except OSError as e:
                 if e.errno == errno.EADDRINUSE:
-                    return "address already in use (by another process)"
+                    return "address already in use (by another process)", EXIT_IN_USE
+                if e.errno == errno.EADDRNOTAVAIL:
+                    return "not an address of this machine", EXIT_CONFIG
                 return None
     return None
 
@@ -217,12 +222,19 @@ def explain(e: BaseException, config: DaemonConfig) -> Problem | None:
     for leaf in _leaves(e):
         if not isinstance(leaf, OSError):
             continue
-        in_use = leaf.errno == errno.EADDRINUSE and config.metrics.enabled
-        if in_use and _raised_in(leaf, metrics.__file__):
+        if config.metrics.enabled and _raised_in(leaf, metrics.__file__):
+            if leaf.errno == errno.EADDRINUSE:
+                return Problem(
+                    "metrics.listen",
+                    f"{config.metrics.listen}: address already in use (by another process)",
+                    EXIT_IN_USE,
+                )
+            # Not an address of this machine, a host that does not resolve: the config's.
+            why = "not an address of this machine" if leaf.errno == errno.EADDRNOTAVAIL else ""
             return Problem(
                 "metrics.listen",
-                f"{config.metrics.listen}: address already in use (by another process)",
-                EXIT_IN_USE,
+                f"{config.metrics.listen}: {why or leaf.strerror or leaf}",
+                EXIT_CONFIG,
             )
         if leaf.errno in _IO_ERRNOS and isinstance(leaf.filename, str | bytes):
             path = _absolute(os.fsdecode(leaf.filename))

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import daemon_process, free_port, run_tfrecordd, wait_for, write_config
-from tfrecordd.errors import EXIT_IN_USE, EXIT_IO
+from tfrecordd.errors import EXIT_CONFIG, EXIT_IN_USE, EXIT_IO
 
 TIMEOUT = 90
 
@@ -230,3 +230,29 @@ def test_a_write_refused_while_running_names_the_key_of_its_innermost_folder(
         assert str(problem) == f"{key}: {where}: Read-only file system"
     unrelated = OSError(errno.EROFS, os.strerror(errno.EROFS), "/somewhere/else")
     assert explain(BaseExceptionGroup("unhandled", [unrelated]), config) is None
+
+
+def test_a_metrics_address_not_of_this_machine_is_one_line_and_exit_78(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, metrics_port=port)
+    # TEST-NET-1 (RFC 5737): an address no machine here has.
+    config.write_text(config.read_text().replace(f"127.0.0.1:{port}", "192.0.2.1:9777"))
+    check = run_tfrecordd("check-config", str(config))
+    assert check.returncode == 0, check.stderr
+    assert "warning: metrics.listen: 192.0.2.1:9777: not an address of this machine" in (
+        check.stderr
+    )
+    run = run_with(["run", "--config", str(config)])
+    assert run.returncode == EXIT_CONFIG, run.stderr
+    assert "metrics.listen: 192.0.2.1:9777: not an address of this machine" in _one_line(run.stderr)
+
+
+def test_check_config_beside_its_running_daemon_warns_of_no_port(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path, metrics_port=port)
+    with daemon_process(config) as daemon:
+        daemon.wait_started(60)
+        check = run_tfrecordd("check-config", str(config))
+    assert check.returncode == 0, check.stderr
+    assert "already in use" not in check.stderr
+    assert f"the daemon (PID {daemon.proc.pid}) runs on this state_dir" in check.stdout

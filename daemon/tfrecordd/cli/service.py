@@ -151,8 +151,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def _warn(config: DaemonConfig) -> None:
     """What ``run`` would meet on this machine now without stopping: a spool that does not
     exist, a listen address another process holds now."""
+    from tfrecordd.state import statelock
+
     warnings = startcheck.missing_inputs(config)
-    warnings += [f"{p} (run would exit {p.exit_code})" for p in startcheck.busy_ports(config)]
+    pid = statelock.holder(str(config.daemon.state_dir))
+    if pid is None:
+        warnings += [f"{p} (run would exit {p.exit_code})" for p in startcheck.busy_ports(config)]
+    else:
+        # Its listen addresses are its own: a reload keeps them, and they are not in use by
+        # "another process".
+        running = f"the daemon (PID {pid})" if pid else "a daemon"
+        print(f"note: {running} runs on this state_dir: its listen addresses are not checked")
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
 
