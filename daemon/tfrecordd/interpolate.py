@@ -88,6 +88,9 @@ def substitute(text: str, key: str, environ: Mapping[str, str] | None = None) ->
         inner = m.group(2)
         if m.group(3) is None:
             raise _Problem(f"`${{{inner}` has no closing `}}`")
+        if "${" in inner:
+            # ${A:-${B}} would read `${B` as the default and leave a stray `}`.
+            raise _Problem(f"`${{{inner}}}` nests a reference: nesting is not supported")
         if inner.startswith(("file:", "credential:")):
             value, where = _secret_file(inner)  # remembered there, alone: a URL around it is not
         else:

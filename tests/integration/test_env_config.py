@@ -75,8 +75,14 @@ def test_an_unset_variable_names_itself_and_the_key(
     assert "output.prefix: $TFRECORDD_TEST_EMPTY is empty: set the prefix" in err
 
 
-@pytest.mark.parametrize("bad", ["${NOT CLOSED", "${1BAD}", "${X:+alt}"])
-def test_malformed_references_are_config_errors(tmp_path: Path, bad: str) -> None:
+@pytest.mark.parametrize(
+    "bad", ["${NOT CLOSED", "${1BAD}", "${X:+alt}", "${TFRECORDD_TEST_SET:-${OTHER}}"]
+)
+def test_malformed_references_are_config_errors(
+    tmp_path: Path, bad: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A nested reference once gave the variable's value with a stray "}" and no error.
+    monkeypatch.setenv("TFRECORDD_TEST_SET", "x")
     config = write_config(tmp_path, output={"prefix": bad})
     with pytest.raises(ConfigError, match=r"output\.prefix: "):
         load_config(config)

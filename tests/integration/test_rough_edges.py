@@ -145,6 +145,10 @@ def test_transcode_refuses_a_level_without_compression(output: Path, tmp_path: P
     assert result.returncode == EXIT_USAGE, result.stderr
     assert "--level 3 with --to none" in result.stderr
     assert not out.exists(), "refused before anything is made"
+    high = run_tfrecordd("transcode", *shards, "--to", "gzip", "--level", "99", "--out", str(out))
+    assert high.returncode == EXIT_USAGE, high.stderr  # was a traceback and exit 1
+    assert "--level 99: gzip level must be in -1..9, got 99" in high.stderr
+    assert "Traceback" not in high.stderr
     fine = run_tfrecordd("transcode", *shards, "--to", "zstd", "--level", "3", "--out", str(out))
     assert fine.returncode == EXIT_OK, fine.stderr
 

@@ -63,6 +63,7 @@ from tfrecordd.errors import (
     TfrecorddError,
 )
 from tfrecordd.format import proto
+from tfrecordd.format.compress import Compressor
 from tfrecordd.format.compression import (
     DEFAULT_MAX_DECOMPRESSED_BYTES,
     SUFFIXES,
@@ -377,6 +378,10 @@ def _transcode(args: argparse.Namespace) -> int:
     to = Compression(args.to)
     if to is Compression.NONE and args.level is not None:
         raise UsageError(f"--level {args.level} with --to none: a level sets how hard to compress")
+    try:
+        Compressor(to, args.level)
+    except ValueError as e:
+        raise UsageError(f"--level {args.level}: {e}") from None
     try:
         # As `mkdir -p`: an --out that does not exist yet is made, with its parents.
         os.makedirs(args.out, exist_ok=True)
