@@ -49,8 +49,10 @@ def setup(fmt: str = "auto", level: int = logging.INFO) -> None:
 class Repeated:
     """A warning that may repeat for as long as a trouble lasts (a server down, a listener
     failing): the first is logged, then at most one every ``every`` seconds saying how many were
-    left out, and :meth:`ended` logs one line when the trouble is over. ``clock`` is injected by
-    tests."""
+    left out, and :meth:`ended` logs one line, at the same level, when the trouble is over. The
+    limit holds across troubles: a source that flaps (down, up, down) logs at most one warning
+    every ``every`` seconds all the same, the ones left out counted in the next. ``clock`` is
+    injected by tests."""
 
     def __init__(
         self,
@@ -63,11 +65,12 @@ class Repeated:
         self.every = every
         self._clock = clock
         self._began: float | None = None
-        self._logged_at = 0.0
+        self._logged_at: float | None = None
+        self._shown = False
         self.failures = 0
         """Warnings since the trouble began (logged or not)."""
         self.left_out = 0
-        """Warnings not logged since the last one that was."""
+        """Warnings not logged since the last one that was (across troubles)."""
 
     @property
     def active(self) -> bool:
@@ -80,30 +83,32 @@ class Repeated:
         now = self._clock()
         self.failures += 1
         if self._began is None:
-            self._began = self._logged_at = now
-            self.logger.warning(msg, *args)
-            return True
-        if now - self._logged_at < self.every:
+            self._began = now
+        if self._logged_at is not None and now - self._logged_at < self.every:
             self.left_out += 1
             return False
-        self.logger.warning(
-            msg + " (for %.0fs now; %d like it not logged)",
-            *args,
-            now - self._began,
-            self.left_out,
-        )
-        self._logged_at, self.left_out = now, 0
+        if self._shown or self.left_out:
+            self.logger.warning(
+                msg + " (for %.0fs now; %d like it not logged)",
+                *args,
+                now - self._began,
+                self.left_out,
+            )
+        else:
+            self.logger.warning(msg, *args)
+        self._logged_at, self.left_out, self._shown = now, 0, True
         return True
 
     def ended(self, msg: str, *args: object) -> None:
-        """Log ``msg % args`` (info), with how long the trouble lasted and how many warnings
-        it gave, if one is going on; then start afresh."""
+        """Log ``msg % args`` (a warning, as the trouble was), with how long the trouble lasted
+        and how many warnings it gave, if one is going on and was shown; then start afresh."""
         if self._began is None:
             return
-        self.logger.info(
-            msg + " (after %.1fs and %d failure(s))",
-            *args,
-            self._clock() - self._began,
-            self.failures,
-        )
-        self._began, self.failures, self.left_out = None, 0, 0
+        if self._shown:
+            self.logger.warning(
+                msg + " (after %.1fs and %d failure(s))",
+                *args,
+                self._clock() - self._began,
+                self.failures,
+            )
+        self._began, self.failures, self._shown = None, 0, False

@@ -47,10 +47,25 @@ def test_repeated_logs_the_first_then_once_a_minute_with_what_it_left_out(
     clock.now += 5
     r.ended("redis back")
     assert caplog.messages[-1] == "redis back (after 75.0s and 8 failure(s))"
-    assert [rec.levelname for rec in caplog.records] == ["WARNING", "WARNING", "INFO"]
+    # The end at the trouble's level: an operator who sees only warnings sees it too.
+    assert [rec.levelname for rec in caplog.records] == ["WARNING", "WARNING", "WARNING"]
     assert not r.active
-    r.warning("down again")  # a new trouble: logged at once
-    assert caplog.messages[-1] == "down again"
+    shown = len(caplog.messages)
+    for _ in range(5):  # flapping: down and up again within the minute
+        assert not r.warning("down again")
+        r.ended("back")
+        clock.now += 2
+    assert len(caplog.messages) == shown, "a flap is held to the limit, its end not logged alone"
+    clock.now += 60
+    assert r.warning("down again")  # the next one logged says how many were left out
+    assert caplog.messages[-1] == "down again (for 0s now; 6 like it not logged)"
+    r.ended("back")
+    clock.now += 61
+    assert r.warning("down once more")  # a trouble after a quiet minute: logged as it is
+    assert caplog.messages[-2:] == [
+        "back (after 0.0s and 1 failure(s))",
+        "down once more",
+    ]
 
 
 def test_state_tracks_what_is_down_since_when_and_the_reconnect_attempts(
