@@ -5,6 +5,7 @@ And ``schema``'s exit statuses for what it cannot do."""
 from __future__ import annotations
 
 import csv
+import json
 import re
 import struct
 import tomllib
@@ -20,6 +21,7 @@ from tests.support import (
     spool_drained,
     spool_file,
     write_config,
+    write_datasets_config,
 )
 from tfrecordd.errors import EXIT_DATA, EXIT_OK, EXIT_USAGE
 
@@ -197,3 +199,29 @@ def test_the_docs_example_is_what_the_command_prints(tmp_path: Path) -> None:
     printed = run_tfrecordd("schema", "--infer", "clicks.jsonl", cwd=tmp_path)
     assert printed.returncode == EXIT_OK, printed.stderr
     assert printed.stdout == shown
+
+
+def test_keys_holding_dollars_give_paths_that_read_them(tmp_path: Path) -> None:
+    # Config string values are substituted (`$$` is a `$`, `${X}` a variable): a path naming
+    # AngularJS's `$$hashKey`, or a key holding `${...}`, must come out escaped to read it.
+    sample = tmp_path / "hk.jsonl"
+    lines = [
+        {"item": {"$$hashKey": f"object:{i}", "${TFRECORDD_UNSET_X}": i}, "$n": i} for i in range(2)
+    ]
+    sample.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    printed = run_tfrecordd("schema", "--infer", str(sample), "--name", "inferred")
+    assert printed.returncode == EXIT_OK, printed.stderr
+    cfg = write_datasets_config(
+        tmp_path,
+        {"hk": {"encoder": "inferred", "dir": tmp_path / "out"}},
+        encoders={},
+        sources=[{"name": "spool", "dataset": "hk"}],
+    )
+    cfg.write_text(cfg.read_text() + "\n" + printed.stdout)
+    checked = run_tfrecordd("check-config", str(cfg))
+    assert checked.returncode == EXIT_OK, checked.stderr
+    done = run_tfrecordd("convert", "--config", str(cfg), str(sample), timeout=120)
+    assert done.returncode == EXIT_OK, done.stderr
+    examples = sorted(read_examples(tmp_path / "out"), key=lambda ex: ex["$n"])
+    assert [ex["item.$$hashKey"] for ex in examples] == [[b"object:0"], [b"object:1"]]
+    assert [ex["item.${TFRECORDD_UNSET_X}"] for ex in examples] == [[0], [1]]

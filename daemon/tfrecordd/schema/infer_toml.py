@@ -12,7 +12,7 @@ from typing import Any
 from tfrecordd.format.wire import INT64_MAX, INT64_MIN
 from tfrecordd.schema.infer import Field, Inference
 
-__all__ = ["Proposal", "propose", "render_toml", "toml_key", "toml_string"]
+__all__ = ["Proposal", "propose", "render_toml", "toml_key", "toml_string", "toml_value"]
 
 _TIME_NAME = re.compile(
     r"(?:^|[_\-.])(?:ts|t|time|times|timestamp|datetime|epoch|date|when)(?:$|[_\-.])|_at$|time",
@@ -229,6 +229,13 @@ def toml_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def toml_value(text: str) -> str:
+    """``text`` as a TOML string value that reads back as ``text``: the config substitutes
+    ``${...}`` and ``$$`` in string values (:mod:`tfrecordd.interpolate`), so each ``$`` is
+    written ``$$`` (keys are not substituted: :func:`toml_key` keeps them as they are)."""
+    return toml_string(text.replace("$", "$$"))
+
+
 def toml_key(key: str) -> str:
     """``key`` as a TOML key: bare where it may be."""
     return key if _BARE_KEY.fullmatch(key) else toml_string(key)
@@ -238,7 +245,7 @@ def _value(value: Any) -> str:
     if value is True:
         return "true"
     if isinstance(value, str):
-        return toml_string(value)
+        return toml_value(value)
     if isinstance(value, list):
         return "[" + ", ".join(_value(v) for v in value) + "]"
     return str(value)
@@ -267,7 +274,7 @@ def render_toml(inf: Inference, encoder: str, proposals: list[Proposal]) -> str:
     if inf.untracked:
         lines.append(f"# {inf.untracked} values of fields past the first 1000 were not read")
     table = f"encoders.{toml_key(encoder)}"
-    use = _comment(f"encoder = {toml_string(encoder)}")
+    use = _comment(f"encoder = {toml_value(encoder)}")
     lines.append(f"# Paste into the config, and set {use} on the source or dataset to encode.")
     lines += ["", f"[{table}]", 'type = "example"', "", f"[{table}.features]"]
     for p in proposals:
