@@ -99,9 +99,15 @@ def _value(value: Any, key: str) -> str:
             return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return _string(value)
     if isinstance(value, list):
         return "[" + ", ".join(_value(v, key) for v in value) + "]"
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{_key(k)} = {_value(v, k)}" for k, v in value.items()) + " }"
-    return json.dumps(str(value))
+    return _string(str(value))
+
+
+def _string(value: str) -> str:
+    # String values are substituted when the config loads (tfrecordd.interpolate): `$$` keeps
+    # a `$` of the effective value, so the shown config loads back as the same config.
+    return json.dumps(value.replace("$", "$$"))

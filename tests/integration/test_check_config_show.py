@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.support import daemon_process, run_tfrecordd, write_config
 from tfrecordd.config import load_config
+from tfrecordd.showconfig import effective
 
 
 def test_show_prints_the_effective_config_with_every_secret_masked(tmp_path: Path) -> None:
@@ -78,3 +79,16 @@ def test_a_secret_read_from_a_file_is_masked_in_the_daemon_log(tmp_path: Path) -
         log = daemon.output()
     assert "started: node ***" in log
     assert "node-secret-7" not in log
+
+
+def test_a_dollar_in_a_value_is_shown_escaped_and_loads_back_the_same(tmp_path: Path) -> None:
+    # `$$$$` in the file is `$$` in effect: what --show prints must load back as `$$` too.
+    path = "item.$$$$hashKey-$${x}"
+    config = write_config(tmp_path, features={"hk": {"type": "bytes", "path": path}})
+    first = effective(load_config(config))
+    assert first["encoders"]["movies"]["features"]["hk"]["path"] == "item.$$hashKey-${x}"
+    result = run_tfrecordd("check-config", "--show", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    again = tmp_path / "again.toml"
+    again.write_text(result.stdout)
+    assert effective(load_config(again)) == first
