@@ -337,6 +337,21 @@ def test_output_inside_the_input_folder_is_not_read_back(tmp_path: Path) -> None
     assert "compressed" in letter["detail"]
 
 
+def test_output_named_by_a_symlink_into_the_input_folder_is_not_read_back(
+    tmp_path: Path,
+) -> None:
+    cfg = _config(tmp_path)
+    _jsonl(tmp_path / "data" / "a.jsonl", range(300))
+    (tmp_path / "data" / "shards").mkdir()
+    link = tmp_path / "linkout"
+    link.symlink_to(tmp_path / "data" / "shards")
+    for _ in range(2):  # the second run resumes: the first one's shards are not new inputs
+        done = _convert(cfg, str(tmp_path / "data"), "--out", str(link))
+        assert done.returncode == EXIT_OK, done.stderr
+    assert "(resumed)" in done.stderr
+    assert sorted(count_records(link).ids) == list(range(300))
+
+
 def test_out_to_an_object_store_url_resumes_from_local_state(tmp_path: Path) -> None:
     """fsspec's in-memory store, so in this process: the daemon's object-store output uploads
     each shard; the state stays on this machine, under the dataset's staging root."""

@@ -113,18 +113,23 @@ def list_inputs(
         InputError: an argument is missing, or is neither a file nor a directory.
     """
     found: dict[str, InputFile] = {}
+    # The output may be named through a symlink (or the inputs may be): compare the folders
+    # themselves, not their names.
+    out = _identity(exclude) if exclude is not None else None
+    out_real = os.path.realpath(exclude) if exclude is not None else None
     for arg in args:
         path = os.path.abspath(arg)
         if not os.path.lexists(path):
             raise InputError(arg, "no such file or directory")
         if os.path.isdir(path):
-            if exclude is not None and os.path.abspath(path) == exclude:
+            if out is not None and _identity(path) == out:
                 continue
             for here, dirs, files in os.walk(path):
                 dirs[:] = sorted(
                     d
                     for d in dirs
-                    if not d.startswith((".", "_")) and os.path.join(here, d) != exclude
+                    if not d.startswith((".", "_"))
+                    and (out is None or _identity(os.path.join(here, d)) != out)
                 )
                 for name in sorted(files):
                     if name.startswith((".", "_")):
@@ -134,12 +139,21 @@ def list_inputs(
                     label = os.path.basename(here) or os.path.basename(path)
                     _add(found, full, rel, label, settings)
         elif os.path.isfile(path):
-            if exclude is not None and path.startswith(exclude + os.sep):
+            if out_real is not None and os.path.realpath(path).startswith(out_real + os.sep):
                 continue
             _add(found, path, arg, os.path.basename(os.path.dirname(path)), settings)
         else:
             raise InputError(arg, "neither a regular file nor a directory")
     return sorted(found.values(), key=lambda f: f.rel)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the folder ``path`` names, through symlinks; None if none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _add(
