@@ -26,7 +26,7 @@ from tests.support import (
     run_tfrecordd,
     write_datasets_config,
 )
-from tfrecordd.errors import EXIT_DATA, EXIT_OK
+from tfrecordd.errors import EXIT_DATA, EXIT_OK, EXIT_USAGE
 
 FEATURES = {"id": "int64", "title": "bytes", "score": "float", "tags": {"type": "bytes"}}
 
@@ -259,6 +259,20 @@ def test_other_arguments_over_an_existing_conversion_are_refused(tmp_path: Path)
     changed = _convert(cfg, str(src))
     assert changed.returncode == 73, changed.stderr
     assert _shard_bytes(tmp_path / "out") == before
+
+
+def test_a_level_out_of_range_is_a_usage_error_before_any_state(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    src = _jsonl(tmp_path / "in.jsonl", range(100))
+    for compression, level in (("gzip", "99"), ("zstd", "99")):
+        done = _convert(cfg, str(src), "--compression", compression, "--level", level)
+        assert done.returncode == EXIT_USAGE, done.stderr
+        assert done.stderr.startswith(f"tfrecordd: --level {level}: "), done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert not (tmp_path / "out" / ".tfrecordd-convert" / "state.json").exists()
+    good = _convert(cfg, str(src), "--compression", "gzip", "--level", "9")
+    assert good.returncode == EXIT_OK, good.stderr
+    assert sorted(count_records(tmp_path / "out").ids) == list(range(100))
 
 
 def test_missing_input_is_exit_66(tmp_path: Path) -> None:

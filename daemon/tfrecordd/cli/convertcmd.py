@@ -19,6 +19,7 @@ from typing import Any
 from tfrecordd.cli import help_of
 from tfrecordd.cli.datasetargs import UsageError, add_dataset_options, choose_dataset
 from tfrecordd.errors import EXIT_OK, DurabilityError
+from tfrecordd.format.compress import Compressor
 from tfrecordd.format.compression import Compression
 from tfrecordd.units import parse_size
 
@@ -61,6 +62,14 @@ def _convert(args: argparse.Namespace) -> int:
     dataset = choose_dataset(config, args.config, args.dataset)
     if args.level is not None and args.compression is None:
         raise UsageError("--level needs --compression (the config's level goes with its own)")
+    compression = Compression(args.compression) if args.compression else None
+    if compression is not None and args.level is not None:
+        # Checked before the conversion starts: a level a worker refuses would be saved with
+        # the run's state, and a rerun with a good level then refused as other arguments.
+        try:
+            Compressor(compression, args.level)
+        except ValueError as e:
+            raise UsageError(f"--level {args.level}: {e}") from None
     plan = plan_conversion(
         config,
         dataset,
@@ -68,7 +77,7 @@ def _convert(args: argparse.Namespace) -> int:
         out=args.out,
         shard_bytes=args.shard_size,
         shards=args.shards,
-        compression=Compression(args.compression) if args.compression else None,
+        compression=compression,
         level=args.level,
         fmt=args.format,
         workers=args.workers,
