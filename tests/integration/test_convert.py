@@ -221,6 +221,21 @@ def test_size_cap_cuts_shards(tmp_path: Path) -> None:
     assert sorted(count_records(tmp_path / "out").ids) == list(range(20_000))
 
 
+def test_a_shard_size_below_the_configs_least_is_a_usage_error(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    src = _jsonl(tmp_path / "in.jsonl", range(100))
+    for size in ("0", "1", "4095"):
+        done = _convert(cfg, str(src), "--shard-size", size)
+        assert done.returncode == EXIT_USAGE, done.stderr
+        assert done.stderr == (
+            f"tfrecordd: --shard-size {size}: at least 4096 bytes (as max_shard_bytes)\n"
+        )
+    assert not (tmp_path / "out").exists()
+    done = _convert(cfg, str(src), "--shard-size", "4KiB")
+    assert done.returncode == EXIT_OK, done.stderr
+    assert sorted(count_records(tmp_path / "out").ids) == list(range(100))
+
+
 def test_dead_letters_exit_65_unless_allowed(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
     src = _jsonl(tmp_path / "in.jsonl", range(10))

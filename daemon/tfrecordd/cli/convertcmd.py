@@ -49,6 +49,17 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+def min_shard_bytes() -> int:
+    """The smallest ``--shard-size``: the config's least ``max_shard_bytes``."""
+    from tfrecordd.datasets import OutputSection
+
+    for rule in OutputSection.model_fields["max_shard_bytes"].metadata:
+        least = getattr(rule, "ge", None)  # the field's `ge=` bound
+        if isinstance(least, int):
+            return least
+    raise AssertionError("max_shard_bytes has no least value")
+
+
 def _plural(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
@@ -62,6 +73,11 @@ def _convert(args: argparse.Namespace) -> int:
     dataset = choose_dataset(config, args.config, args.dataset)
     if args.level is not None and args.compression is None:
         raise UsageError("--level needs --compression (the config's level goes with its own)")
+    smallest = min_shard_bytes()
+    if args.shard_size is not None and args.shard_size < smallest:
+        raise UsageError(
+            f"--shard-size {args.shard_size}: at least {smallest} bytes (as max_shard_bytes)"
+        )
     compression = Compression(args.compression) if args.compression else None
     if compression is not None and args.level is not None:
         # Checked before the conversion starts: a level a worker refuses would be saved with
