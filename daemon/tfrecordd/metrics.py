@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import anyio
 import orjson
@@ -342,27 +342,23 @@ _KEEP_DESCRIPTORS = 32
 """A connection leaving fewer descriptors free is closed at once (they are for commits)."""
 
 
-def _fileno(stream: SocketStream) -> int:
-    return stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
-
-
 async def serve(
     host: str,
     port: int,
     metrics: Metrics,
     healthy: Callable[[], bool],
     sources: Callable[[], Sequence[SourceState]] = tuple,
+    held: Callable[[], Sequence[str]] = tuple,
     *,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/metrics``, ``/healthz`` (``healthy``) and ``/readyz`` (:func:`readiness` of
-    ``healthy`` and the ``sources``) over HTTP/1.0 until cancelled; reports the bound port.
+    """Serve ``/metrics``, ``/healthz`` (``healthy``) and ``/readyz`` (:func:`readiness`) over
+    HTTP/1.0 until cancelled; reports the bound port.
 
     No client can end the daemon through it: at most :data:`MAX_CONNECTIONS` are served at once
     (a new one closes the oldest still sending its request), each for at most
-    :data:`REQUEST_TIMEOUT`,
-    and a failing ``accept()`` (out of file descriptors) is retried after a pause. Each case is
-    counted in ``tfrecordd_metrics_endpoint_errors_total``."""
+    :data:`REQUEST_TIMEOUT`, and a failing ``accept()`` (out of file descriptors) is retried
+    after a pause. Each case is counted in ``tfrecordd_metrics_endpoint_errors_total``."""
     errors = metrics.endpoint_errors
     for reason in ("accept_failed", "descriptors", "evicted", "timeout"):
         errors.labels(reason)
@@ -374,7 +370,8 @@ async def serve(
         try:
             with scope:
                 async with stream:
-                    await _answer(stream, metrics, (healthy, sources), lambda: answering.add(cid))
+                    ask = lambda: answering.add(cid)  # noqa: E731
+                    await _answer(stream, metrics, (healthy, sources, held), ask)
             if scope.cancelled_caught and cid in conns:
                 errors.labels("timeout").inc()
         finally:
@@ -402,7 +399,8 @@ async def serve(
                 continue
             if failures := backoff.succeeded():
                 log.info("metrics endpoint: accepting again after %d failure(s)", failures)
-            if descriptors.scarce(_fileno(stream), _KEEP_DESCRIPTORS):
+            fd = stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+            if descriptors.scarce(fd, _KEEP_DESCRIPTORS):
                 # The last descriptors are for commits: a scrape is worth less than a shard.
                 errors.labels("descriptors").inc()
                 await stream.aclose()
@@ -424,10 +422,16 @@ async def serve(
             tg.start_soon(accept_loop, listener, tg)
 
 
+_Checks: TypeAlias = (
+    "tuple[Callable[[], bool], Callable[[], Sequence[SourceState]], Callable[[], Sequence[str]]]"
+)
+_Ready: TypeAlias = tuple[bool, bytes]
+
+
 async def _answer(
     stream: SocketStream,
     metrics: Metrics,
-    checks: tuple[Callable[[], bool], Callable[[], Sequence[SourceState]]],
+    checks: _Checks,
     requested: Callable[[], None],
 ) -> None:
     try:
@@ -443,12 +447,12 @@ async def _answer(
     if path == "/metrics":
         status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, metrics.render()
     elif path in ("/healthz", "/readyz"):
-        healthy, sources = checks
+        healthy, sources, held = checks
         if path == "/healthz":
             ok = healthy()
             ctype, body = "text/plain; charset=utf-8", b"ok\n" if ok else b"unhealthy\n"
         else:
-            ok, body = readiness(healthy(), sources())
+            ok, body = readiness(healthy(), sources(), held())
             ctype = "application/json"
         status = "200 OK" if ok else "503 Service Unavailable"
     else:
@@ -461,11 +465,12 @@ async def _answer(
         await stream.send(resp)
 
 
-def readiness(healthy: bool, sources: Sequence[SourceState]) -> tuple[bool, bytes]:
-    """Whether the daemon is ready (healthy, and every source up), and ``/readyz``'s JSON body:
-    ``ready``, ``healthy``, each source's state (:meth:`SourceState.as_dict`), and ``not_ready``,
-    one line for each source that is not and why."""
+def readiness(healthy: bool, sources: Sequence[SourceState], held: Sequence[str] = ()) -> _Ready:
+    """Whether the daemon is ready (healthy, nothing ``held``: draining, paused for disk space;
+    every source up), and ``/readyz``'s JSON body: ``ready``, ``healthy``, each source's state
+    (:meth:`SourceState.as_dict`), and ``not_ready``, one line for each thing not and why."""
     not_ready = [] if healthy else ["daemon: not running, or its pipeline is stuck (/healthz)"]
+    not_ready += held
     for s in sources:
         why = "; ".join(f"{what}: {reason}" for what, (reason, _) in sorted(s.down.items()))
         not_ready += [f"source {s.name}: {why}"] if why else []

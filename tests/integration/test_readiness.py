@@ -477,3 +477,25 @@ def test_the_source_down_alert_fires_after_two_minutes_down(tmp_path: Path) -> N
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_daemon_paused_for_disk_space_or_draining_is_not_ready(tmp_path: Path) -> None:
+    port = free_port()
+    cfg = write_config(
+        tmp_path,
+        daemon={"drain_timeout": "8s"},
+        output={"min_free_bytes": "1000TiB"},  # more than any disk: the writer waits for room
+        metrics_port=port,
+    )
+    spool_file(tmp_path / "spool", "a.jsonl", [movie_event(0)])
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_started()
+        wait_for(lambda: get(port, "/readyz")[0] == 503, 20)
+        not_ready = json.loads(get(port, "/readyz")[1])["not_ready"]
+        assert any("output nearly full, sources paused" in line for line in not_ready), not_ready
+        assert get(port, "/healthz")[0] == 200, "paused is not dead"
+        daemon.signal(signal.SIGTERM)
+        wait_for(lambda: "draining" in get(port, "/readyz")[1].decode(), 5)
+    finally:
+        daemon.kill()

@@ -242,7 +242,7 @@ class Daemon:
         """Stop reading, drain, publish what is open within ``drain_timeout``, then return."""
         if self._stopping:
             return
-        self._stopping = True
+        self._stopping = self.write.draining = True
         log.info("stopping: draining within %.1fs", self.config.daemon.drain_timeout)
         self.notifier.stopping("draining")
         if self._sources_scope is not None:
@@ -339,8 +339,9 @@ class Daemon:
             async with anyio.create_task_group() as services:
                 if self.config.metrics.enabled:
                     host, port = split_host_port(self.config.metrics.listen)
+                    checks = (self.healthy, self.source_states, self.write.held_back)
                     self.metrics_port = await services.start(
-                        serve, host, port, self.metrics, self.healthy, self.source_states
+                        serve, host, port, self.metrics, *checks
                     )
                 if self.handle_signals:
                     await services.start(self._signals)

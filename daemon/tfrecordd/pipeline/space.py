@@ -27,6 +27,8 @@ class FreeSpace:
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
+        self.paused: str | None = None
+        """The dataset whose file system holds the writer back now, if any."""
 
     async def wait(
         self,
@@ -59,6 +61,7 @@ class FreeSpace:
         while (free := self.free_bytes(d)) is not None and free < needed:
             if paused_at is None:
                 paused_at = time.monotonic()
+                self.paused = d.name
                 self.metrics.paused.set(1)
                 self.metrics.disk_full_pauses.inc()
                 log.warning(
@@ -70,6 +73,7 @@ class FreeSpace:
             alive()
             await anyio.sleep(1.0)
         if paused_at is not None:
+            self.paused = None
             self.metrics.paused.set(0)
             log.info("output has room again: resumed after %.1fs", time.monotonic() - paused_at)
 

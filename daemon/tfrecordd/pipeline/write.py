@@ -120,8 +120,17 @@ class WriteStage:
         self._commit_failed = False
         self._statvfs_at = 0.0
         self.space = FreeSpace(self.metrics)
+        self.draining = False
+        """Whether the daemon stops: its sources read no more (``/readyz`` says so)."""
         self.compressing = ThreadPoolExecutor(COMPRESS_THREADS, "tfrecordd-compress")
         """Where open shards compress their held writes (:data:`COMPRESS_THREADS`)."""
+
+    def held_back(self) -> list[str]:
+        """What keeps the pipeline from taking events now, a line each (``/readyz``)."""
+        held = ["daemon: draining (stopping: the sources read no more)"] if self.draining else []
+        if self.space.paused is not None:
+            held.append(f"dataset {self.space.paused}: output nearly full, sources paused")
+        return held
 
     def request_flush(self) -> None:
         """Publish every open shard at the next turn of the loop."""
