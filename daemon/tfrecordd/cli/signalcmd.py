@@ -21,7 +21,7 @@ from typing import Any
 
 from tfrecordd.cli import help_of
 from tfrecordd.config import DaemonConfig, load_config
-from tfrecordd.endpoints import split_host_port
+from tfrecordd.endpoints import local_url
 from tfrecordd.errors import (
     EXIT_CONFIG,
     EXIT_FAILURE,
@@ -140,11 +140,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def _metrics_url(config: DaemonConfig) -> str | None:
-    if not config.metrics.enabled:
-        return None
-    host, port = split_host_port(config.metrics.listen)
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+    return local_url(config.metrics.listen) if config.metrics.enabled else None
 
 
 def _reloads(url: str) -> dict[str, float] | None:
