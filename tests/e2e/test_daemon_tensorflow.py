@@ -96,13 +96,14 @@ def _records_per_gzip_member(data: bytes) -> list[int]:
 def test_tensorflow_reads_shards_of_packed_and_running_units(
     tmp_path: Path, compression: str, workers: int
 ) -> None:
-    # Large batches are compressed where they are encoded, small ones by the shard's own
-    # compressor; one shard holds both kinds, in order, and TensorFlow reads it as one stream.
+    # Large batches are compressed where they are encoded, small ones held by the shard and
+    # compressed as a unit of their own; one shard holds both kinds, in order, and TensorFlow
+    # reads it as one stream.
     tf = pytest.importorskip("tensorflow")
     cfg = write_config(
         tmp_path,
         output={"compression": compression, "manifests": True},
-        daemon={"encode_workers": workers},
+        daemon={"encode_workers": workers, "max_batch_events": 1000},
     )
     big = [movie_event(i) for i in range(2500)]  # batches of 1000 events: ~200 KiB, packed
     small = [movie_event(i) for i in range(2500, 2510)]  # one batch of 2 KiB: not packed
