@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfrecordd import secretvalues
 from tfrecordd.redact import REDACTED, redact_options, redact_text
+from tfrecordd.schema.infer_toml import toml_value
 
 if TYPE_CHECKING:
     from tfrecordd.config import DaemonConfig
@@ -110,4 +111,4 @@ def _value(value: Any, key: str) -> str:
 def _string(value: str) -> str:
     # String values are substituted when the config loads (tfrecordd.interpolate): `$$` keeps
     # a `$` of the effective value, so the shown config loads back as the same config.
-    return json.dumps(value.replace("$", "$$"))
+    return toml_value(value)

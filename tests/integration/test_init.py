@@ -26,6 +26,7 @@ from tfrecordd.cli.initcmd import (
     sample_event,
     starter_sources,
 )
+from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_OK
 from tfrecordd.format.reader import iter_examples
 from tfrecordd.plugin import Registry
@@ -208,3 +209,14 @@ def test_directory_starter_runs_as_written(tmp_path: Path) -> None:
 def test_the_sample_event_is_at_the_given_time() -> None:
     at = datetime(2026, 11, 25, 3, 12, 5, 123, tzinfo=UTC)
     assert json.loads(sample_event(at))["ts"] == "2026-11-25T03:12:05Z"
+
+
+def test_a_folder_holding_dollars_is_written_to_load_back_as_it_is(tmp_path: Path) -> None:
+    # Config strings are interpolated when they load: `${x}` and `$$` in a folder's name must
+    # reach the daemon as written, as they do from `check-config --show` and `schema --infer`.
+    base = tmp_path / "data-${NOT_SET_ANYWHERE}-$$"
+    out = tmp_path / "walk.toml"
+    assert main(["init", "--source", "directory", "--dir", str(base), "--output", str(out)]) == 0
+    config = load_config(out)
+    assert str(config.daemon.state_dir) == str(base / "state")
+    assert str(config.sources[0].path) == str(base / "spool")  # type: ignore[attr-defined]

@@ -32,6 +32,7 @@ from tfrecordd.cli import help_of
 from tfrecordd.cli.datasetargs import UsageError
 from tfrecordd.endpoints import METRICS_LISTEN, split_host_port
 from tfrecordd.errors import EXIT_OK, OutputError
+from tfrecordd.schema.infer_toml import toml_value
 
 if TYPE_CHECKING:
     from tfrecordd.plugin import Registry
@@ -314,8 +315,8 @@ def _try_line(source: str, fmt: str, sample: str, base: Path) -> str:
 
 
 def _toml_str(value: object) -> str:
-    """A TOML basic string (JSON's escapes are a subset of TOML's)."""
-    return json.dumps(str(value))
+    """A TOML string value that loads back as ``value`` (each ``$`` written ``$$``)."""
+    return toml_value(str(value))
 
 
 def _listen(text: str) -> str:
