@@ -67,8 +67,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(root: Path, port: int, workers: int, shard_records: int) -> Path:
-    text = f"""
+def daemon_head(root: Path, port: int, workers: int) -> str:
+    """The ``[daemon]`` and ``[metrics]`` tables of every benchmark daemon's config."""
+    return f"""
 [daemon]
 node_id = "bench"
 state_dir = "{root / "state"}"
@@ -77,7 +78,13 @@ drain_timeout = "60s"
 
 [metrics]
 listen = "127.0.0.1:{port}"
+"""
 
+
+def _config(root: Path, port: int, workers: int, shard_records: int) -> Path:
+    text = (
+        daemon_head(root, port, workers)
+        + f"""
 [output]
 dir = "{root / "shards"}"
 compression = "gzip"
@@ -97,6 +104,7 @@ poll_interval = "20ms"
 type = "example"
 [encoders.movies.features]
 """
+    )
     text += "".join(f'{k} = "{v}"\n' for k, v in MOVIE_FEATURES.items())
     path = root / "tfrecordd.toml"
     path.write_text(text)

@@ -40,6 +40,7 @@ from .daemon import (
     _hwm_mib,
     _metric,
     _wait,
+    daemon_head,
     start_daemon,
 )
 
@@ -150,16 +151,7 @@ def _config(root: Path, port: int, workers: int, layout: Layout, s: Sizes) -> Pa
         "max_shard_age": "60s",
         "min_free_bytes": 0,
     }
-    text = f"""
-[daemon]
-node_id = "bench"
-state_dir = "{root / "state"}"
-encode_workers = {workers}
-drain_timeout = "60s"
-
-[metrics]
-listen = "127.0.0.1:{port}"
-"""
+    text = daemon_head(root, port, workers)
     datasets: dict[str, dict[str, object]] = {}
     if layout.hours is None:
         datasets["events"] = {"max_shard_records": s.shard_records}
