@@ -22,6 +22,7 @@ from tfrecordd.format.reader import iter_records
 from tfrecordd.format.writer import (
     HOLD_BYTES,
     RecordWriter,
+    frame,
     inprogress_name,
     open_writer,
     pack,
@@ -169,6 +170,10 @@ _OPS = st.lists(
             st.lists(st.sampled_from([0, 7, 1_000, 60_000, 150_000, 300_000]), max_size=3),
         ),
         st.tuples(st.just("packed"), st.lists(st.integers(0, 5_000), min_size=1, max_size=4)),
+        st.tuples(
+            st.just("framed"),
+            st.lists(st.sampled_from([0, 7, 1_000, 60_000, 150_000]), min_size=1, max_size=3),
+        ),
         st.tuples(st.just("sync"), st.just([])),
         st.tuples(st.just("collect"), st.just([])),
     ),
@@ -180,11 +185,13 @@ _OPS = st.lists(
 @given(st.sampled_from(list(Compression)), _OPS, st.randoms(use_true_random=False))
 @example(Compression.GZIP, [("write", [300_000])] * 3 + [("sync", [])], random.Random(1))
 @example(Compression.ZSTD, [("write", [300_000])] * 2 + [("collect", [])], random.Random(2))
+@example(Compression.GZIP, [("framed", [150_000]), ("write", [7]), ("sync", [])], random.Random(3))
 def test_units_compressed_in_an_executor_keep_order_and_bounds(
     compression: Compression, ops: list[tuple[str, list[int]]], rng: Any
 ) -> None:
-    """Held writes compressed in threads reach the sink in order, from the writer's thread
-    only, and ``file_bytes + pending_bound()`` bounds the stream at each sync and at the end."""
+    """Held writes (records, or records framed where they were encoded) compressed in threads
+    reach the sink in order, from the writer's thread only, and ``file_bytes + pending_bound()``
+    bounds the stream at each sync and at the end."""
     out = bytearray()
     sink_threads: set[int] = set()
 
@@ -204,6 +211,10 @@ def test_units_compressed_in_an_executor_keep_order_and_bounds(
                 written += records
             elif op == "packed":
                 w.write_packed(pack(records, compression, 1))
+                written += records
+            elif op == "framed":
+                # Framed where encoded: held and compressed with the writes around it.
+                w.write_packed(frame(records))
                 written += records
             elif op == "sync":
                 w.sync()

@@ -2,7 +2,9 @@
 
 :class:`RecordWriter` is what the daemon's shard writer drives; it neither opens, fsyncs nor closes
 files. :func:`pack` frames and compresses a batch into a :class:`Packed` unit anywhere (an encode
-worker, say) for :meth:`RecordWriter.write_packed` to append unchanged. :func:`open_writer` is the
+worker, say) for :meth:`RecordWriter.write_packed` to append unchanged; :func:`frame` frames a
+batch too small to be worth a unit of its own, for the writer to compress with the writes it
+holds. :func:`open_writer` is the
 convenience for tools and tests: a local file published atomically, under the same no-partial-file
 rule as shards.
 """
@@ -66,6 +68,14 @@ def pack(records: Sequence[bytes], compression: Compression, level: int | None =
     append (:meth:`RecordWriter.write_packed`)."""
     pieces, _ = _framed(records)
     return Packed(Compressor.unit(compression, level, pieces), array("Q", map(len, records)))
+
+
+def frame(records: Sequence[bytes]) -> Packed:
+    """Frame ``records`` into one uncompressed unit (no compression): records framed where they
+    are encoded cross to the writer as one buffer rather than one object each, and a stream of
+    any compression takes them into the writes it holds (:meth:`RecordWriter.write_packed`)."""
+    data = frame_many(records)
+    return Packed(Unit(Compression.NONE, data, len(data)), array("Q", map(len, records)))
 
 
 def unpack(packed: Packed) -> list[bytes]:
@@ -175,7 +185,10 @@ class RecordWriter:
         if not records:
             return
         pieces, size = _framed(records)
-        self._records += len(records)
+        self._hold(pieces, size, len(records))
+
+    def _hold(self, pieces: list[bytes], size: int, count: int) -> None:
+        self._records += count
         self._raw_bytes += size
         if self._passthrough:
             for piece in pieces:
@@ -225,7 +238,13 @@ class RecordWriter:
         self.collect(wait=True)
 
     def write_packed(self, packed: Packed) -> None:
-        """Append records :func:`pack` framed and compressed (after everything written before)."""
+        """Append records :func:`pack` framed and compressed (after everything written before),
+        or records :func:`frame` framed, held as :meth:`write_many` holds them."""
+        unit = packed.unit
+        if unit.compression is not self.compression and unit.compression is Compression.NONE:
+            if unit.data:
+                self._hold([unit.data], unit.raw_size, packed.records)
+            return
         self._drain()
         self._emit(self._compressor.append_unit(packed.unit))
         self._records += packed.records

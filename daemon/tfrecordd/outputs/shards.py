@@ -362,14 +362,14 @@ class OpenShard:
         bound = Compressor.bound
         c = self.compression
         writer = self._writer
-        if isinstance(batch, Packed):
+        if isinstance(batch, Packed) and batch.unit.compression is c:
             # The unit's size is known; the stream's ending (a zlib trailer) is all that may follow.
             incoming = len(batch.unit.data) + bound(c, 0)
             if self.file_bytes + writer.pending_bound() + incoming <= self.max_bytes:
                 return True
             writer.sync()
             return self.file_bytes + incoming <= self.max_bytes
-        raw = framed_size(batch)
+        raw = batch.unit.raw_size if isinstance(batch, Packed) else framed_size(batch)
         if self.file_bytes + writer.pending_bound(raw) <= self.max_bytes:
             return True
         self._writer.sync()

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.framing import framed_size
-from tfrecordd.format.writer import Packed, pack
+from tfrecordd.format.writer import Packed, frame, pack
 from tfrecordd.plugin import (
     Encoder,
     EncodeResult,
@@ -33,8 +33,9 @@ from tfrecordd.plugin import (
 log = logging.getLogger("tfrecordd")
 
 PACK_MIN_BYTES = 64 * 1024
-"""Batches framing to fewer bytes go to the shard's running compressor instead of becoming a unit
-of their own: a trickle of small batches still compresses as one stream."""
+"""Batches framing to fewer bytes are framed only, and compressed where the shard's writer holds
+them with the writes around them, instead of becoming a unit of their own: a trickle of small
+batches (or a partitioned dataset's small parts) still compresses in large units."""
 
 ENCODER_ERROR = FailureReason.ENCODER_ERROR
 """The dead-letter reason of an event on which the encoder raised instead of reporting it."""
@@ -193,14 +194,14 @@ def encode(request: EncodeRequest, encoder: Encoder) -> Outcome:
     )
 
 
-def packed(
-    records: list[bytes], compression: Compression, level: int | None
-) -> list[bytes] | Packed:
+def packed(records: list[bytes], compression: Compression, level: int | None) -> Packed:
     """``records`` framed and compressed into a unit of their own if they are large enough to
-    be worth one (:data:`PACK_MIN_BYTES`), else as they are."""
+    be worth one (:data:`PACK_MIN_BYTES`), else framed only
+    (:func:`~tfrecordd.format.writer.frame`): either way one buffer, where a list of records
+    would cross to the daemon's process as one object each."""
     if framed_size(records) >= PACK_MIN_BYTES:
         return pack(records, compression, level)
-    return records
+    return frame(records)
 
 
 def encode_events(

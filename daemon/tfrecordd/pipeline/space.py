@@ -44,10 +44,11 @@ class FreeSpace:
             if not d.config.min_free_bytes:
                 continue
             records = part.records
-            if isinstance(records, Packed):
+            if isinstance(records, Packed) and records.unit.compression is d.config.compression:
                 size = len(records.unit.data)
             else:
-                size = Compressor.bound(d.config.compression, framed_size(records))
+                raw = records.unit.raw_size if isinstance(records, Packed) else framed_size(records)
+                size = Compressor.bound(d.config.compression, raw)
             incoming[d.name] = incoming.get(d.name, 0) + size
         # One look at each dataset's file system a batch, however many parts it has there.
         for name, size in incoming.items():
