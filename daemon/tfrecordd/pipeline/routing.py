@@ -249,33 +249,37 @@ class Target:
         failures: list[Failure],
         line_failures: list[EventFailure],
         line_event: Callable[[int], RawEvent],
-    ) -> tuple[list[bytes], list[int]]:
-        """The dataset's records, and for each, where it came from: ``i`` for event ``i``,
-        ``-1 - j`` for line ``j``."""
+    ) -> tuple[list[bytes], Callable[[], list[int]]]:
+        """The dataset's records, and what gives, for each, where it came from: ``i`` for event
+        ``i``, ``-1 - j`` for line ``j`` (asked for only when a record fails to be placed)."""
         encoder = self.encoders[name]
         records: list[bytes] = []
-        origins: list[int] = []
+        failed_events: set[int] = set()
+        failed_lines: set[int] = set()
         if group.events:
             result = guarded(encoder.encode_batch, [events[i] for i in group.events])
-            failed = _failed(result)
+            failed_events = _failed(result)
             for f in result.failures:
                 failures.append(Failure(group.events[f.at], f.reason, f.detail))
             records.extend(result.records)
-            origins.extend(i for k, i in enumerate(group.events) if k not in failed)
         if group.lines:
             result = guarded(encoder.encode_lines, [payloads[j] for j in group.lines])
-            failed = _failed(result)
+            failed_lines = _failed(result)
             for f in result.failures:
                 line_failures.append((line_event(group.lines[f.at]), f.reason, f.detail))
             records.extend(result.records)
-            origins.extend(-1 - j for k, j in enumerate(group.lines) if k not in failed)
+
+        def origins() -> list[int]:
+            out = [i for k, i in enumerate(group.events) if k not in failed_events]
+            return out + [-1 - j for k, j in enumerate(group.lines) if k not in failed_lines]
+
         return records, origins
 
     def _parts(
         self,
         name: str,
         records: list[bytes],
-        origins: list[int],
+        origins_of: Callable[[], list[int]],
         request: EncodeRequest,
         failures: list[Failure],
         line_failures: list[EventFailure],
@@ -289,6 +293,7 @@ class Target:
         if partitioner is None:
             return [Part(name, "", packed(records, plan.compression, plan.level))]
         assigned = partitioner.assign(records, request.arrival)
+        origins = origins_of() if assigned.refused else []
         for k, detail in assigned.refused.items():
             origin = origins[k]
             if origin >= 0:
