@@ -1,11 +1,13 @@
 """The config in effect, as TOML: every default filled in, every ``${…}`` substituted, and every
 secret masked (``tfrecordd check-config --show``).
 
-A value is masked (``"***"``) when its key looks secret
-(:func:`~tfrecordd.secretvalues.is_secret_key`), and so is every value read from a secret file
-or credential, or a secret-looking variable, wherever it appears (:mod:`tfrecordd.secretvalues`);
-a URL keeps all but its password (:mod:`tfrecordd.redact`), and ``storage_options`` only the
-values of keys known to be harmless.
+A value is masked (``"***"``) when the setting it is the value of looks secret
+(:func:`~tfrecordd.secretvalues.is_secret_key` of a field of the config's models), and so is
+every value read from a secret file or credential, or a secret-looking variable, wherever it
+appears (:mod:`tfrecordd.secretvalues`); a URL keeps all but its password (:mod:`tfrecordd.redact`),
+and ``storage_options`` only the values of keys known to be harmless. The keys of any other
+table are names a user chose (features, route values, datasets), never masked for what they
+say: a feature named ``api_key`` is shown as declared, and the shown config loads back.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 from tfrecordd import secretvalues
 from tfrecordd.redact import REDACTED, redact_options, redact_text
@@ -32,22 +37,34 @@ def effective(config: DaemonConfig) -> dict[str, Any]:
     exclude: set[str] = {"path"}
     if config.output is not None:
         exclude.add("datasets")  # derived from [output]: both in one file is refused
-    data = config.model_dump(mode="json", exclude_none=True, exclude=exclude)
-    masked = _mask(data, "")
-    assert isinstance(masked, dict)
-    return masked
+    return masked(config, exclude)
 
 
-def _mask(value: Any, key: str) -> Any:
-    name = key.rsplit(".", 1)[-1]
+def masked(model: BaseModel, exclude: set[str] | None = None) -> dict[str, Any]:
+    """``model`` dumped as JSON values (``None`` left out), every secret masked."""
+    data = model.model_dump(mode="json", exclude_none=True, exclude=exclude)
+    out = _mask(model, data, None)
+    assert isinstance(out, dict)
+    return out
+
+
+def _mask(model: Any, value: Any, setting: str | None) -> Any:
+    """``value`` (``model`` dumped) with its secrets masked; ``setting``: the field of a model
+    that ``value`` is the value of (``None``: a key of a user's table, or the top)."""
     if isinstance(value, dict):
-        if name == "storage_options":
+        if setting == "storage_options":
             return redact_options(value)
-        return {k: _mask(v, f"{key}.{k}" if key else k) for k, v in value.items()}
+        if isinstance(model, BaseModel):
+            return {k: _mask(getattr(model, k, None), v, k) for k, v in value.items()}
+        items = model if isinstance(model, Mapping) else {}
+        return {k: _mask(items.get(k), v, None) for k, v in value.items()}
     if isinstance(value, list):
-        return [_mask(v, key) for v in value]
+        models = (
+            model if isinstance(model, list) and len(model) == len(value) else [None] * len(value)
+        )
+        return [_mask(m, v, setting) for m, v in zip(models, value, strict=True)]
     if isinstance(value, str):
-        if value and secretvalues.is_secret_key(name):
+        if value and setting is not None and secretvalues.is_secret_key(setting):
             return REDACTED
         return secretvalues.mask(redact_text(value))
     return value

@@ -7,9 +7,11 @@ import os
 import tomllib
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from tests.support import daemon_process, run_tfrecordd, write_config
 from tfrecordd.config import load_config
-from tfrecordd.showconfig import effective
+from tfrecordd.showconfig import effective, masked
 
 
 def test_show_prints_the_effective_config_with_every_secret_masked(tmp_path: Path) -> None:
@@ -92,3 +94,69 @@ def test_a_dollar_in_a_value_is_shown_escaped_and_loads_back_the_same(tmp_path: 
     again = tmp_path / "again.toml"
     again.write_text(result.stdout)
     assert effective(load_config(again)) == first
+
+
+def test_names_a_user_chose_are_never_masked_for_what_they_say(tmp_path: Path) -> None:
+    """Features, route values and datasets named like secrets are shown as declared, and the
+    shown config loads back as the same one; a secret read from a file is still masked."""
+    (tmp_path / "out").mkdir()
+    secret = tmp_path / "password"
+    secret.write_text("s3cr3t-value\n")
+    config = tmp_path / "named.toml"
+    config.write_text(
+        f"""[daemon]
+node_id = "n"
+state_dir = "{tmp_path}/state"
+[metrics]
+enabled = false
+[datasets.tokens]
+encoder = "auth"
+dir = "{tmp_path}/out/tokens"
+[datasets.passkeys]
+encoder = "auth"
+dir = "{tmp_path}/out/passkeys"
+[[sources]]
+name = "redis"
+type = "redis-stream"
+url = "redis://app:${{file:{secret}}}@127.0.0.1:6379/0"
+stream = "events"
+route = {{ field = "kind", to = {{ api_key = "tokens", passkey = "passkeys" }} }}
+[encoders.auth]
+type = "example"
+features = {{ api_key = "bytes", secret_id = {{ type = "int64", path = "auth.token_id" }} }}
+"""
+    )
+    result = run_tfrecordd("check-config", "--show", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "s3cr3t" not in result.stdout
+    shown = tomllib.loads(result.stdout)
+    assert shown["sources"][0]["url"] == "redis://app:***@127.0.0.1:6379/0"
+    assert shown["sources"][0]["route"]["to"] == {"api_key": "tokens", "passkey": "passkeys"}
+    features = shown["encoders"]["auth"]["features"]
+    assert "***" not in repr(features)
+    assert features["secret_id"]["path"] == "auth.token_id"
+    again = tmp_path / "again.toml"
+    again.write_text(result.stdout.replace("app:***@", "app:s3cr3t-value@"))
+    assert effective(load_config(again)) == effective(load_config(config))
+
+
+class _Settings(BaseModel):
+    api_password: str
+    url: str
+    names: dict[str, str]
+    nested: list[dict[str, str]]
+
+
+def test_a_setting_named_like_a_secret_is_masked_and_a_name_is_not() -> None:
+    settings = _Settings(
+        api_password="plain-in-the-file",
+        url="https://user:pw@example.com/x",
+        names={"api_password": "a dataset", "token": "another"},
+        nested=[{"secret": "kept"}],
+    )
+    assert masked(settings) == {
+        "api_password": "***",
+        "url": "https://user:***@example.com/x",
+        "names": {"api_password": "a dataset", "token": "another"},
+        "nested": [{"secret": "kept"}],
+    }
