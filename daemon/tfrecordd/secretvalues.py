@@ -24,9 +24,18 @@ SECRET_WORDS = ("key", "secret", "token", "pass", "pwd", "credential", "auth", "
 """A config key holding one of these words is a secret key: its value is never printed."""
 
 
+NAMED_TABLES = frozenset({"features", "context", "feature_lists", "labels", "to"})
+"""Tables whose keys a user names (features, image labels, a route's values): a key there is a
+name, never a setting, whatever it says."""
+
+
 def is_secret_key(name: str) -> bool:
-    """Whether the config key ``name`` (its last part) names a secret."""
-    lowered = name.rsplit(".", 1)[-1].lower()
+    """Whether the config key ``name`` (its last part) names a secret. A key of a table in
+    :data:`NAMED_TABLES` (``encoders.e.features.api_key``) names none."""
+    parts = [p for p in name.replace("[", ".[").split(".") if not p.startswith("[")]
+    if len(parts) > 1 and parts[-2] in NAMED_TABLES:
+        return False
+    lowered = parts[-1].lower() if parts else ""
     return any(w in lowered for w in SECRET_WORDS)
 
 

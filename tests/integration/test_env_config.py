@@ -144,3 +144,26 @@ def test_a_missing_config_file_is_one_line_and_exit_66(tmp_path: Path, command: 
     assert result.stderr == (
         f"tfrecordd: {missing}: cannot read the config file: No such file or directory\n"
     )
+
+
+def test_a_variable_under_a_name_a_user_chose_is_no_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variable's value is a secret under a secret-looking setting only: under a feature
+    named ``token`` it is a feature's type, shown and logged as it is."""
+    from tfrecordd import secretvalues
+    from tfrecordd.interpolate import substitute
+    from tfrecordd.showconfig import effective
+
+    monkeypatch.setenv("TOKEN_TYPE", "int64")
+    monkeypatch.setenv("KIND_DATASET", "movies")
+    config = write_config(tmp_path, features={"token": "${TOKEN_TYPE}"})
+    shown = effective(load_config(config))
+    assert shown["encoders"]["movies"]["features"]["token"]["type"] == "int64"
+    assert not secretvalues.is_secret("int64")
+    assert substitute("${KIND_DATASET}", "sources[0].route.to.api_key") == "movies"
+    assert not secretvalues.is_secret("movies")
+    # under a setting that looks secret, it is one
+    monkeypatch.setenv("SOME_PASSWORD", "pw-from-env-1")
+    assert substitute("${SOME_PASSWORD}", "sources[0].sasl_password") == "pw-from-env-1"
+    assert secretvalues.is_secret("pw-from-env-1")
