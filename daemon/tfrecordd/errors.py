@@ -172,14 +172,16 @@ class TokenVersionError(TfrecorddError):
 
 
 class ListenError(TfrecorddError):
-    """A source cannot listen where it is configured to: the address is in use or does not
-    resolve, or another file or process holds the Unix socket's path."""
+    """A source cannot listen where it is configured to: the address is in use (75), or another
+    file or process holds the Unix socket's path (75); or the address does not resolve or is
+    not one of this machine's (``exit_code`` 78: the config's to fix)."""
 
     exit_code = EXIT_IN_USE
 
-    def __init__(self, address: str, detail: str) -> None:
+    def __init__(self, address: str, detail: str, *, exit_code: int = EXIT_IN_USE) -> None:
         self.address = address
         self.detail = detail
+        self.exit_code = exit_code
         super().__init__(f"{address}: {detail}")
 
 

@@ -247,6 +247,25 @@ def test_a_metrics_address_not_of_this_machine_is_one_line_and_exit_78(tmp_path:
     assert "metrics.listen: 192.0.2.1:9777: not an address of this machine" in _one_line(run.stderr)
 
 
+@pytest.mark.parametrize("kind", ["tcp", "udp"])
+def test_a_source_address_not_of_this_machine_is_one_line_and_exit_78(
+    tmp_path: Path, kind: str
+) -> None:
+    """As for the metrics address: not "in use" (75), which a later start may find free, but
+    the config's to fix."""
+    source = {"name": "in", "type": kind, "listen": "192.0.2.1:9778", "path": None}
+    config = write_config(tmp_path, source={k: v for k, v in source.items() if v is not None})
+    text = config.read_text().replace(f'path = "{tmp_path / "spool"}"\n', "")
+    text = text.replace('poll_interval = "100ms"\n', "")
+    config.write_text(text)
+    run = run_with(["run", "--config", str(config)])
+    assert run.returncode == EXIT_CONFIG, run.stderr
+    line = _one_line(run.stderr)
+    assert "sources[0].listen: 192.0.2.1:9778: cannot listen: not an address of this machine" in (
+        line
+    )
+
+
 def test_check_config_beside_its_running_daemon_warns_of_no_port(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, metrics_port=port)

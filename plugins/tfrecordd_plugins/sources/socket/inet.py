@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from tfrecordd.plugin import ListenError, split_host_port
+from tfrecordd.plugin import EXIT_CONFIG, ListenError, split_host_port
 
 __all__ = ["ListenAddress", "inet_peer", "inet_socket"]
 
@@ -32,7 +33,7 @@ def inet_socket(listen: str, kind: socket.SocketKind, backlog: int | None = None
             host, port, type=kind, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror as e:
-        raise ListenError(listen, f"cannot resolve: {e.strerror}") from e
+        raise ListenError(listen, f"cannot resolve: {e.strerror}", exit_code=EXIT_CONFIG) from e
     sock = socket.socket(family, kind, proto)
     try:
         if family == socket.AF_INET6:
@@ -45,6 +46,11 @@ def inet_socket(listen: str, kind: socket.SocketKind, backlog: int | None = None
         sock.setblocking(False)
     except OSError as e:
         sock.close()
+        if e.errno == errno.EADDRNOTAVAIL:
+            # The config's to fix, as for the metrics address: no wait makes it bind.
+            raise ListenError(
+                listen, "cannot listen: not an address of this machine", exit_code=EXIT_CONFIG
+            ) from e
         raise ListenError(listen, f"cannot listen: {e.strerror or e}") from e
     return sock
 
