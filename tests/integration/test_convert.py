@@ -270,9 +270,21 @@ def test_other_arguments_over_an_existing_conversion_are_refused(tmp_path: Path)
     assert done.returncode == 73, done.stderr
     assert "other arguments" in done.stderr
     assert "compression: 'gzip' → 'zstd'" in done.stderr
+    size = src.stat().st_size
     _jsonl(src, range(101))  # the input changed
     changed = _convert(cfg, str(src))
     assert changed.returncode == 73, changed.stderr
+    # The refusal names the file and what changed in it.
+    assert f"inputs changed: {src}: {size} bytes → {src.stat().st_size}" in changed.stderr
+    _jsonl(src, range(100))
+    os.utime(src, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns + 10**9))
+    touched = _convert(cfg, str(src))
+    assert touched.returncode == 73, touched.stderr
+    assert f"{src}: modified (same size, a later modification time)" in touched.stderr
+    extra = _jsonl(tmp_path / "more.jsonl", range(5))
+    added = _convert(cfg, str(src), str(extra))
+    assert added.returncode == 73, added.stderr
+    assert f"{extra}: new" in added.stderr
     assert _shard_bytes(tmp_path / "out") == before
 
 

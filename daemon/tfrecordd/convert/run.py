@@ -107,6 +107,11 @@ def args_of(plan_args: dict[str, Any], files: Sequence[InputFile]) -> dict[str, 
     return plan_args | {"inputs": fingerprint(files), "input_files": len(files)}
 
 
+def listing(files: Sequence[InputFile]) -> list[list[Any]]:
+    """The inputs as a state records them (:attr:`~tfrecordd.convert.runstate.RunState.inputs`)."""
+    return [[f.rel, f.size, f.mtime_ns, f.format] for f in files]
+
+
 def shard_name(plan: Plan, index: int) -> str:
     """The ``index``-th shard's name: ``<prefix>-00000[-of-00010]<suffix>``."""
     suffix = SUFFIXES[plan.setup.compression]
@@ -171,6 +176,10 @@ class Run:
         state = runstate.load(self.state_path)
         if state is not None:
             changed = runstate.differences(state.args, self.plan.args)
+            if any(c.startswith("inputs:") for c in changed) and state.inputs:
+                files = runstate.input_changes(state.inputs, listing(self.plan.files))
+                changed = [c for c in changed if not c.startswith(("inputs:", "input_files:"))]
+                changed.append("inputs changed: " + ", ".join(files))
             if changed:
                 raise OutputError(
                     self.plan.directory,
@@ -188,7 +197,7 @@ class Run:
                     f"holds {len(ours)} shard(s) named as convert names its own ({ours[0]}...) "
                     "but no conversion state: convert into an empty directory",
                 )
-            state = runstate.RunState(self.plan.args)
+            state = runstate.RunState(self.plan.args, inputs=listing(self.plan.files))
             runstate.save(self.fs, self.state_path, state)
         os.makedirs(self.output.staging_dir, exist_ok=True)
         left = leftovers(self.output.staging_dir, self.output.legacy_dir, NODE_ID)

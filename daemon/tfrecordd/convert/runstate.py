@@ -48,6 +48,9 @@ class RunState:
     events: int = 0
     input_bytes: int = 0
     done: bool = False
+    inputs: list[list[Any]] = field(default_factory=list)
+    """Each input as listed: ``[path, size, mtime_ns, format]`` (what a refusal to resume with
+    other inputs names)."""
 
     def to_json(self) -> bytes:
         return orjson.dumps({"version": VERSION} | asdict(self), option=orjson.OPT_INDENT_2)
@@ -87,6 +90,33 @@ def differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str
     return [
         f"{k}: {saved.get(k)!r} → {wanted.get(k)!r}" for k in keys if saved.get(k) != wanted.get(k)
     ]
+
+
+def input_changes(saved: list[list[Any]], now: list[list[Any]], most: int = 5) -> list[str]:
+    """How the inputs listed ``now`` differ from those ``saved``, a file each (``most`` at
+    most, then how many more): added, gone, another size or format, or modified (only the
+    modification time differs: a conversion cannot tell a ``touch`` from new content of the
+    same size, and refuses both)."""
+    before = {str(f[0]): f[1:] for f in saved}
+    after = {str(f[0]): f[1:] for f in now}
+    out: list[str] = []
+    for path in sorted(before.keys() | after.keys()):
+        was, is_ = before.get(path), after.get(path)
+        if was == is_:
+            continue
+        if was is None:
+            out.append(f"{path}: new")
+        elif is_ is None:
+            out.append(f"{path}: gone")
+        elif was[0] != is_[0]:
+            out.append(f"{path}: {was[0]} bytes → {is_[0]}")
+        elif was[2] != is_[2]:
+            out.append(f"{path}: read as {was[2]} → {is_[2]}")
+        else:
+            out.append(f"{path}: modified (same size, a later modification time)")
+    if len(out) > most:
+        out = [*out[:most], f"{len(out) - most} more"]
+    return out
 
 
 def lock(folder: str) -> int:
