@@ -187,6 +187,42 @@ def write_config(
     return path
 
 
+def write_tcp_config(
+    root: Path, tcp_port: int, metrics_port: int | None = None, **tcp: object
+) -> Path:
+    """A config for one tcp source (``tcp-in`` on ``tcp_port``, more of its settings in
+    ``tcp``) under ``root``, shards published after 200ms; returns its path."""
+    features = "\n".join(f"{k} = {json.dumps(v)}" for k, v in MOVIES_FEATURES.items())
+    extra = "\n".join(f"{k} = {json.dumps(v)}" for k, v in tcp.items())
+    metrics = f'listen = "127.0.0.1:{metrics_port}"' if metrics_port else "enabled = false"
+    path = root / "tfrecordd.toml"
+    path.write_text(
+        f"""
+[daemon]
+node_id = "test"
+state_dir = "{root / "state"}"
+[metrics]
+{metrics}
+[output]
+dir = "{root / "shards"}"
+max_shard_age = "200ms"
+
+[[sources]]
+name = "tcp-in"
+type = "tcp"
+listen = "127.0.0.1:{tcp_port}"
+encoder = "movies"
+{extra}
+
+[encoders.movies]
+type = "example"
+[encoders.movies.features]
+{features}
+"""
+    )
+    return path
+
+
 def write_datasets_config(
     root: Path,
     datasets: Mapping[str, Mapping[str, Any]],

@@ -19,44 +19,19 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.support import MOVIES_FEATURES, DaemonProcess, free_port, movie_event, read_ids, wait_for
+from tests.support import (
+    DaemonProcess,
+    free_port,
+    movie_event,
+    read_ids,
+    wait_for,
+    write_tcp_config,
+)
 
 LIMIT = 256
 """The daemon's ``RLIMIT_NOFILE`` (soft and hard) in these tests."""
 IDLE = 300
 """Idle connections opened against it: more than it has descriptors."""
-
-
-def write_tcp_config(root: Path, tcp_port: int, metrics_port: int, **tcp: object) -> Path:
-    features = "\n".join(f"{k} = {json.dumps(v)}" for k, v in MOVIES_FEATURES.items())
-    extra = "\n".join(f"{k} = {json.dumps(v)}" for k, v in tcp.items())
-    path = root / "tfrecordd.toml"
-    path.write_text(
-        f"""
-[daemon]
-node_id = "test"
-state_dir = "{root / "state"}"
-[metrics]
-listen = "127.0.0.1:{metrics_port}"
-[output]
-dir = "{root / "shards"}"
-max_shard_age = "200ms"
-
-[[sources]]
-name = "tcp-in"
-type = "tcp"
-listen = "127.0.0.1:{tcp_port}"
-ack = true
-encoder = "movies"
-{extra}
-
-[encoders.movies]
-type = "example"
-[encoders.movies.features]
-{features}
-"""
-    )
-    return path
 
 
 def limited(config: Path) -> DaemonProcess:
@@ -135,7 +110,7 @@ def send_acked(port: int, first: int, n: int, timeout: float = 30.0) -> int:
 
 def test_idle_connections_to_the_metrics_port_cannot_exhaust_descriptors(tmp_path: Path) -> None:
     tcp_port, metrics_port = free_port(), free_port()
-    daemon = limited(write_tcp_config(tmp_path, tcp_port, metrics_port))
+    daemon = limited(write_tcp_config(tmp_path, tcp_port, metrics_port, ack=True))
     try:
         daemon.wait_started()
         with idle_connections(metrics_port, IDLE):
@@ -156,7 +131,7 @@ def test_idle_connections_to_a_tcp_source_cannot_exhaust_descriptors(tmp_path: P
     tcp_port, metrics_port = free_port(), free_port()
     # More slots than descriptors: only the descriptor reserve stands between the clients and
     # the daemon's own files.
-    config = write_tcp_config(tmp_path, tcp_port, metrics_port, max_connections=1000)
+    config = write_tcp_config(tmp_path, tcp_port, metrics_port, ack=True, max_connections=1000)
     daemon = limited(config)
     try:
         daemon.wait_started()
@@ -185,7 +160,7 @@ def open_descriptors(pid: int) -> int:
 
 def test_accept_failing_with_emfile_is_survived_by_every_listener(tmp_path: Path) -> None:
     tcp_port, metrics_port = free_port(), free_port()
-    daemon = DaemonProcess(write_tcp_config(tmp_path, tcp_port, metrics_port))
+    daemon = DaemonProcess(write_tcp_config(tmp_path, tcp_port, metrics_port, ack=True))
     pid = daemon.proc.pid
     try:
         daemon.wait_started()

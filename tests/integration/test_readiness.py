@@ -26,7 +26,6 @@ from redis import Redis
 
 from tests.redis_server import RedisServer, write_redis_config
 from tests.support import (
-    MOVIES_FEATURES,
     DaemonProcess,
     free_port,
     metric_sum,
@@ -37,6 +36,7 @@ from tests.support import (
     spool_file,
     wait_for,
     write_config,
+    write_tcp_config,
 )
 from tfrecordd.config import load_config
 from tfrecordd.pipeline import runtime
@@ -254,35 +254,6 @@ def test_a_second_sigterm_during_the_drain_exits_143_and_loses_nothing(
     finally:
         again.kill()
     assert read_ids(tmp_path / "shards") == dict.fromkeys(range(40), 1)
-
-
-def write_tcp_config(root: Path, tcp_port: int, metrics_port: int) -> Path:
-    features = "\n".join(f"{k} = {json.dumps(v)}" for k, v in MOVIES_FEATURES.items())
-    path = root / "tfrecordd.toml"
-    path.write_text(
-        f"""
-[daemon]
-node_id = "test"
-state_dir = "{root / "state"}"
-[metrics]
-listen = "127.0.0.1:{metrics_port}"
-[output]
-dir = "{root / "shards"}"
-max_shard_age = "200ms"
-
-[[sources]]
-name = "tcp-in"
-type = "tcp"
-listen = "127.0.0.1:{tcp_port}"
-encoder = "movies"
-
-[encoders.movies]
-type = "example"
-[encoders.movies.features]
-{features}
-"""
-    )
-    return path
 
 
 def ask(conn: socket.socket, path: str) -> tuple[int, bytes]:
