@@ -5,6 +5,7 @@
     python scripts/crash_harness.py --source redis-stream --kills 300 --compression gzip
     python scripts/crash_harness.py --kills 10000 --max-seconds 150 --tf-globs
     python scripts/crash_harness.py --datasets --kills 10000 --max-seconds 90
+    python scripts/crash_harness.py --kills 300 --reloads
 
 Every other run is armed with a named crash point until each phase of the commit protocol has
 been killed in. Prints the figures (kills per phase, events, shards, lost / duplicated /
@@ -19,6 +20,10 @@ completion markers and shards kept open across commits. After every kill, every 
 spool file's records must be in published shards; at the end each record must be in its
 dataset and folder, every event routed nowhere dead-lettered, and every marker must list
 exactly its partition's shards.
+
+``--reloads``: between kills, SIGHUP at random moments with the config switched between two
+versions that differ in the source's polling, so each reload drains the source, publishes the
+open shards and starts it again; kills then land before, during and after reloads.
 """
 
 from __future__ import annotations
@@ -59,6 +64,12 @@ def main() -> int:
         help="two datasets from one routed spool source, time partitions and markers",
     )
     p.add_argument(
+        "--reloads",
+        action="store_true",
+        help="SIGHUP the daemon at random moments between kills, each time with a config "
+        "that restarts its source: kills land in reloads too",
+    )
+    p.add_argument(
         "--tf-globs",
         action="store_true",
         help="look with TensorFlow's globs too after every kill (needs tensorflow)",
@@ -90,6 +101,7 @@ def main() -> int:
                     progress=lambda s: print(s, flush=True),
                     max_seconds=args.max_seconds,
                     tf_globs=args.tf_globs,
+                    reloads=args.reloads,
                 )
                 return report(figs)
             figs = run_crash_trials(
@@ -104,6 +116,7 @@ def main() -> int:
                 packed=args.packed,
                 max_seconds=args.max_seconds,
                 tf_globs=args.tf_globs,
+                reloads=args.reloads,
             )
         finally:
             if server is not None:

@@ -30,6 +30,7 @@ import hashlib
 import json
 import random
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -282,6 +283,10 @@ class Figures:
     """Each crash phase the run must kill in → how many times a kill landed there."""
     glob_looks: int = 0
     """Looks of the reader-glob oracle (one after every kill and one at the end)."""
+    reloads: int = 0
+    """SIGHUPs sent between kills (``reloads``), each with a config that restarts a source."""
+    reloads_applied: int = 0
+    """Reloads the daemon said it applied before it was killed."""
     dead_letters_missing: int = 0
     seconds: float = 0.0
     audit: Audit | None = None
@@ -328,7 +333,13 @@ class Figures:
             f"unpublished files a reader's glob matched {a.reader_visible_unpublished} "
             f"({self.glob_looks} looks), problems {len(a.problems)}, "
             f"verify exit {a.verify_exit}, dead letters missing {self.dead_letters_missing}, "
-            f"{a.extra()}{self.seconds:.0f}s"
+            f"{a.extra()}"
+            + (
+                f"{self.reloads} SIGHUPs between kills ({self.reloads_applied} applied), "
+                if self.reloads
+                else ""
+            )
+            + f"{self.seconds:.0f}s"
         )
 
 
@@ -387,13 +398,15 @@ def run_crash_trials(
     phases: Sequence[str] | None = None,
     max_seconds: float | None = None,
     tf_globs: bool = False,
+    reloads: bool = False,
 ) -> Figures:
     """SIGKILL a daemon ``kills`` times while producers write, then drain and audit.
 
     ``phases``: the crash points to kill in at least once (every one the source passes by
     default; empty for random kills only). ``max_seconds``: stop killing after this long (the
     drain and the audit follow), for a time-bounded long mode. ``tf_globs``: TensorFlow's globs
-    are among the reader globs looked through after every kill (a helper process imports it)."""
+    are among the reader globs looked through after every kill (a helper process imports it).
+    ``reloads``: SIGHUPs between the kills (:func:`kill_one`)."""
     rng = random.Random(seed)
     t0 = time.monotonic()
     cfg = harness_config(root, source, compression, redis_url, packed)
@@ -418,7 +431,7 @@ def run_crash_trials(
                 if max_seconds is not None and time.monotonic() - killing_since > max_seconds:
                     figs.notes.append(f"stopped after {n} kills: {max_seconds:.0f}s bound")
                     break
-                kill_one(cfg, rng, figs, max_delay, armed=n % 2 == 1)
+                kill_one(cfg, rng, figs, max_delay, armed=n % 2 == 1, reloads=reloads)
                 globs.look(f"after kill {n + 1}")
                 figs.glob_looks += 1
                 if progress and (n + 1) % 10 == 0:
@@ -449,20 +462,62 @@ def run_crash_trials(
     return figs
 
 
+def reload_variant(text: str) -> str:
+    """``text`` (a harness config) with its first source changed in a setting a reload takes
+    live: applying it stops that source, drains it and starts it again."""
+    m = re.search(r'^"?(?:poll_interval|block)"? = "([^"]*)"', text, re.MULTILINE)
+    if m is None:
+        raise ValueError("no poll_interval or block in the config to change")
+    other = "97ms" if m.group(1) != "97ms" else "93ms"
+    return text[: m.start(1)] + other + text[m.end(1) :]
+
+
+def _reloading(
+    d: DaemonProcess, cfg: Path, rng: random.Random, figs: Figures, seconds: float
+) -> None:
+    """For ``seconds``, SIGHUP the running daemon at random moments, each time with ``cfg``
+    switched between its text and :func:`reload_variant` of it (replaced atomically)."""
+    original = cfg.read_text()
+    variant = reload_variant(original)
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        pause = rng.uniform(0.05, 0.4)
+        if pause >= left:
+            time.sleep(left)
+            return
+        time.sleep(pause)
+        if d.proc.poll() is not None or " started: " not in d.output():
+            continue
+        tmp = cfg.with_name(cfg.name + ".new")
+        tmp.write_text(variant if cfg.read_text() == original else original)
+        tmp.replace(cfg)
+        d.signal(signal.SIGHUP)
+        figs.reloads += 1
+
+
 def kill_one(
-    cfg: Path, rng: random.Random, figs: Figures, max_delay: float, *, armed: bool
+    cfg: Path,
+    rng: random.Random,
+    figs: Figures,
+    max_delay: float,
+    *,
+    armed: bool,
+    reloads: bool = False,
 ) -> None:
     """One run of the daemon, ended by SIGKILL after a random delay, or (``armed``, while a
     phase of ``figs.phases`` is still missed) by the next missed crash point, reached for the
     1st to 3rd time; a crash point not reached within a few seconds is SIGKILLed too, and
-    tried again by the next armed run."""
+    tried again by the next armed run. ``reloads``: until a random kill, SIGHUPs with a config
+    that restarts a source (:func:`_reloading`), so that kills land in reloads too."""
     missed = figs.phases_missed
     point = missed[0] if armed and missed else None
     env = {"TFRECORDD_CRASH_AT": f"{point}:{rng.randint(1, 3)}"} if point else None
     # A random kill may land in start-up itself, imports included: that run starts cold. An
     # armed run dies at its crash point, however it started.
     d = DaemonProcess(cfg, env=env, cold=point is None)
-    if point is None:
+    if point is None and reloads:
+        _reloading(d, cfg, rng, figs, rng.uniform(0.0, max_delay))
+    elif point is None:
         time.sleep(rng.uniform(0.0, max_delay))
     else:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -475,6 +530,7 @@ def kill_one(
     figs.killed_before_ready += " started: " not in out
     figs.count_recovery(out)
     figs.torn_journal += "journal tail torn" in out
+    figs.reloads_applied += out.count("reload: applied")
 
 
 def dead_letter_places(state: Path) -> set[str]:
@@ -933,6 +989,7 @@ def run_dataset_trials(
     phases: Sequence[str] | None = None,
     max_seconds: float | None = None,
     tf_globs: bool = False,
+    reloads: bool = False,
 ) -> Figures:
     """:func:`run_crash_trials` with two datasets (:func:`datasets_config`): after every kill,
     besides the reader globs, every acknowledged spool file's records must be published
@@ -958,7 +1015,7 @@ def run_dataset_trials(
                 if max_seconds is not None and time.monotonic() - killing_since > max_seconds:
                     figs.notes.append(f"stopped after {n} kills: {max_seconds:.0f}s bound")
                     break
-                kill_one(cfg, rng, figs, max_delay, armed=n % 2 == 1)
+                kill_one(cfg, rng, figs, max_delay, armed=n % 2 == 1, reloads=reloads)
                 for oracle in oracles:
                     oracle.look(f"after kill {n + 1}")
                 figs.glob_looks += 1

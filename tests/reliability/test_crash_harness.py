@@ -72,6 +72,17 @@ def test_sigkill_spool_directory(tmp_path: Path) -> None:
     assert set(figs.phases) == set(CRASH_PHASES["directory"])
 
 
+def test_sigkill_spool_directory_with_reloads(tmp_path: Path) -> None:
+    """Kills land in live reloads too (SIGHUPs between kills, each restarting the source):
+    every event once, none lost."""
+    figs = run_crash_trials(
+        tmp_path, source="directory", kills=16, seed=7, phases=[], max_delay=2.0, reloads=True
+    )
+    assert figs.ok, figs.summary() + "\n" + "\n".join(figs.notes)
+    assert figs.reloads_applied > 0, figs.summary()
+    assert figs.reloads > figs.reloads_applied, "some reloads were cut short by a kill"
+
+
 @pytest.mark.tensorflow
 def test_sigkill_spool_directory_tensorflow_globs(tmp_path: Path) -> None:
     """TensorFlow's globs (``tf.io.gfile.glob``, ``tf.io.matching_files``, which do not skip
