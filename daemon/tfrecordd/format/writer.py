@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import zstandard
 
@@ -56,6 +57,11 @@ class Packed:
     unit: Unit
     lengths: array[int]
     """Each record's length, in order (what shard manifests' offsets are made from)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A dataclass's own pickling reads its fields() for each instance: a batch's parts
+        # cross between processes by the hundred, and this is several times faster.
+        return (Packed, (self.unit, self.lengths))
 
     @property
     def records(self) -> int:

@@ -107,6 +107,11 @@ class Part:
     times: tuple[float, float] | None = None
     """The earliest and latest event time of the records (epoch seconds), where known."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A dataclass's own pickling reads its fields() for each instance: a batch's parts
+        # cross between processes by the hundred, and this is several times faster.
+        return (Part, (self.dataset, self.folder, self.records, self.times))
+
     @property
     def count(self) -> int:
         """How many records."""

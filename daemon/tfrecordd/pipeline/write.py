@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
+from prometheus_client import Counter
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
@@ -122,6 +123,7 @@ class WriteStage:
         self.space = FreeSpace(self.metrics)
         self.draining = False
         """Whether the daemon stops: its sources read no more (``/readyz`` says so)."""
+        self._counters: dict[str, tuple[Counter, Counter, Counter]] = {}
         self.compressing = ThreadPoolExecutor(COMPRESS_THREADS, "tfrecordd-compress")
         """Where open shards compress their held writes (:data:`COMPRESS_THREADS`)."""
 
@@ -290,9 +292,7 @@ class WriteStage:
                 before = shard.file_bytes
                 shard.collect()
                 if shard.file_bytes != before:
-                    self.metrics.file_bytes_written.labels(entry.dataset).inc(
-                        shard.file_bytes - before
-                    )
+                    self._written(entry.dataset)[2].inc(shard.file_bytes - before)
 
     def _write_batches_of(self, run: list[EncodedBatch]) -> int:
         for n, batch in enumerate(run):
@@ -391,13 +391,26 @@ class WriteStage:
         # Least recently written first: the one to close at the cap.
         self.open[key] = self.open.pop(key)
         shard = entry.shard
-        m = self.metrics
-        m.records_written.labels(part.dataset).inc(part.count)
-        m.raw_bytes_written.labels(part.dataset).inc(shard.raw_bytes - before_raw)
-        m.file_bytes_written.labels(part.dataset).inc(shard.file_bytes - before_file)
+        records, raw, written = self._written(part.dataset)
+        records.inc(part.count)
+        raw.inc(shard.raw_bytes - before_raw)
+        written.inc(shard.file_bytes - before_file)
         if limit and shard.records >= limit:
             self._close(key)
         return entry
+
+    def _written(self, dataset: str) -> tuple[Counter, Counter, Counter]:
+        """The dataset's counters of records, raw bytes and file bytes written (looked up by
+        label once: a partitioned batch counts into them once per part)."""
+        counters = self._counters.get(dataset)
+        if counters is None:
+            m = self.metrics
+            counters = self._counters[dataset] = (
+                m.records_written.labels(dataset),
+                m.raw_bytes_written.labels(dataset),
+                m.file_bytes_written.labels(dataset),
+            )
+        return counters
 
     def _open_shard(self, d: DatasetOutput, key: ShardKey) -> _Open:
         if d.completion is not None and not key[1].startswith(LATE_TREE):
