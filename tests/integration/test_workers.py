@@ -17,7 +17,7 @@ import pytest
 
 from tfrecordd.errors import WorkerError
 from tfrecordd.format.compression import Compression
-from tfrecordd.format.writer import Packed
+from tfrecordd.format.writer import Packed, unpack
 from tfrecordd.pipeline.encoding import EncodeRequest, Outcome, encode, encode_events
 from tfrecordd.pipeline.workerio import (
     DEPTH,
@@ -44,8 +44,11 @@ def _lines(first: int, n: int) -> Lines:
 
 
 def _ids(outcome: Outcome) -> list[bytes]:
-    assert isinstance(outcome.records, list)
-    return outcome.records
+    # Small batches come back framed (an uncompressed unit), to be compressed by the shard.
+    records = outcome.records
+    assert isinstance(records, Packed)
+    assert records.unit.compression is Compression.NONE
+    return unpack(records)
 
 
 def _alive(pid: int) -> bool:
@@ -84,7 +87,7 @@ async def test_answers_come_back_to_their_own_batches() -> None:
     encoder = CONFIG.build()
     for k, outcome in results.items():
         expected = encode_events(encoder, [], _lines(k * 100, 1 + k % 7), Compression.NONE, None)
-        assert _ids(outcome) == expected.records
+        assert _ids(outcome) == _ids(expected)
         assert outcome.line_events == 1 + k % 7
     assert len(results) == 40
 
@@ -103,7 +106,7 @@ async def test_batches_sent_together_come_back_each_to_its_own() -> None:
         encode_events(encoder, [], _lines(k * 100, 1 + k), Compression.NONE, None) for k in range(5)
     ]
     expected.insert(2, encode_events(encoder, events, None, Compression.NONE, None))
-    assert [_ids(o) for o in outcomes] == [e.records for e in expected]
+    assert [_ids(o) for o in outcomes] == [_ids(e) for e in expected]
     assert [o.line_events for o in outcomes] == [1, 2, 0, 3, 4, 5]
 
 
@@ -360,7 +363,7 @@ async def test_the_local_encoder_takes_requests_while_free_and_workers_the_rest(
     encoder = CONFIG.build()
     for k, outcome in results.items():
         expected = encode_events(encoder, [], _lines(k * 10, 3), Compression.NONE, None)
-        assert _ids(outcome) == expected.records
+        assert _ids(outcome) == _ids(expected)
     assert len(results) == 12
     assert 0 in local.took
     assert 0 < len(local.took) < 12  # both kinds of encoder did some
