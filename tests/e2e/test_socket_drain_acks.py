@@ -18,13 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.test_descriptor_limits import scrape, write_tcp_config
+from tests.e2e.test_descriptor_limits import scrape
 from tests.support import (
     DaemonProcess,
     free_port,
     movie_event,
     read_ids,
     wait_for,
+    write_tcp_config,
 )
 
 DOCS = Path(__file__).parents[2] / "docs" / "sources" / "sockets.md"
@@ -57,7 +58,7 @@ def test_sigterm_mid_stream_acks_what_the_drain_published(tmp_path: Path) -> Non
     send_acked = documented_client()
     tcp_port, metrics_port = free_port(), free_port()
     # A small pipeline: the clients are still streaming when the stop comes.
-    config = write_tcp_config(tmp_path, tcp_port, metrics_port)
+    config = write_tcp_config(tmp_path, tcp_port, metrics_port, ack=True)
     text = config.read_text().replace(
         "[daemon]\n", "[daemon]\nqueue_batches = 1\nmax_batch_events = 100\n", 1
     )
