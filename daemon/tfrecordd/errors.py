@@ -178,10 +178,11 @@ class ListenError(TfrecorddError):
 
     exit_code = EXIT_IN_USE
 
-    def __init__(self, address: str, detail: str, *, exit_code: int = EXIT_IN_USE) -> None:
+    def __init__(self, address: str, detail: str, *, exit_code: int | None = None) -> None:
         self.address = address
         self.detail = detail
-        self.exit_code = exit_code
+        if exit_code is not None:  # else the class's (a subclass may have its own)
+            self.exit_code = exit_code
         super().__init__(f"{address}: {detail}")
 
 
