@@ -1,13 +1,14 @@
 """The config in effect, as TOML: every default filled in, every ``${…}`` substituted, and every
 secret masked (``tfrecordd check-config --show``).
 
-A value is masked (``"***"``) when the setting it is the value of looks secret
-(:func:`~tfrecordd.secretvalues.is_secret_key` of a field of the config's models), and so is
-every value read from a secret file or credential, or a secret-looking variable, wherever it
-appears (:mod:`tfrecordd.secretvalues`); a URL keeps all but its password (:mod:`tfrecordd.redact`),
-and ``storage_options`` only the values of keys known to be harmless. The keys of any other
-table are names a user chose (features, route values, datasets), never masked for what they
-say: a feature named ``api_key`` is shown as declared, and the shown config loads back.
+A value is masked (``"***"``) when the setting or table key it is the value of looks secret
+(:func:`~tfrecordd.secretvalues.is_secret_key`), and so is every value read from a secret file
+or credential, or a secret-looking variable, wherever it appears (:mod:`tfrecordd.secretvalues`);
+a URL keeps all but its password (:mod:`tfrecordd.redact`), and ``storage_options`` only the
+values of keys known to be harmless. The keys of the tables a user names
+(:data:`~tfrecordd.secretvalues.NAMED_TABLES`: features, labels, a route's values) are names,
+never masked for what they say: a feature named ``api_key`` is shown as declared, and the shown
+config loads back.
 """
 
 from __future__ import annotations
@@ -50,14 +51,16 @@ def masked(model: BaseModel, exclude: set[str] | None = None) -> dict[str, Any]:
 
 def _mask(model: Any, value: Any, setting: str | None) -> Any:
     """``value`` (``model`` dumped) with its secrets masked; ``setting``: the field of a model
-    that ``value`` is the value of (``None``: a key of a user's table, or the top)."""
+    or the key of a table that ``value`` is the value of (``None``: a name a user chose, the key
+    of a table in :data:`~tfrecordd.secretvalues.NAMED_TABLES`, or the top)."""
     if isinstance(value, dict):
         if setting == "storage_options":
             return redact_options(value)
         if isinstance(model, BaseModel):
             return {k: _mask(getattr(model, k, None), v, k) for k, v in value.items()}
         items = model if isinstance(model, Mapping) else {}
-        return {k: _mask(items.get(k), v, None) for k, v in value.items()}
+        names = setting in secretvalues.NAMED_TABLES
+        return {k: _mask(items.get(k), v, None if names else k) for k, v in value.items()}
     if isinstance(value, list):
         models = (
             model if isinstance(model, list) and len(model) == len(value) else [None] * len(value)

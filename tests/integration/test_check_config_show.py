@@ -143,20 +143,25 @@ features = {{ api_key = "bytes", secret_id = {{ type = "int64", path = "auth.tok
 class _Settings(BaseModel):
     api_password: str
     url: str
-    names: dict[str, str]
+    features: dict[str, str]
+    options: dict[str, str]
     nested: list[dict[str, str]]
 
 
 def test_a_setting_named_like_a_secret_is_masked_and_a_name_is_not() -> None:
+    """Settings and the keys of option tables are masked by what they say; the keys of the
+    tables a user names (features, route values, labels) are not."""
     settings = _Settings(
         api_password="plain-in-the-file",
         url="https://user:pw@example.com/x",
-        names={"api_password": "a dataset", "token": "another"},
-        nested=[{"secret": "kept"}],
+        features={"api_password": "bytes", "token": "int64"},
+        options={"sasl_password": "in-the-file", "client_id": "c1"},
+        nested=[{"secret": "in-a-list"}],
     )
     assert masked(settings) == {
         "api_password": "***",
         "url": "https://user:***@example.com/x",
-        "names": {"api_password": "a dataset", "token": "another"},
-        "nested": [{"secret": "kept"}],
+        "features": {"api_password": "bytes", "token": "int64"},
+        "options": {"sasl_password": "***", "client_id": "c1"},
+        "nested": [{"secret": "***"}],
     }

@@ -4,9 +4,8 @@
 files. :func:`pack` frames and compresses a batch into a :class:`Packed` unit anywhere (an encode
 worker, say) for :meth:`RecordWriter.write_packed` to append unchanged; :func:`frame` frames a
 batch too small to be worth a unit of its own, for the writer to compress with the writes it
-holds. :func:`open_writer` is the
-convenience for tools and tests: a local file published atomically, under the same no-partial-file
-rule as shards.
+holds. :func:`open_writer` is the convenience for tools and tests: a local file published
+atomically, under the same no-partial-file rule as shards.
 """
 
 from __future__ import annotations
