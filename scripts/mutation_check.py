@@ -178,6 +178,15 @@ MUTATIONS = (
         ("tests/adversarial/test_connection_boundary.py",),
     ),
     Mutation(
+        "reload-without-drain",
+        "a reload starts a source's new instance before what the old one sent is committed",
+        "daemon/tfrecordd/pipeline/reload.py",
+        r"^(\s*)d\.write\.request_flush\(\)\n\s*while d\.write\.flushes == seen:.*\n"
+        r"\s*await anyio\.sleep\(POLL\)\n",
+        r"\1pass\n",
+        (f"{KILLS}_with_reloads",),
+    ),
+    Mutation(
         "node-folder-scanned",
         "the node's claim folder is not among the folders a recursive scan never enters",
         "plugins/tfrecordd_plugins/sources/spool_held.py",
