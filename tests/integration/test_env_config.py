@@ -8,34 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_server import write_redis_config
 from tests.support import run_tfrecordd, write_config
 from tfrecordd.cli import main
 from tfrecordd.config import load_config
 from tfrecordd.errors import EXIT_CONFIG, EXIT_NOINPUT, ConfigError
-
-
-def _redis_config(root: Path, url: str, stream: str = "events") -> Path:
-    path = root / "redis.toml"
-    path.write_text(
-        f"""[daemon]
-node_id = "test"
-state_dir = "{root / "state"}"
-[metrics]
-enabled = false
-[output]
-dir = "{root / "shards"}"
-[[sources]]
-name = "redis"
-type = "redis-stream"
-url = "{url}"
-stream = "{stream}"
-encoder = "events"
-[encoders.events]
-type = "example"
-features = {{ id = "int64" }}
-"""
-    )
-    return path
 
 
 def test_variables_defaults_and_escapes_are_substituted(
@@ -52,7 +29,9 @@ def test_variables_defaults_and_escapes_are_substituted(
     loaded = load_config(config)
     assert loaded.daemon.node_id == "ingest-07"
     assert loaded.daemon.state_dir == tmp_path / "state"
-    escaped = _redis_config(tmp_path, "redis://localhost/0", stream="cost$$5-$x-$${NODE}")
+    escaped = write_redis_config(
+        tmp_path, "redis://localhost/0", source={"stream": "cost$$5-$x-$${NODE}"}
+    )
     redis = load_config(escaped)
     assert redis.sources[0].model_dump()["stream"] == "cost$5-$x-${NODE}"
     # keys are never substituted: the feature is named as written
@@ -100,7 +79,7 @@ def test_a_value_with_a_line_end_after_substitution_is_refused(
 def test_a_secret_file_is_read_without_its_line_end_and_never_printed(tmp_path: Path) -> None:
     secret = tmp_path / "redis-password"
     secret.write_text("s3cr3t-Pa55 \n\n")
-    config = _redis_config(tmp_path, f"redis://app:${{file:{secret}}}@127.0.0.1:6379/0")
+    config = write_redis_config(tmp_path, f"redis://app:${{file:{secret}}}@127.0.0.1:6379/0")
     loaded = load_config(config)
     assert loaded.sources[0].model_dump()["url"] == "redis://app:s3cr3t-Pa55 @127.0.0.1:6379/0"
     # the same secret where a check quotes it: masked in the error
@@ -118,18 +97,18 @@ def test_a_credential_is_read_from_the_credentials_directory(
     creds.mkdir()
     (creds / "redis").write_text("from-systemd\n")
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
-    loaded = load_config(_redis_config(tmp_path, "redis://:${credential:redis}@localhost/0"))
+    loaded = load_config(write_redis_config(tmp_path, "redis://:${credential:redis}@localhost/0"))
     assert loaded.sources[0].model_dump()["url"] == "redis://:from-systemd@localhost/0"
     monkeypatch.delenv("CREDENTIALS_DIRECTORY")
     with pytest.raises(ConfigError, match=r"sources\[0\]\.url: .*CREDENTIALS_DIRECTORY is not set"):
-        load_config(_redis_config(tmp_path, "redis://:${credential:redis}@localhost/0"))
+        load_config(write_redis_config(tmp_path, "redis://:${credential:redis}@localhost/0"))
 
 
 def test_an_unreadable_secret_file_names_the_key_and_the_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "no-such-secret"
-    config = _redis_config(tmp_path, f"redis://:${{file:{missing}}}@localhost/0")
+    config = write_redis_config(tmp_path, f"redis://:${{file:{missing}}}@localhost/0")
     assert main(["check-config", str(config)]) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert f"sources[0].url: cannot read the secret file {missing}: No such file" in err
