@@ -188,10 +188,17 @@ def write_config(
 
 
 def write_tcp_config(
-    root: Path, tcp_port: int, metrics_port: int | None = None, **tcp: object
+    root: Path,
+    tcp_port: int,
+    metrics_port: int | None = None,
+    *,
+    kind: str = "tcp",
+    host: str = "127.0.0.1",
+    **tcp: object,
 ) -> Path:
-    """A config for one tcp source (``tcp-in`` on ``tcp_port``, more of its settings in
-    ``tcp``) under ``root``, shards published after 200ms; returns its path."""
+    """A config for one tcp source (or ``kind``: udp; ``<kind>-in`` on ``host:tcp_port``, more
+    of its settings in ``tcp``) under ``root``, shards published after 200ms; returns its
+    path."""
     features = "\n".join(f"{k} = {json.dumps(v)}" for k, v in MOVIES_FEATURES.items())
     extra = "\n".join(f"{k} = {json.dumps(v)}" for k, v in tcp.items())
     metrics = f'listen = "127.0.0.1:{metrics_port}"' if metrics_port else "enabled = false"
@@ -208,9 +215,9 @@ dir = "{root / "shards"}"
 max_shard_age = "200ms"
 
 [[sources]]
-name = "tcp-in"
-type = "tcp"
-listen = "127.0.0.1:{tcp_port}"
+name = "{kind}-in"
+type = "{kind}"
+listen = "{host}:{tcp_port}"
 encoder = "movies"
 {extra}
 

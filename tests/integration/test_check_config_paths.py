@@ -22,7 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import daemon_process, free_port, run_tfrecordd, wait_for, write_config
+from tests.support import (
+    daemon_process,
+    free_port,
+    run_tfrecordd,
+    wait_for,
+    write_config,
+    write_tcp_config,
+)
 from tfrecordd.errors import EXIT_CONFIG, EXIT_IN_USE, EXIT_IO
 
 TIMEOUT = 90
@@ -174,32 +181,9 @@ def test_the_log_level_is_a_config_key_and_the_flag_wins(tmp_path: Path) -> None
     assert " INFO " in loud
 
 
-def _tcp_config(root: Path, port: int) -> Path:
-    config = root / "tcp.toml"
-    config.write_text(
-        f"""[daemon]
-node_id = "test"
-state_dir = "{root / "state"}"
-[metrics]
-enabled = false
-[output]
-dir = "{root / "shards"}"
-[[sources]]
-name = "tcp"
-type = "tcp"
-listen = "127.0.0.1:{port}"
-encoder = "events"
-[encoders.events]
-type = "example"
-features = {{ id = "int64" }}
-"""
-    )
-    return config
-
-
 def test_a_source_port_in_use_is_one_line_naming_its_key_and_exit_75(tmp_path: Path) -> None:
     with held_port() as port:
-        config = _tcp_config(tmp_path, port)
+        config = write_tcp_config(tmp_path, port)
         check = run_tfrecordd("check-config", str(config))
         assert check.returncode == 0, check.stderr
         assert f"warning: sources[0].listen: 127.0.0.1:{port}: address already in use" in (
@@ -253,11 +237,7 @@ def test_a_source_address_not_of_this_machine_is_one_line_and_exit_78(
 ) -> None:
     """As for the metrics address: not "in use" (75), which a later start may find free, but
     the config's to fix."""
-    source = {"name": "in", "type": kind, "listen": "192.0.2.1:9778", "path": None}
-    config = write_config(tmp_path, source={k: v for k, v in source.items() if v is not None})
-    text = config.read_text().replace(f'path = "{tmp_path / "spool"}"\n', "")
-    text = text.replace('poll_interval = "100ms"\n', "")
-    config.write_text(text)
+    config = write_tcp_config(tmp_path, 9778, kind=kind, host="192.0.2.1")
     run = run_with(["run", "--config", str(config)])
     assert run.returncode == EXIT_CONFIG, run.stderr
     line = _one_line(run.stderr)
