@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,20 @@ def running(config: Path, port: int) -> Iterator[DaemonProcess]:
         d.kill()
 
 
+@contextmanager
+def meanwhile(work: Callable[[threading.Event], None], join: float = 60) -> Iterator[None]:
+    """Run ``work(stop)`` in a thread through the block (the load a reload runs under);
+    ``stop`` is set when the block ends, and the thread joined."""
+    stop = threading.Event()
+    thread = threading.Thread(target=work, args=(stop,))
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(join)
+
+
 def reloads(port: int, result: str) -> float:
     return metric(port, "tfrecordd_config_reloads_total", result=result)
 
@@ -122,9 +136,8 @@ def test_spool_under_load_with_repeated_reloads_writes_every_event_once(
     (tmp_path / "extra").mkdir()
     files, per_file = 60, 100
     with running(cfg, port) as d:
-        stop = threading.Event()
 
-        def produce() -> None:
+        def produce(stop: threading.Event) -> None:
             for f in range(files):
                 if stop.is_set():
                     return
@@ -133,9 +146,7 @@ def test_spool_under_load_with_repeated_reloads_writes_every_event_once(
                 spool_file(folder, f"f{f:03}.jsonl", [movie_event(i) for i in ids])
                 time.sleep(0.03)
 
-        producer = threading.Thread(target=produce)
-        producer.start()
-        try:
+        with meanwhile(produce, join=30):
             for n in range(10):
                 # The main source changes each time (restarted from its journalled position);
                 # the extra one comes and goes; the dataset's record cap changes every third.
@@ -144,9 +155,6 @@ def test_spool_under_load_with_repeated_reloads_writes_every_event_once(
                 srcs = [spool, extra] if n % 2 == 0 else [spool]
                 write(tmp_path, srcs, metrics_port=port, output=cap, daemon=daemon)
                 reload_and_wait(d, port)
-        finally:
-            stop.set()
-            producer.join(30)
         write(tmp_path, [main, extra], metrics_port=port, daemon=daemon)
         reload_and_wait(d, port)
         wait_for(lambda: spool_drained(tmp_path / "spool"), 60)
@@ -188,9 +196,8 @@ def test_a_client_is_never_refused_during_20_reloads(tmp_path: Path, kind: str) 
     sent: list[int] = []
     refused: list[str] = []
     with running(cfg, port) as d:
-        stop = threading.Event()
 
-        def client() -> None:
+        def client(stop: threading.Event) -> None:
             i = 0
             deadline = time.monotonic() + 120
             while not stop.is_set() and time.monotonic() < deadline:
@@ -203,15 +210,10 @@ def test_a_client_is_never_refused_during_20_reloads(tmp_path: Path, kind: str) 
                 sent.append(i)
                 i += 1
 
-        thread = threading.Thread(target=client)
-        thread.start()
-        try:
+        with meanwhile(client):
             for n in range(1, 21):
                 write(tmp_path, [source(n)], metrics_port=port)
                 reload_and_wait(d, port)
-        finally:
-            stop.set()
-            thread.join(60)
         log = d.output()
     assert refused == [], refused[:5]
     assert "keeps its listening socket" in log
@@ -434,9 +436,8 @@ def test_udp_datagrams_through_reloads_are_each_written_once(tmp_path: Path) -> 
     cfg = write(tmp_path, [udp(0)], metrics_port=port)
     sent: list[int] = []
     with running(cfg, port) as d:
-        stop = threading.Event()
 
-        def sender() -> None:
+        def sender(stop: threading.Event) -> None:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                 i = 0
                 while not stop.is_set() and i < 20000:
@@ -446,15 +447,10 @@ def test_udp_datagrams_through_reloads_are_each_written_once(tmp_path: Path) -> 
                     if i % 10 == 0:  # about 500 a second: a reload's pause fits the buffer
                         time.sleep(0.02)
 
-        thread = threading.Thread(target=sender)
-        thread.start()
-        try:
+        with meanwhile(sender, join=30):
             for n in range(1, 11):
                 write(tmp_path, [udp(n)], metrics_port=port)
                 reload_and_wait(d, port)
-        finally:
-            stop.set()
-            thread.join(30)
         wait_for(lambda: len(read_ids(tmp_path / "shards")) + dropped(port) >= len(sent), 30)
         lost = dropped(port)
         log = d.output()
