@@ -177,6 +177,8 @@ def write_config(
         "encoder": "movies",
         "poll_interval": "100ms",
     } | dict(source or {})
+    if src["type"] != "directory":
+        src.pop("poll_interval")
     lines.append("[[sources]]")
     lines += [f"{k} = {_toml(v)}" for k, v in src.items()]
     lines += ["[encoders.movies]", 'type = "example"', "[encoders.movies.features]"]

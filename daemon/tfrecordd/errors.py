@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 from tfrecordd.redact import redact_text
 from tfrecordd.secretvalues import mask
 
@@ -184,6 +186,20 @@ class ListenError(TfrecorddError):
         if exit_code is not None:  # else the class's (a subclass may have its own)
             self.exit_code = exit_code
         super().__init__(f"{address}: {detail}")
+
+
+def listen_failure(e: OSError) -> tuple[str, int]:
+    """Why a socket cannot bind or listen (``e``), in words, and the exit status for it: in use
+    (75) while another process holds the address, which a later start may find free; the
+    config's to fix (78) when the address is not one of this machine's, or a Unix socket's
+    folder is not there; anything else, 75."""
+    if e.errno == errno.EADDRINUSE:
+        return "address already in use (by another process)", EXIT_IN_USE
+    if e.errno == errno.EADDRNOTAVAIL:
+        return "not an address of this machine", EXIT_CONFIG
+    if e.errno in (errno.ENOENT, errno.ENOTDIR):
+        return f"its folder is not there ({e.strerror})", EXIT_CONFIG
+    return str(e.strerror or e), EXIT_IN_USE
 
 
 class SourceLostError(TfrecorddError):

@@ -19,8 +19,8 @@ types it re-exports what plugins need from the core:
 - the errors a plugin raises: :class:`TfrecorddError` (its ``exit_code`` is the daemon's exit
   status when it stops the daemon), :class:`ConfigError`, :class:`EncodeError`,
   :class:`CompressionError`, :class:`DurabilityError` (a failed fsync: it stops the daemon),
-  :class:`ListenError`, :class:`SourceLostError`,
-  :class:`StateInUseError`, and the exit statuses ``EXIT_CONFIG``, ``EXIT_IO``;
+  :class:`ListenError` (:func:`listen_failure` words a bind's error and gives its status),
+  :class:`SourceLostError`, :class:`StateInUseError`, the statuses ``EXIT_CONFIG``, ``EXIT_IO``;
 - the config field types :data:`Duration` (``"30s"`` → seconds) and :data:`Size`
   (``"64MiB"`` → bytes), and :func:`split_host_port` for ``host:port`` keys;
 - :class:`FileSystem`, whose instance :attr:`SourceContext.fs` is the daemon's (every fsync of a
@@ -31,8 +31,7 @@ types it re-exports what plugins need from the core:
   which a source that accepts connections shares with the daemon;
 - :class:`InputBoundary` (counting into :class:`Refusals`), :func:`refusable` and
   :func:`describe`: the boundary around one input (a file, a stream entry, a connection), so
-  that whatever one input raises refuses that input and never stops the source (DESIGN
-  invariant 13);
+  that whatever one input raises refuses it and never stops the source (DESIGN invariant 13);
 - :class:`Backoff` and :func:`retrying`, the backoff schedule and retry loop of a source that
   reconnects; :func:`token_version` and :class:`TokenVersionError`, for tokens that carry a
   version (``"v"``) so that one of a newer release is refused, never misread.
@@ -72,6 +71,7 @@ from tfrecordd.errors import (
     StateInUseError,
     TfrecorddError,
     TokenVersionError,
+    listen_failure,
 )
 from tfrecordd.events import (
     EncodeResult,
@@ -124,6 +124,7 @@ __all__ = [
     "TokenVersionError",
     "describe",
     "descriptors",
+    "listen_failure",
     "refusable",
     "retrying",
     "split_host_port",

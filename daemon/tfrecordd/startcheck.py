@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfrecordd.endpoints import split_host_port
-from tfrecordd.errors import EXIT_CONFIG, EXIT_IN_USE, EXIT_IO
+from tfrecordd.errors import EXIT_CONFIG, EXIT_IN_USE, EXIT_IO, listen_failure
 from tfrecordd.pathcheck import CLAIM_FOLDER, outputs
 
 if TYPE_CHECKING:
@@ -187,10 +187,8 @@ def _bind_fails(host: str, port: int, kind: socket.SocketKind) -> tuple[str, int
             try:
                 sock.bind(addr)
             except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    return "address already in use (by another process)", EXIT_IN_USE
-                if e.errno == errno.EADDRNOTAVAIL:
-                    return "not an address of this machine", EXIT_CONFIG
+                if e.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                    return listen_failure(e)
                 return None
     return None
 

@@ -246,6 +246,17 @@ def test_a_source_address_not_of_this_machine_is_one_line_and_exit_78(
     )
 
 
+def test_a_unix_socket_in_a_folder_not_there_is_one_line_and_exit_78(tmp_path: Path) -> None:
+    """The same class: where the socket cannot be made is the config's to fix."""
+    where = tmp_path / "no-such-folder" / "in.sock"
+    config = write_config(tmp_path, source={"name": "in", "type": "unix", "path": where})
+    run = run_with(["run", "--config", str(config)])
+    assert run.returncode == EXIT_CONFIG, run.stderr
+    assert f"sources[0].path: {where}: cannot listen: its folder is not there" in (
+        _one_line(run.stderr)
+    )
+
+
 def test_check_config_beside_its_running_daemon_warns_of_no_port(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path, metrics_port=port)

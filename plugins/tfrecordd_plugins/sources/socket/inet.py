@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import errno
 import socket
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from tfrecordd.plugin import EXIT_CONFIG, ListenError, split_host_port
+from tfrecordd.plugin import EXIT_CONFIG, ListenError, listen_failure, split_host_port
 
 __all__ = ["ListenAddress", "inet_peer", "inet_socket"]
 
@@ -46,12 +45,8 @@ def inet_socket(listen: str, kind: socket.SocketKind, backlog: int | None = None
         sock.setblocking(False)
     except OSError as e:
         sock.close()
-        if e.errno == errno.EADDRNOTAVAIL:
-            # The config's to fix, as for the metrics address: no wait makes it bind.
-            raise ListenError(
-                listen, "cannot listen: not an address of this machine", exit_code=EXIT_CONFIG
-            ) from e
-        raise ListenError(listen, f"cannot listen: {e.strerror or e}") from e
+        why, status = listen_failure(e)
+        raise ListenError(listen, f"cannot listen: {why}", exit_code=status) from e
     return sock
 
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any, ClassVar, Literal, cast
 import anyio
 from pydantic import BeforeValidator, Field
 
-from tfrecordd.plugin import EXIT_IO, ListenError, SourceContext
+from tfrecordd.plugin import EXIT_IO, ListenError, SourceContext, listen_failure
 from tfrecordd_plugins.sources.socket.config import StreamSourceConfig
 from tfrecordd_plugins.sources.socket.server import ACCEPT_BACKLOG, StreamSource
 
@@ -108,7 +108,8 @@ class UnixSource(StreamSource):
             sock.setblocking(False)
         except OSError as e:
             sock.close()
-            raise ListenError(path, f"cannot listen: {e.strerror or e}") from e
+            why, status = listen_failure(e)
+            raise ListenError(path, f"cannot listen: {why}", exit_code=status) from e
         log.info("%s: listening on %s (unix, mode %o)", self.config.name, path, self.config.mode)
         return sock
 
