@@ -17,12 +17,12 @@ from tfrecordd.errors import ConfigError
 from tfrecordd.format import features, proto
 from tfrecordd.format.features import FeatureReader, FeatureValue, Row
 from tfrecordd.format.wire import ExampleWriter, FeatureType
+from tfrecordd.outputs.fieldvalues import sanitize
+from tfrecordd.outputs.partitioncap import PartitionCap
 from tfrecordd.outputs.partitions import (
-    PartitionCap,
     Partitioner,
     TimeRange,
     folder_range,
-    sanitize,
     time_folder,
     time_prefix,
 )

@@ -16,7 +16,7 @@ from tfrecordd.format.writer import Packed, unpack
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
 from tfrecordd.outputs.output import Output
-from tfrecordd.outputs.partitions import PartitionCap
+from tfrecordd.outputs.partitioncap import PartitionCap
 from tfrecordd.outputs.shards import ShardNamer
 from tfrecordd.pipeline.commit import Manifests
 from tfrecordd.pipeline.completion import Completion
