@@ -1331,7 +1331,7 @@ done:
     return result;
 }
 
-/* ---- string_values: one top-level string of each JSON object ------------------------------ */
+/* ---- Routing: JSON payloads grouped by one top-level string (a route's field) -------------- */
 
 /* The value of the top-level key `key` of the JSON object in [data, data + size): ENC_OK with
  * its raw content in [*vs, *ve) and *vesc telling whether it holds escapes, when the whole
@@ -1386,36 +1386,76 @@ static int find_string(Parser *ps, const unsigned char *data, Py_ssize_t size,
     return found ? ENC_OK : ENC_FALLBACK;
 }
 
-enum { VALUE_ESCAPED = 0x10 };
+enum { LINEAR_VALUES = 8 };
 
-static PyObject *string_values(PyObject *Py_UNUSED(module), PyObject *const *args,
+/* The class of each payload, as string_groups returns them: the index of its value in `values`,
+ * k for another string, k + 1 for Python to read. */
+static Py_ssize_t value_class(const unsigned char *s, size_t len, PyObject *values,
+                              PyObject *table, Py_ssize_t k) {
+    if (table == NULL) {
+        for (Py_ssize_t j = 0; j < k; j++) {
+            PyObject *v = PyTuple_GET_ITEM(values, j);
+            if ((size_t)PyBytes_GET_SIZE(v) == len && memcmp(PyBytes_AS_STRING(v), s, len) == 0)
+                return j;
+        }
+        return k;
+    }
+    PyObject *text = PyBytes_FromStringAndSize((const char *)s, (Py_ssize_t)len);
+    if (text == NULL) return -1;
+    PyObject *j = PyDict_GetItemWithError(table, text);
+    Py_DECREF(text);
+    if (j == NULL) return PyErr_Occurred() ? -1 : k;
+    return PyLong_AsSsize_t(j);
+}
+
+static PyObject *string_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
                                Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "string_values(payloads, key) takes 2 arguments");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "string_groups(payloads, key, values) takes 3 arguments");
         return NULL;
     }
     if (!PyBytes_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "key must be bytes");
         return NULL;
     }
+    PyObject *values = PySequence_Tuple(args[2]);
+    if (values == NULL) return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(values);
+    PyObject *table = NULL, *result = NULL, *key = NULL, *payloads = NULL;
+    size_t *span = NULL;
+    unsigned char *status = NULL;
+    Parser ps = {0};
+    for (Py_ssize_t j = 0; j < k; j++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(values, j))) {
+            PyErr_SetString(PyExc_TypeError, "values must be bytes");
+            goto done;
+        }
+    }
+    if (k > LINEAR_VALUES) {
+        if ((table = PyDict_New()) == NULL) goto done;
+        for (Py_ssize_t j = k - 1; j >= 0; j--) { /* the first of a value given twice wins */
+            PyObject *index = PyLong_FromSsize_t(j);
+            if (index == NULL || PyDict_SetItem(table, PyTuple_GET_ITEM(values, j), index) < 0) {
+                Py_XDECREF(index);
+                goto done;
+            }
+            Py_DECREF(index);
+        }
+    }
     /* A tuple of our own holds every payload alive while the GIL is released (first_values
      * says why not PySequence_Fast). */
-    PyObject *payloads = PySequence_Tuple(args[0]);
-    if (payloads == NULL) return NULL;
-    PyObject *key = Py_NewRef(args[1]);
+    if ((payloads = PySequence_Tuple(args[0])) == NULL) goto done;
+    key = Py_NewRef(args[1]);
     Py_ssize_t n = PyTuple_GET_SIZE(payloads);
-    PyObject *result = NULL;
-    size_t *span = PyMem_Malloc(((size_t)n + 1) * 2 * sizeof(size_t));
-    unsigned char *status = PyMem_Malloc((size_t)n + 1);
-    Parser ps = {0};
-    Buf text = {0};
+    span = PyMem_Malloc(((size_t)n + 1) * 2 * sizeof(size_t));
+    status = PyMem_Malloc((size_t)n + 1);
     if (span == NULL || status == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++)
         status[i] = PyBytes_Check(PyTuple_GET_ITEM(payloads, i)) ? ENC_OK : ENC_FALLBACK;
-    const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
+    const unsigned char *kp = (const unsigned char *)PyBytes_AS_STRING(key);
     size_t klen = (size_t)PyBytes_GET_SIZE(key);
     int nomem = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -1424,54 +1464,159 @@ static PyObject *string_values(PyObject *Py_UNUSED(module), PyObject *const *arg
         PyObject *item = PyTuple_GET_ITEM(payloads, i);
         int esc = 0;
         int r = find_string(&ps, (const unsigned char *)PyBytes_AS_STRING(item),
-                            PyBytes_GET_SIZE(item), k, klen, &span[2 * i], &span[2 * i + 1],
+                            PyBytes_GET_SIZE(item), kp, klen, &span[2 * i], &span[2 * i + 1],
                             &esc);
         if (r == ENC_NOMEM) nomem = 1;
-        /* A value holding escapes is decoded once the GIL is held. */
-        status[i] = (unsigned char)(r != ENC_OK ? ENC_FALLBACK : esc ? VALUE_ESCAPED : ENC_OK);
+        /* A value with escapes is left to Python, as rare as it is. */
+        status[i] = (unsigned char)(r == ENC_OK && !esc ? ENC_OK : ENC_FALLBACK);
     }
     Py_END_ALLOW_THREADS
     if (nomem) {
         PyErr_NoMemory();
         goto done;
     }
-    result = PyList_New(n);
-    if (result == NULL) goto done;
+    if ((result = PyList_New(k + 2)) == NULL) goto done;
+    for (Py_ssize_t j = 0; j < k + 2; j++) {
+        PyObject *group = PyList_New(0);
+        if (group == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, j, group);
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *value = NULL;
-        if (status[i] != ENC_FALLBACK) {
+        Py_ssize_t c = k + 1;
+        if (status[i] == ENC_OK) {
             const unsigned char *data =
                 (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(payloads, i));
-            const unsigned char *s = data + span[2 * i], *e = data + span[2 * i + 1];
-            if (status[i] == VALUE_ESCAPED) {
-                text.len = 0;
-                if (decode_escaped(s, e, &text) != ENC_OK) {
-                    PyErr_NoMemory();
-                    Py_CLEAR(result);
-                    goto done;
-                }
-                s = text.data;
-                e = text.data + text.len;
-            }
-            /* Validated UTF-8 without surrogates: decoding cannot fail but on memory. */
-            value = PyUnicode_DecodeUTF8((const char *)s, (Py_ssize_t)(e - s), "strict");
-            if (value == NULL) {
-                Py_CLEAR(result);
-                goto done;
-            }
-        } else {
-            value = Py_NewRef(Py_None);
+            c = value_class(data + span[2 * i], span[2 * i + 1] - span[2 * i], values, table, k);
         }
-        PyList_SET_ITEM(result, i, value);
+        PyObject *index = c < 0 ? NULL : PyLong_FromSsize_t(i);
+        if (index == NULL || PyList_Append(PyList_GET_ITEM(result, c), index) < 0) {
+            Py_XDECREF(index);
+            Py_CLEAR(result);
+            goto done;
+        }
+        Py_DECREF(index);
     }
 done:
     PyMem_Free(span);
     PyMem_Free(status);
     PyMem_RawFree(ps.payload.data);
     PyMem_RawFree(ps.text.data);
-    PyMem_RawFree(text.data);
-    Py_DECREF(key);
-    Py_DECREF(payloads);
+    Py_XDECREF(key);
+    Py_XDECREF(payloads);
+    Py_XDECREF(table);
+    Py_DECREF(values);
+    return result;
+}
+
+/* ---- time_groups: records grouped by the UTC hour of an int64 time ------------------------- */
+
+static long long floor_div(long long a, long long b) { /* b > 0 */
+    long long q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+typedef struct {
+    long long hour, low, high;
+    PyObject *indexes; /* a new list */
+} HourGroup;
+
+static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
+                             Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "time_groups(records, name, per_second) takes 3 arguments");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "name must be bytes");
+        return NULL;
+    }
+    long long per_second = PyLong_AsLongLong(args[2]);
+    if (per_second == -1 && PyErr_Occurred()) return NULL;
+    if (per_second <= 0) {
+        PyErr_SetString(PyExc_ValueError, "per_second must be positive");
+        return NULL;
+    }
+    /* A tuple of our own, as first_values says why. */
+    PyObject *records = PySequence_Tuple(args[0]);
+    if (records == NULL) return NULL;
+    PyObject *name = args[1], *slow = NULL, *result = NULL;
+    Py_ssize_t total = PyTuple_GET_SIZE(records), used = 0, cap = 32, last = -1;
+    size_t found[1][2];
+    HourGroup *groups = PyMem_Malloc(sizeof *groups * (size_t)cap);
+    if (groups == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((slow = PyList_New(0)) == NULL) goto done;
+    for (Py_ssize_t r = 0; r < total; r++) {
+        PyObject *record = PyTuple_GET_ITEM(records, r);
+        if (!PyBytes_Check(record)) {
+            PyErr_SetString(PyExc_TypeError, "records must be bytes");
+            goto done;
+        }
+        PyObject *row = rd_record((const unsigned char *)PyBytes_AS_STRING(record),
+                                  (size_t)PyBytes_GET_SIZE(record), &name, 1, found);
+        if (row == NULL) goto done;
+        int fast = row != Py_None && PyLong_CheckExact(PyTuple_GET_ITEM(row, 0));
+        long long value = fast ? PyLong_AsLongLong(PyTuple_GET_ITEM(row, 0)) : 0;
+        Py_DECREF(row); /* an int64 read from a varint: it fits */
+        PyObject *index = PyLong_FromSsize_t(r);
+        if (index == NULL) goto done;
+        PyObject *into = slow;
+        if (fast) {
+            long long hour = floor_div(floor_div(value, per_second), 3600);
+            if (last < 0 || groups[last].hour != hour) {
+                for (last = 0; last < used && groups[last].hour != hour; last++) {
+                }
+                if (last == used) {
+                    if (used == cap) {
+                        HourGroup *more = PyMem_Realloc(groups, sizeof *groups * (size_t)cap * 2);
+                        if (more == NULL) {
+                            Py_DECREF(index);
+                            PyErr_NoMemory();
+                            goto done;
+                        }
+                        groups = more;
+                        cap *= 2;
+                    }
+                    groups[used] = (HourGroup){hour, value, value, PyList_New(0)};
+                    if (groups[used++].indexes == NULL) {
+                        used--;
+                        Py_DECREF(index);
+                        goto done;
+                    }
+                }
+            }
+            HourGroup *g = &groups[last];
+            if (value < g->low) g->low = value;
+            if (value > g->high) g->high = value;
+            into = g->indexes;
+        }
+        int failed = PyList_Append(into, index);
+        Py_DECREF(index);
+        if (failed < 0) goto done;
+    }
+    PyObject *out = PyList_New(used);
+    if (out == NULL) goto done;
+    for (Py_ssize_t g = 0; g < used; g++) {
+        PyObject *item = Py_BuildValue("(LOLL)", groups[g].hour, groups[g].indexes,
+                                       groups[g].low, groups[g].high);
+        if (item == NULL) {
+            Py_DECREF(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, g, item);
+    }
+    result = PyTuple_Pack(2, out, slow);
+    Py_DECREF(out);
+done:
+    for (Py_ssize_t g = 0; g < used; g++) Py_DECREF(groups[g].indexes);
+    PyMem_Free(groups);
+    Py_XDECREF(slow);
+    Py_DECREF(records);
     return result;
 }
 
@@ -1481,11 +1626,18 @@ static PyMethodDef module_methods[] = {
      "For each serialized Example of records (bytes), the first value of each feature of names "
      "(bytes), None where absent or empty, in a tuple; None for a record that is not "
      "well-formed."},
-    {"string_values", (PyCFunction)(void (*)(void))string_values, METH_FASTCALL,
-     "string_values(payloads, key, /)\n--\n\n"
-     "For each payload (bytes), the string at the top-level key (bytes, UTF-8) of the JSON "
-     "object it holds, or None: not a JSON object this parser validates, the key missing or "
-     "repeated, or its value no string (then Python reads that payload)."},
+    {"string_groups", (PyCFunction)(void (*)(void))string_groups, METH_FASTCALL,
+     "string_groups(payloads, key, values, /)\n--\n\n"
+     "The indexes of payloads (bytes) grouped by the string at the top-level key (bytes, "
+     "UTF-8) of the JSON object each holds: a list for each of values (bytes), then one for "
+     "another string, then one for payloads Python must read (not a JSON object this parser "
+     "validates, the key missing or repeated, its value no string or one with escapes)."},
+    {"time_groups", (PyCFunction)(void (*)(void))time_groups, METH_FASTCALL,
+     "time_groups(records, name, per_second, /)\n--\n\n"
+     "Serialized Examples grouped by the UTC hour of the first value of their int64 feature "
+     "name (bytes), a time in 1/per_second seconds: a list of (hour, indexes, lowest value, "
+     "highest value) in order of first appearance, and the indexes of the records whose value "
+     "is not an int64 (missing, of another kind, or not well-formed)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1493,8 +1645,9 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_cexample",
     .m_doc = "JSON payloads to serialized tf.train.Example records, for schemas of plain features; "
-             "chosen features' first values read back from serialized Examples; one top-level "
-             "string of each JSON object (a route's field).",
+             "chosen features' first values read back from serialized Examples; JSON payloads "
+             "grouped by one top-level string (a route's field), serialized Examples by the UTC "
+             "hour of an int64 time (a partition's).",
     .m_size = -1,
     .m_methods = module_methods,
 };

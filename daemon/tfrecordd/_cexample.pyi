@@ -1,6 +1,7 @@
 """JSON payloads to serialized ``tf.train.Example`` records, for schemas of plain features;
-chosen features' first values read back from serialized Examples; one top-level string of each
-JSON object (a route's field)."""
+chosen features' first values read back from serialized Examples; JSON payloads grouped by one
+top-level string (a route's field), serialized Examples by the UTC hour of an int64 time (a
+partition's)."""
 
 from collections.abc import Sequence
 from typing import final
@@ -38,9 +39,24 @@ def first_values(
     :class:`tfrecordd.format.features.FeatureReader` reads. Raises ``TypeError`` for a record
     or a name that is not ``bytes``."""
 
-def string_values(payloads: Sequence[bytes], key: bytes, /) -> list[str | None]:
-    """For each payload, the string at the top-level ``key`` (UTF-8) of the JSON object it
-    holds, or ``None``: not a JSON object this parser validates (the one the compiled plan
-    uses), the key missing or repeated, or its value no string; then the caller reads that
-    payload in Python. The parsing runs with the GIL released. Raises ``TypeError`` for a key
-    that is not ``bytes``; a payload that is not ``bytes`` gets ``None``."""
+def string_groups(
+    payloads: Sequence[bytes | None], key: bytes, values: Sequence[bytes], /
+) -> list[list[int]]:
+    """The indexes of ``payloads`` grouped by the string at the top-level ``key`` (UTF-8) of
+    the JSON object each holds: one list for each of ``values`` (the first of a value given
+    twice), then one for another string, then one for the payloads Python must read: not a JSON
+    object this parser validates (the one the compiled plan uses), the key missing or repeated,
+    its value no string or one holding escapes, or the payload no ``bytes``. Indexes are in
+    order in each list. The parsing runs with the GIL released. Raises ``TypeError`` for a key
+    or a value that is not ``bytes``."""
+
+def time_groups(
+    records: Sequence[bytes], name: bytes, per_second: int, /
+) -> tuple[list[tuple[int, list[int], int, int]], list[int]]:
+    """Serialized Examples grouped by the UTC hour (``value // per_second // 3600``, floored) of
+    the first value of their ``int64`` feature ``name``, as
+    :class:`tfrecordd.format.features.FeatureReader` reads it: ``(hour, indexes, lowest value,
+    highest value)`` per hour in order of first appearance, and the indexes of the records
+    whose first value is no ``int64`` (missing, empty, of another kind, or the record not
+    well-formed). Raises ``TypeError`` for a record or a name that is not ``bytes``, and
+    ``ValueError`` unless ``per_second`` is positive."""

@@ -8,6 +8,7 @@ import json
 import tomllib
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,8 @@ from tfrecordd.config import parse_config
 from tfrecordd.events import FailureReason, Lines, RawEvent
 from tfrecordd.format.features import FeatureReader
 from tfrecordd.format.writer import Packed, unpack
+from tfrecordd.outputs import partitions
+from tfrecordd.pipeline import routing
 from tfrecordd.pipeline.encoding import EncodeRequest, Part
 from tfrecordd.pipeline.routing import Target, encode_with, plan_encoding
 from tfrecordd.plugin import Registry
@@ -66,6 +69,10 @@ def _target() -> Target:
 TARGET = _target()
 
 
+ESCAPED: set[int] = set()
+"""Events whose route value is written with escapes (read in Python, not in C)."""
+
+
 def _payload(i: int, kind: str, hour: int) -> bytes:
     event: dict[str, Any] = {"id": i, "kind": "f" if kind == "flat" else "h"}
     if kind == "unrouted":
@@ -74,7 +81,12 @@ def _payload(i: int, kind: str, hour: int) -> bytes:
         event["id"] = "not a number"
     if kind != "no-time":
         event["ts"] = hour * 3600 + i  # whole seconds, stored as milliseconds
-    return json.dumps(event).encode()
+    text = json.dumps(event)
+    if i in ESCAPED:
+        value = event["kind"]
+        escaped = "".join(f"\\u{ord(c):04x}" for c in value)
+        text = text.replace(f'"kind": "{value}"', f'"kind": "{escaped}"')
+    return text.encode()
 
 
 def _ids(records: list[bytes] | Packed) -> list[int]:
@@ -84,10 +96,30 @@ def _ids(records: list[bytes] | Packed) -> list[int]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(KINDS, max_size=40), st.lists(KINDS, max_size=40))
+@given(
+    st.lists(KINDS, max_size=40),
+    st.lists(KINDS, max_size=40),
+    st.sets(st.integers(0, 79)),
+    st.booleans(),
+)
 def test_every_event_is_written_or_failed_once_with_its_own_reason(
-    as_events: list[tuple[str, int]], as_lines: list[tuple[str, int]]
+    as_events: list[tuple[str, int]],
+    as_lines: list[tuple[str, int]],
+    escaped: set[int],
+    compiled: bool,
 ) -> None:
+    """The same whether the route's values and the event times are grouped in C or read in
+    Python (``compiled``), and whatever mix of the two a batch needs (``escaped``)."""
+    ESCAPED.clear()
+    ESCAPED.update(escaped)
+    with pytest.MonkeyPatch.context() as patch:
+        if not compiled:
+            patch.setattr(routing, "string_groups", lambda *_: None)
+            patch.setattr(partitions, "hour_groups", lambda *_: None)
+        check_every_event(as_events, as_lines)
+
+
+def check_every_event(as_events: list[tuple[str, int]], as_lines: list[tuple[str, int]]) -> None:
     events = [RawEvent(_payload(i, k, h), f"e{i}") for i, (k, h) in enumerate(as_events)]
     base = len(as_events)
     text = b"".join(_payload(base + j, k, h) + b"\n" for j, (k, h) in enumerate(as_lines))

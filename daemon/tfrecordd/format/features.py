@@ -33,7 +33,7 @@ from typing import Final, TypeAlias
 
 from tfrecordd import speedups
 
-__all__ = ["COMPILED", "FeatureReader", "FeatureValue", "Row"]
+__all__ = ["COMPILED", "FeatureReader", "FeatureValue", "HourGroup", "Row", "hour_groups"]
 
 COMPILED: Final[bool] = speedups.load("_cexample") is not None
 """Whether :class:`FeatureReader` reads in C in this process."""
@@ -46,6 +46,10 @@ FeatureValue: TypeAlias = int | float | bytes
 
 Row: TypeAlias = tuple[FeatureValue | None, ...]
 """One record's first values, one per name asked for, in that order."""
+
+HourGroup: TypeAlias = tuple[int, list[int], int, int]
+"""Records whose time lies in one UTC hour: the hour (since the epoch), their indexes in order,
+the lowest and the highest time among them."""
 
 _BYTES, _FLOAT, _INT64 = 1, 2, 3
 _MAX_DEPTH = 64
@@ -271,3 +275,19 @@ class FeatureReader:
             return _cexample.first_values(records, self._keys)
         read = self.read
         return [read(record) for record in records]
+
+
+def hour_groups(
+    records: Sequence[bytes], name: str, per_second: int
+) -> tuple[list[HourGroup], list[int]] | None:
+    """``records`` grouped by the UTC hour of the first value of their ``int64`` feature
+    ``name``, a time in ``1/per_second`` seconds, in one pass in C: the groups in order of first
+    appearance, and the indexes of the records whose value is no ``int64`` (missing, of another
+    kind, or the record not well-formed: :class:`FeatureReader` says which). ``None`` where
+    the extension is not built (or is turned off)."""
+    if not COMPILED:
+        return None
+    groups: tuple[list[HourGroup], list[int]] = _cexample.time_groups(
+        records, name.encode(), per_second
+    )
+    return groups

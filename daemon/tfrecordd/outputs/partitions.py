@@ -37,36 +37,34 @@ percent-encoded. :class:`PartitionCap` caps the number of distinct combinations 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import struct
 import zoneinfo
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
+from itertools import repeat
 
 from tfrecordd.datasets import PartitionSection
 from tfrecordd.errors import ConfigError, EncodeError
-from tfrecordd.format.features import FeatureReader, FeatureValue, Row
+from tfrecordd.format.features import FeatureReader, FeatureValue, Row, hour_groups
 from tfrecordd.format.wire import FeatureType
+from tfrecordd.outputs.fieldvalues import OTHER, float32_short, sanitize
 from tfrecordd.schema.numtext import PER_SECOND, parse_rfc3339
 from tfrecordd.schema.specs import FeatureSpec
 
 __all__ = [
     "OTHER",
     "Assigned",
-    "PartitionCap",
     "Partitioner",
     "TimeRange",
     "folder_range",
-    "sanitize",
     "time_folder",
     "time_prefix",
 ]
-
-OTHER = "_other"
-"""The value of a field whose own value is unsafe, missing, or over the cap."""
 
 _HOUR, _DAY = 3600, 86400
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -296,42 +294,8 @@ def folder_range(spec: PartitionSection, folder: str) -> TimeRange | None:
     return None
 
 
-def sanitize(value: object) -> str | None:
-    """The folder value of a field value: ``int`` as decimal text, ``float`` as its repr,
-    ``bytes`` decoded as UTF-8, ``str`` as it is; ``None`` (unsafe) unless the text is 1 to 64
-    of ``A-Z a-z 0-9 _ . -`` and starts with neither ``.`` nor ``_`` (hidden and marker names),
-    or for a value of another type."""
-    if isinstance(value, bytes | str):
-        if len(value) > 64:
-            return None
-        if isinstance(value, bytes):
-            try:
-                value = value.decode()
-            except UnicodeDecodeError:
-                return None
-        text = value
-    elif isinstance(value, bool):
-        return None
-    elif isinstance(value, int):
-        if abs(value) >= 10**64:
-            return None
-        text = str(value)
-    elif isinstance(value, float):
-        text = repr(value)
-    else:
-        return None
-    return text if _SAFE_VALUE.fullmatch(text) else None
-
-
-def _float32_short(value: float) -> float:
-    """The shortest float that a FloatList value was most likely written as (``0.1``)."""
-    if math.isfinite(value):
-        packed = _FLOAT32.pack(value)
-        for digits in range(1, 10):
-            short = float(f"{value:.{digits}g}")
-            if _FLOAT32.pack(short) == packed:
-                return short
-    return value
+def _first_index(item: tuple[str, list[int]]) -> int:
+    return min(item[1])
 
 
 class Partitioner:
@@ -375,15 +339,22 @@ class Partitioner:
         if self._reader is None and self._clock is None:
             out.groups[""] = list(range(len(records)))
             return out
-        rows = self._reader.read_batch(records) if self._reader is not None else None
         event = self.spec.time == "event"
-        base = time_folder(self.spec, arrival) if self.spec.time == "arrival" else ""
         width, skip, per_second = len(self.spec.fields), int(event), self._per_second
+        base = time_folder(self.spec, arrival) if self.spec.time == "arrival" else ""
         hours = self._clock.hours if self._clock is not None else {}
-        groups, fallbacks, spans = out.groups, out.fallbacks, {}
+        groups, fallbacks = out.groups, out.fallbacks
+        spans: dict[str, list[float]] = {}
+        indexes: Sequence[int] = range(len(records))
+        unsorted = False
+        if event and per_second and not width:
+            indexes, unsorted = self._by_hour(records, groups, spans)
+        rows: Iterable[Row | None] = repeat(None)
+        if self._reader is not None and indexes:
+            some = records if len(indexes) == len(records) else [records[i] for i in indexes]
+            rows = self._reader.read_batch(some)
         t = 0.0
-        for i in range(len(records)):
-            row = rows[i] if rows is not None else None
+        for i, row in zip(indexes, rows, strict=False):
             folder = base
             if event:
                 value = row[0] if row is not None else None
@@ -418,11 +389,44 @@ class Partitioner:
                 span[0] = t
             elif t > span[1]:
                 span[1] = t
+        if unsorted:
+            # Records placed in C and here: each folder's indexes, and the folders, in order.
+            out.groups = {f: sorted(g) for f, g in sorted(groups.items(), key=_first_index)}
         if event:
             out.times = {folder: (span[0], span[1]) for folder, span in spans.items()}
         elif base:
             out.times = dict.fromkeys(groups, (arrival, arrival))
         return out
+
+    def _by_hour(
+        self, records: Sequence[bytes], groups: dict[str, list[int]], spans: dict[str, list[float]]
+    ) -> tuple[Sequence[int], bool]:
+        """Place in ``groups`` (with their ``spans``) the records whose int64 time lies in a UTC
+        hour of one folder, grouped by hour in C (:func:`hour_groups`); the indexes of the rest,
+        for the record-by-record path (all of them where the extension is not built), and
+        whether any folder's indexes are out of order."""
+        assert self._clock is not None
+        assert self.spec.time_field is not None
+        by_hour = hour_groups(records, self.spec.time_field, self._per_second)
+        if by_hour is None:
+            return range(len(records)), False
+        found, rest = by_hour
+        per_second, hours, mixed = self._per_second, self._clock.hours, False
+        for hour, indexes, low, high in found:
+            if hour not in hours:
+                with contextlib.suppress(ValueError):  # outside years 1 to 9999: refused below
+                    self._clock.folder(low // per_second)
+            folder = hours.get(hour)
+            if type(folder) is not str:  # an hour split between two folders
+                rest.extend(indexes)
+                mixed = True
+            elif (group := groups.get(folder)) is None:
+                groups[folder], spans[folder] = indexes, [low / per_second, high / per_second]
+            else:  # another hour of the same folder (granularity = "day")
+                group.extend(indexes)
+                span, mixed = spans[folder], True
+                span[:] = min(span[0], low / per_second), max(span[1], high / per_second)
+        return (sorted(rest) if mixed else rest), mixed or bool(rest and groups)
 
     def _event(self, row: Row | None) -> tuple[str, float] | str:
         """The time folder and event time of a record, or why it has none."""
@@ -457,7 +461,7 @@ class Partitioner:
         if value is None:
             return f"{name}={OTHER}", "missing"
         if isinstance(value, float):
-            text = sanitize(_float32_short(value))
+            text = sanitize(float32_short(value))
             return (f"{name}={text}", None) if text else (f"{name}={OTHER}", "unsafe")
         cache = self._texts[j]
         hit = cache.get(value)
@@ -468,30 +472,3 @@ class Partitioner:
                 cache.clear()
             cache[value] = hit
         return hit
-
-
-class PartitionCap:
-    """At most ``spec.max_partitions`` distinct combinations of field values get folders of
-    their own (for this run, in the order they first come); a later new combination goes to
-    ``_other`` for every field (counted as ``over-cap``). The all-``_other`` combination is
-    the fallback itself and takes no place. Kept in the daemon's main process, where every
-    record's folder passes."""
-
-    def __init__(self, spec: PartitionSection) -> None:
-        self.spec = spec
-        self._other = "/".join(f"{name}={OTHER}" for name in spec.fields)
-        self._seen: set[str] = set()
-
-    def place(self, folder: str) -> tuple[str, str | None]:
-        """The folder to use for a record of ``folder`` (from :meth:`Partitioner.assign`), and
-        ``"over-cap"`` when it was changed."""
-        if not self._other:
-            return folder, None
-        prefix = time_prefix(self.spec, folder)
-        combination = folder[len(prefix) + 1 :] if prefix else folder
-        if combination in self._seen or combination == self._other:
-            return folder, None
-        if len(self._seen) < self.spec.max_partitions:
-            self._seen.add(combination)
-            return folder, None
-        return (f"{prefix}/{self._other}" if prefix else self._other), "over-cap"

@@ -11,17 +11,17 @@ folder: one :class:`~tfrecordd.pipeline.encoding.Part` per (dataset, folder), re
 order. An event whose value names no dataset (and no ``default``) fails with the reason
 ``route``; one whose record holds no readable event time, with ``event-time``.
 
-The route's field is read from each JSON event besides the encoder's own parse: by the compiled
-reader (:func:`~tfrecordd.schema.string_values`) where the value is a string, else by parsing
-the event in Python; the price of routing, paid in the encode workers, in parallel.
+The route's field is read from each JSON event besides the encoder's own parse: a batch's events
+are grouped by its value in one pass in C (:func:`~tfrecordd.schema.string_groups`) where the
+value is a plain string, the rest parsed in Python; the price of routing, paid in the encode
+workers, in parallel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
@@ -40,7 +40,7 @@ from tfrecordd.pipeline.encoding import (
     packed,
 )
 from tfrecordd.plugin import Encoder, EncoderConfig, Failure
-from tfrecordd.schema import FeatureSpec, string_values
+from tfrecordd.schema import FeatureSpec, string_groups
 from tfrecordd.schema.json_values import load_event
 
 __all__ = [
@@ -119,15 +119,6 @@ def _payload_value(payload: bytes, field_name: str) -> str | None:
     return _text(parsed.get(field_name)) if isinstance(parsed, dict) else None
 
 
-def _payload_values(payloads: Sequence[bytes], field_name: str) -> list[str | None]:
-    """:func:`_payload_value` of each payload: the compiled reader's answer where it has one."""
-    values = string_values(payloads, field_name)
-    for j, value in enumerate(values):
-        if value is None:
-            values[j] = _payload_value(payloads[j], field_name)
-    return values
-
-
 @dataclass(slots=True)
 class _Group:
     """One dataset's share of a request: event indexes and line indexes, in order."""
@@ -199,46 +190,67 @@ class Target:
             dataset = self.config.dataset
             assert dataset is not None
             return {dataset: _Group(list(range(len(events))), list(range(len(payloads))))}
-        json_events = [
-            i
-            for i, ev in enumerate(events)
-            if ev.format is None and not isinstance(ev.value, Mapping)
+
+        def event_value(i: int) -> str | None:
+            return route_value(events[i], route.field)
+
+        def line_value(j: int) -> str | None:
+            return _payload_value(payloads[j], route.field)
+
+        # Events with a structured value (a CSV row, a file's attributes) are read in Python.
+        json_payloads = [
+            ev.payload if ev.format is None and not isinstance(ev.value, Mapping) else None
+            for ev in events
         ]
-        json_values = _payload_values([events[i].payload for i in json_events], route.field)
-        read = dict(zip(json_events, json_values, strict=True))
-        values = [
-            read[i] if i in read else route_value(ev, route.field) for i, ev in enumerate(events)
-        ]
-        for name, indexes in self._by_dataset(values).items():
+        for name, indexes in self._by_dataset(json_payloads, event_value).items():
             if name is None:
                 failures.extend(
-                    Failure(i, FailureReason.ROUTE, _no_route(route.field, values[i]))
+                    Failure(i, FailureReason.ROUTE, _no_route(route.field, event_value(i)))
                     for i in indexes
                 )
             else:
                 groups.setdefault(name, _Group()).events = indexes
-        values = _payload_values(payloads, route.field)
-        for name, indexes in self._by_dataset(values).items():
+        for name, indexes in self._by_dataset(payloads, line_value).items():
             if name is None:
                 line_failures.extend(
-                    (line_event(j), FailureReason.ROUTE, _no_route(route.field, values[j]))
+                    (line_event(j), FailureReason.ROUTE, _no_route(route.field, line_value(j)))
                     for j in indexes
                 )
             else:
                 groups.setdefault(name, _Group()).lines = indexes
         return groups
 
-    def _by_dataset(self, values: list[str | None]) -> dict[str | None, list[int]]:
-        """Each dataset the route gives ``values`` (``None``: none), with their indexes in order:
-        a pass in C for the names, one list comprehension for each dataset."""
+    def _by_dataset(
+        self, payloads: Sequence[bytes | None], read: Callable[[int], str | None]
+    ) -> dict[str | None, list[int]]:
+        """Each dataset the route gives the JSON ``payloads`` (``None``: none), with their
+        indexes in order, datasets in order of first appearance: grouped in one pass in C
+        (:func:`~tfrecordd.schema.string_groups`); ``read`` gives the value of each one the
+        compiled reader is unsure of (and of each ``None`` in ``payloads``)."""
         route = self.config.route
         assert route is not None
-        to = cast("Mapping[str | None, str]", route.to)  # a missing value (None) is no key
-        names = list(map(to.get, values, repeat(route.default)))
-        distinct = list(dict.fromkeys(names))  # in order of first appearance
-        if len(distinct) == 1:
-            return {names[0]: list(range(len(names)))}
-        return {d: [i for i, n in enumerate(names) if n == d] for d in distinct}
+        values = list(route.to)
+        grouped = string_groups(payloads, route.field, values)
+        if grouped is None:
+            by_value: list[list[int]] = [[] for _ in values]
+            other: list[int] = []
+            unread: Sequence[int] = range(len(payloads))
+        else:
+            by_value, other, unread = grouped
+        out: dict[str | None, list[int]] = {}
+        for value, indexes in zip(values, by_value, strict=True):
+            if indexes:
+                out.setdefault(route.to[value], []).extend(indexes)
+        if other:
+            out.setdefault(route.default, []).extend(other)
+        for j in unread:
+            text = read(j)
+            name = route.default if text is None else route.to.get(text, route.default)
+            out.setdefault(name, []).append(j)
+        if unread or other or len(out) < sum(map(bool, by_value)):
+            # Indexes from more than one list: back in order.
+            out = {name: sorted(indexes) for name, indexes in out.items()}
+        return dict(sorted(out.items(), key=lambda item: item[1][0]))
 
     def _encode_group(
         self,

@@ -40,7 +40,7 @@ plan).
 from tfrecordd.schema.example import CompiledFeature, ExampleSchema
 from tfrecordd.schema.json_values import default_values
 from tfrecordd.schema.paths import PathStep, parse_path
-from tfrecordd.schema.plans import JsonPlan, compile_json_plan, string_values
+from tfrecordd.schema.plans import JsonPlan, StringGroups, compile_json_plan, string_groups
 from tfrecordd.schema.sequence import SequenceSchema
 from tfrecordd.schema.specs import FeatureSpec, TimeUnit, parse_feature
 
@@ -51,10 +51,11 @@ __all__ = [
     "JsonPlan",
     "PathStep",
     "SequenceSchema",
+    "StringGroups",
     "TimeUnit",
     "compile_json_plan",
     "default_values",
     "parse_feature",
     "parse_path",
-    "string_values",
+    "string_groups",
 ]

@@ -8,7 +8,7 @@ themselves, so mypy checks the calls against its stub.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from tfrecordd import speedups
 from tfrecordd.schema.example import ExampleSchema
@@ -16,7 +16,7 @@ from tfrecordd.schema.example import ExampleSchema
 if TYPE_CHECKING:
     from tfrecordd._cexample import ExamplePlan
 
-__all__ = ["JsonPlan", "compile_json_plan", "string_values"]
+__all__ = ["JsonPlan", "StringGroups", "compile_json_plan", "string_groups"]
 
 
 class JsonPlan(Protocol):
@@ -43,16 +43,31 @@ def compile_json_plan(schema: ExampleSchema) -> JsonPlan | None:
     return plan_class(features)
 
 
-def string_values(payloads: Sequence[bytes], key: str) -> list[str | None]:
-    """For each JSON payload, the string at its top-level ``key`` where the compiled reader is
-    sure of it, else ``None`` (no extension, not a JSON object it validates, the key missing or
-    repeated, another kind of value): the caller reads those payloads in Python."""
+class StringGroups(NamedTuple):
+    """Payloads grouped by the string at one top-level key (:func:`string_groups`): indexes in
+    order in each group."""
+
+    by_value: list[list[int]]
+    """For each value asked about, the payloads holding it."""
+    other: list[int]
+    """Payloads holding another string there."""
+    unread: list[int]
+    """Payloads the compiled reader is not sure of (not a JSON object it validates, the key
+    missing or repeated, a value that is no string or holds escapes): read them in Python."""
+
+
+def string_groups(
+    payloads: Sequence[bytes | None], key: str, values: Sequence[str]
+) -> StringGroups | None:
+    """JSON payloads grouped by the string at their top-level ``key``, one pass in C; ``None``
+    where the extension is not built (or is turned off): then read every payload in Python.
+    A payload given as ``None`` is left to Python (:attr:`StringGroups.unread`)."""
     module = speedups.load("_cexample")
     if module is None:
-        return [None] * len(payloads)
+        return None
     try:
-        raw_key = key.encode()
+        raw_key, raw_values = key.encode(), [v.encode() for v in values]
     except UnicodeEncodeError:
-        return [None] * len(payloads)
-    values: list[str | None] = module.string_values(payloads, raw_key)
-    return values
+        return None
+    groups: list[list[int]] = module.string_groups(payloads, raw_key, raw_values)
+    return StringGroups(groups[:-2], groups[-2], groups[-1])
