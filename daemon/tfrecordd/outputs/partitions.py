@@ -27,12 +27,17 @@ Time segments (``time = "event"`` or ``"arrival"``) name the local date and, for
 Event times are read from the record (``time_field``): an ``int64`` feature with a
 ``time_unit`` holds a count of that unit since the epoch, a ``bytes`` feature RFC 3339 text; its
 first value counts. A record whose time is missing, empty, of another kind, not RFC 3339, or
-outside years 1 to 9999 (in UTC or in the zone) is refused, with what was wrong.
+outside years 1 to 9999 (in UTC or in the zone) is refused, with what was wrong. Where the C
+extension is built, a batch's int64 times are grouped by UTC hour in one pass
+(:func:`~tfrecordd.format.features.hour_groups`) and each hour that lies in one folder goes there
+whole; the rest are placed record by record, to the same folders.
 
 Field values: the feature's first value, ``int64`` as decimal text, ``bytes`` as UTF-8 text,
-``float`` as its shortest repr. A value that is not a safe folder name (:func:`sanitize`) goes
-to ``NAME=_other`` (counted as ``unsafe``), and so does a missing one (``missing``); nothing is
-percent-encoded. :class:`PartitionCap` caps the number of distinct combinations of field values.
+``float`` as its shortest repr. A value that is not a safe folder name
+(:func:`~tfrecordd.outputs.fieldvalues.sanitize`) goes to ``NAME=_other`` (counted as
+``unsafe``), and so does a missing one (``missing``); nothing is percent-encoded.
+:class:`~tfrecordd.outputs.partitioncap.PartitionCap` caps the number of distinct combinations of
+field values.
 """
 
 from __future__ import annotations
@@ -40,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import struct
 import zoneinfo
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,9 +82,7 @@ taken as constant beyond."""
 _SCAN = _HOUR
 """The step at which offsets are sampled to find their changes (then bisected to the second):
 no zone changes its offset and back within an hour."""
-_SAFE_VALUE = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_.-]{0,63}", re.ASCII)
 _TIME = re.compile(r"dt=(\d{4})-(\d{2})-(\d{2})(?:/hour=(\d{2}))?([+-]\d{4}(?:\d{2})?)?", re.ASCII)
-_FLOAT32 = struct.Struct("<f")
 _KINDS = {int: "int64", float: "float", bytes: "bytes"}
 _CACHE_HOURS = 1 << 14
 _CACHE_VALUES = 1 << 12
