@@ -1523,6 +1523,60 @@ typedef struct {
     PyObject *indexes; /* a new list */
 } HourGroup;
 
+enum { LINEAR_HOURS = 32 };
+
+/* The index in *groups of the group of `hour`, a new one (first and last `value`) made at the
+ * end if there is none; -1 on a memory error. Past LINEAR_HOURS groups a dict (*table, hour to
+ * index) finds them, so a batch of thousands of distinct hours still takes linear time. */
+static Py_ssize_t hour_group(HourGroup **groups, Py_ssize_t *used, Py_ssize_t *cap,
+                             PyObject **table, long long hour, long long value) {
+    Py_ssize_t n = *used;
+    PyObject *key = NULL;
+    if (*table == NULL) {
+        for (Py_ssize_t g = 0; g < n; g++)
+            if ((*groups)[g].hour == hour) return g;
+    } else {
+        if ((key = PyLong_FromLongLong(hour)) == NULL) return -1;
+        PyObject *at = PyDict_GetItemWithError(*table, key);
+        if (at != NULL || PyErr_Occurred()) {
+            Py_DECREF(key);
+            return at != NULL ? PyLong_AsSsize_t(at) : -1;
+        }
+    }
+    if (n == *cap) {
+        HourGroup *more = PyMem_Realloc(*groups, sizeof *more * (size_t)*cap * 2);
+        if (more == NULL) {
+            Py_XDECREF(key);
+            PyErr_NoMemory();
+            return -1;
+        }
+        *groups = more;
+        *cap *= 2;
+    }
+    PyObject *indexes = PyList_New(0);
+    if (indexes == NULL) {
+        Py_XDECREF(key);
+        return -1;
+    }
+    (*groups)[n] = (HourGroup){hour, value, value, indexes};
+    *used = n + 1;
+    Py_ssize_t first = n; /* the groups the dict is yet to hold: the new one, or all of them */
+    if (*table == NULL) {
+        if (*used <= LINEAR_HOURS) return n;
+        if ((*table = PyDict_New()) == NULL) return -1;
+        first = 0;
+    }
+    Py_XDECREF(key);
+    for (Py_ssize_t g = first; g < *used; g++) {
+        PyObject *h = PyLong_FromLongLong((*groups)[g].hour), *at = PyLong_FromSsize_t(g);
+        int bad = h == NULL || at == NULL || PyDict_SetItem(*table, h, at) < 0;
+        Py_XDECREF(h);
+        Py_XDECREF(at);
+        if (bad) return -1;
+    }
+    return n;
+}
+
 static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
                              Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -1542,7 +1596,7 @@ static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
     /* A tuple of our own, as first_values says why. */
     PyObject *records = PySequence_Tuple(args[0]);
     if (records == NULL) return NULL;
-    PyObject *name = args[1], *slow = NULL, *result = NULL;
+    PyObject *name = args[1], *slow = NULL, *result = NULL, *table = NULL;
     Py_ssize_t total = PyTuple_GET_SIZE(records), used = 0, cap = 32, last = -1;
     size_t found[1][2];
     HourGroup *groups = PyMem_Malloc(sizeof *groups * (size_t)cap);
@@ -1569,25 +1623,10 @@ static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
         if (fast) {
             long long hour = floor_div(floor_div(value, per_second), 3600);
             if (last < 0 || groups[last].hour != hour) {
-                for (last = 0; last < used && groups[last].hour != hour; last++) {
-                }
-                if (last == used) {
-                    if (used == cap) {
-                        HourGroup *more = PyMem_Realloc(groups, sizeof *groups * (size_t)cap * 2);
-                        if (more == NULL) {
-                            Py_DECREF(index);
-                            PyErr_NoMemory();
-                            goto done;
-                        }
-                        groups = more;
-                        cap *= 2;
-                    }
-                    groups[used] = (HourGroup){hour, value, value, PyList_New(0)};
-                    if (groups[used++].indexes == NULL) {
-                        used--;
-                        Py_DECREF(index);
-                        goto done;
-                    }
+                last = hour_group(&groups, &used, &cap, &table, hour, value);
+                if (last < 0) {
+                    Py_DECREF(index);
+                    goto done;
                 }
             }
             HourGroup *g = &groups[last];
@@ -1615,6 +1654,7 @@ static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
 done:
     for (Py_ssize_t g = 0; g < used; g++) Py_DECREF(groups[g].indexes);
     PyMem_Free(groups);
+    Py_XDECREF(table);
     Py_XDECREF(slow);
     Py_DECREF(records);
     return result;

@@ -85,6 +85,16 @@ def test_hour_groups_agree_with_the_reader(per_second: int, data: st.DataObject)
     assert hour_groups(records, "ts", per_second) == python_groups(records, per_second)
 
 
+def test_hour_groups_of_many_hours() -> None:
+    # Past 32 distinct hours a batch's groups are found through a dict: every hour twice over,
+    # in an order that moves back and forth, and a record of no time between.
+    hours = [h * 7919 % 300 - 150 for h in range(300)]
+    records = [record(ts=[h * 3600 + k]) for k in (5, 1) for h in hours]
+    records.insert(100, record(country=[b"x"]))
+    assert hour_groups(records, "ts", 1) == python_groups(records, 1)
+    assert len(python_groups(records, 1)[0]) == 300
+
+
 def test_hour_groups_refuse_what_is_not_bytes() -> None:
     with pytest.raises(TypeError):
         hour_groups([record(ts=[1]), "x"], "ts", 1)  # type: ignore[list-item]
