@@ -35,7 +35,7 @@ from tfrecordd import speedups
 from tfrecordd.config import load_config, parse_config
 from tfrecordd.format import proto
 from tfrecordd.format.compression import Compression
-from tfrecordd.format.writer import Packed, unpack
+from tfrecordd.format.writer import unpack
 from tfrecordd.pipeline.encoding import ENCODER_ERROR, Outcome, encode_events
 from tfrecordd.pipeline.runtime import Daemon
 from tfrecordd.plugin import (
@@ -658,8 +658,7 @@ class Fragile(Encoder):
 
 
 def _records(outcome: Outcome) -> list[bytes]:
-    records = outcome.records
-    return unpack(records) if isinstance(records, Packed) else records
+    return unpack(outcome.records)
 
 
 def test_an_event_the_encoder_raises_on_is_dead_lettered_alone() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tfrecordd.format.compression import Compression
+from tfrecordd.format.writer import frame
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
 from tfrecordd.outputs.output import LocalOutput
@@ -151,7 +152,7 @@ class Parts:
         unit = CommitUnit()
         if records:
             unit.closing.append(Kept(DATASET, self.shard(records)))
-        unit.add(EncodedBatch(SOURCE, [Part(DATASET, "", records)], token, len(records), []))
+        unit.add(EncodedBatch(SOURCE, [Part(DATASET, "", frame(records))], token, len(records), []))
         return unit
 
     def published(self) -> list[str]:

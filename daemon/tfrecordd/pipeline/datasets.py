@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from tfrecordd.config import DaemonConfig
 from tfrecordd.datasets import DatasetSection
 from tfrecordd.events import FailureReason
-from tfrecordd.format.writer import Packed, unpack
+from tfrecordd.format.writer import unpack
 from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
 from tfrecordd.outputs.output import Output
@@ -79,8 +79,7 @@ class DatasetOutput:
             "encoded record"
         )
         where = f"{self.name}/{part.folder}"
-        records = part.records
-        payloads = unpack(records) if isinstance(records, Packed) else records
+        payloads = unpack(part.records)
         for payload in payloads:
             dead_letters.write(source, where, FailureReason.LATE, detail, payload)
         metrics.events_invalid.labels(source, FailureReason.LATE).inc(len(payloads))

@@ -103,7 +103,9 @@ class Part:
     dataset: str
     folder: str
     """The partition folder, relative to the dataset's output (``""``: none)."""
-    records: list[bytes] | Packed
+    records: Packed
+    """The records framed, and compressed where they were worth a unit of their own
+    (:func:`packed`)."""
     times: tuple[float, float] | None = None
     """The earliest and latest event time of the records (epoch seconds), where known."""
 
@@ -115,19 +117,18 @@ class Part:
     @property
     def count(self) -> int:
         """How many records."""
-        r = self.records
-        return r.records if isinstance(r, Packed) else len(r)
+        return self.records.records
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What encoding a request gave: records (packed when worth it), failures of the events sent
+    """What encoding a request gave: records (:func:`packed`), failures of the events sent
     (by index), failures of the events split from the request's lines (with the event: the
     daemon's process never split them), and how many events the lines held. A request for a
     routed or partitioned source gives ``parts`` instead of ``records``, and counts the values
     sent to a fallback partition in ``fallbacks`` (``(dataset, reason) → count``)."""
 
-    records: list[bytes] | Packed
+    records: Packed
     failures: list[Failure]
     line_failures: list[EventFailure]
     line_events: int

@@ -29,6 +29,7 @@ from tfrecordd.config import DaemonConfig
 from tfrecordd.datasets import PartitionSection, RouteSection
 from tfrecordd.events import EncodeResult, FailureReason, RawEvent
 from tfrecordd.format.compression import Compression
+from tfrecordd.format.writer import frame
 from tfrecordd.outputs.partitions import Partitioner
 from tfrecordd.pipeline.encoding import (
     EncodeRequest,
@@ -174,7 +175,8 @@ class Target:
                     name, records, origins, request, failures, line_failures, line_event, fallbacks
                 )
             )
-        return Outcome([], failures, line_failures, len(payloads) + len(refused), parts, fallbacks)
+        lines_sent = len(payloads) + len(refused)
+        return Outcome(frame([]), failures, line_failures, lines_sent, parts, fallbacks)
 
     def _groups(
         self,

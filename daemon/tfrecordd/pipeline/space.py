@@ -11,8 +11,6 @@ from collections.abc import Callable, Mapping
 import anyio
 
 from tfrecordd.format.compress import Compressor
-from tfrecordd.format.framing import framed_size
-from tfrecordd.format.writer import Packed
 from tfrecordd.metrics import Metrics
 from tfrecordd.pipeline.datasets import DatasetOutput
 from tfrecordd.pipeline.encoding import EncodedBatch
@@ -43,12 +41,11 @@ class FreeSpace:
             d = datasets[part.dataset]
             if not d.config.min_free_bytes:
                 continue
-            records = part.records
-            if isinstance(records, Packed) and records.unit.compression is d.config.compression:
-                size = len(records.unit.data)
-            else:
-                raw = records.unit.raw_size if isinstance(records, Packed) else framed_size(records)
-                size = Compressor.bound(d.config.compression, raw)
+            unit = part.records.unit
+            if unit.compression is d.config.compression:
+                size = len(unit.data)
+            else:  # framed only: the shard's writer compresses it
+                size = Compressor.bound(d.config.compression, unit.raw_size)
             incoming[d.name] = incoming.get(d.name, 0) + size
         # One look at each dataset's file system a batch, however many parts it has there.
         for name, size in incoming.items():
