@@ -354,6 +354,10 @@ class OpenShard:
     def raw_bytes(self) -> int:
         return self._writer.raw_bytes
 
+    def pending_bound(self) -> int:
+        """The most bytes what was written may yet add to the file (compressed, ended)."""
+        return self._writer.pending_bound()
+
     def fits(self, batch: list[bytes] | Packed) -> bool:
         """Whether a batch (records, or records already packed into a unit) fits under the size
         cap, syncing the compressor if that is what makes it fit."""

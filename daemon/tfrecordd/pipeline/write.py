@@ -27,7 +27,6 @@ time, in order (:meth:`WriteStage.commit`).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -39,7 +38,6 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
-from prometheus_client import Counter
 
 from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
@@ -47,10 +45,12 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.shards import OpenShard
 from tfrecordd.pipeline.commit import Committer, CommitUnit, Kept, Positions
 from tfrecordd.pipeline.completion import LATE_TREE
-from tfrecordd.pipeline.datasets import DatasetOutput
+from tfrecordd.pipeline.datasets import DatasetOutput, Placed
 from tfrecordd.pipeline.encode import take_waiting
 from tfrecordd.pipeline.encoding import EncodedBatch, Part
+from tfrecordd.pipeline.shardrun import MergedRun
 from tfrecordd.pipeline.space import FreeSpace
+from tfrecordd.pipeline.writecounts import WriteCounts
 
 log = logging.getLogger("tfrecordd")
 
@@ -119,11 +119,10 @@ class WriteStage:
         self._commits: TaskGroup | None = None
         self._committed: anyio.Event | None = None
         self._commit_failed = False
-        self._statvfs_at = 0.0
         self.space = FreeSpace(self.metrics)
         self.draining = False
         """Whether the daemon stops: its sources read no more (``/readyz`` says so)."""
-        self._counters: dict[str, tuple[Counter, Counter, Counter]] = {}
+        self.counts = WriteCounts(self.metrics)
         self.compressing = ThreadPoolExecutor(COMPRESS_THREADS, "tfrecordd-compress")
         """Where open shards compress their held writes (:data:`COMPRESS_THREADS`)."""
 
@@ -174,7 +173,7 @@ class WriteStage:
                     batches = take_waiting(recv, batch, WRITE_RUN_BATCHES)
                     depth.set(recv.statistics().current_buffer_used)
                     await self._write_batches(batches)
-                self._update_open_gauges()
+                self.counts.update_open(self.datasets, self.open.values())
                 self.close_partitions()
                 if self.unit.empty() and not self.open:
                     self.flushes += self._flush_requested
@@ -207,23 +206,6 @@ class WriteStage:
         for shard in shards:
             await anyio.to_thread.run_sync(shard.discard if shard.marked is None else shard.leave)
         return bool(fresh)
-
-    def _update_open_gauges(self) -> None:
-        m = self.metrics
-        now = time.monotonic()
-        if now - self._statvfs_at >= 5:
-            self._statvfs_at = now
-            for d in self.datasets.values():
-                with contextlib.suppress(OSError):
-                    st = os.statvfs(d.output.staging_dir)
-                    m.output_free_bytes.labels(d.name).set(st.f_bavail * st.f_frsize)
-        for name in self.datasets:
-            here = [o for o in self.open.values() if o.dataset == name]
-            m.open_shards.labels(name).set(len(here))
-            m.open_shard_bytes.labels(name).set(sum(o.shard.file_bytes for o in here))
-            m.open_shard_records.labels(name).set(sum(o.shard.records for o in here))
-            oldest = min((o.first_at for o in here), default=None)
-            m.open_shard_age.labels(name).set(now - oldest if oldest is not None else 0)
 
     async def _write_batches(self, batches: list[EncodedBatch]) -> None:
         """Write batches in order, in as few trips to a worker thread as the shards' caps allow,
@@ -292,25 +274,57 @@ class WriteStage:
                 before = shard.file_bytes
                 shard.collect()
                 if shard.file_bytes != before:
-                    self._written(entry.dataset)[2].inc(shard.file_bytes - before)
+                    self.counts.written(entry.dataset)[2].inc(shard.file_bytes - before)
 
     def _write_batches_of(self, run: list[EncodedBatch]) -> int:
-        for n, batch in enumerate(run):
+        n = self._write_merged(run)
+        while n < len(run):
+            batch = run[n]
             placed = [self.datasets[p.dataset].place(p) for p in batch.parts]
             parts = [p.part for p in placed if not p.refused]
             if self._make_room(parts):
                 return n
-            for p in placed:
-                self.datasets[p.part.dataset].account(
-                    p, batch.source, self.metrics, self.dead_letters
-                )
+            self._account(batch, placed)
             compact = self.committer.sources[batch.source].compact
             for part in parts:
                 self._write_part(part).positions.add(batch.source, batch.token, compact)
             self._add(batch)
+            n += 1
             if self._cut_wanted:
-                return n + 1
-        return len(run)
+                return n
+            n += self._write_merged(run[n:])
+        return n
+
+    def _write_merged(self, run: list[EncodedBatch]) -> int:
+        """Write the batches at the head of ``run`` whose parts all go to open shards that take
+        them without closing, merged by shard (:class:`MergedRun`); how many."""
+        merged = MergedRun(
+            lambda key: entry.shard if (entry := self.open.get(key)) else None,
+            lambda dataset: self.datasets[dataset].config.max_shard_records,
+        )
+        taken: list[tuple[EncodedBatch, list[Placed]]] = []
+        for batch in run:
+            placed = [self.datasets[p.dataset].place(p) for p in batch.parts]
+            if not merged.take([p.part for p in placed if not p.refused]):
+                break
+            taken.append((batch, placed))
+        if not taken:
+            return 0
+        for batch, placed in taken:
+            self._account(batch, placed)
+        entries = {(part.dataset, part.folder): self._write_part(part) for part in merged.parts()}
+        for batch, placed in taken:
+            compact = self.committer.sources[batch.source].compact
+            for p in placed:
+                if not p.refused:
+                    entry = entries[p.part.dataset, p.part.folder]
+                    entry.positions.add(batch.source, batch.token, compact)
+            self._add(batch)
+        return len(taken)
+
+    def _account(self, batch: EncodedBatch, placed: list[Placed]) -> None:
+        for p in placed:
+            self.datasets[p.part.dataset].account(p, batch.source, self.metrics, self.dead_letters)
 
     def close_partitions(self) -> None:
         """Close the time partitions the watermarks have passed: their open shards are closed,
@@ -391,26 +405,13 @@ class WriteStage:
         # Least recently written first: the one to close at the cap.
         self.open[key] = self.open.pop(key)
         shard = entry.shard
-        records, raw, written = self._written(part.dataset)
+        records, raw, written = self.counts.written(part.dataset)
         records.inc(part.count)
         raw.inc(shard.raw_bytes - before_raw)
         written.inc(shard.file_bytes - before_file)
         if limit and shard.records >= limit:
             self._close(key)
         return entry
-
-    def _written(self, dataset: str) -> tuple[Counter, Counter, Counter]:
-        """The dataset's counters of records, raw bytes and file bytes written (looked up by
-        label once: a partitioned batch counts into them once per part)."""
-        counters = self._counters.get(dataset)
-        if counters is None:
-            m = self.metrics
-            counters = self._counters[dataset] = (
-                m.records_written.labels(dataset),
-                m.raw_bytes_written.labels(dataset),
-                m.file_bytes_written.labels(dataset),
-            )
-        return counters
 
     def _open_shard(self, d: DatasetOutput, key: ShardKey) -> _Open:
         if d.completion is not None and not key[1].startswith(LATE_TREE):
