@@ -1386,6 +1386,118 @@ static int find_string(Parser *ps, const unsigned char *data, Py_ssize_t size,
     return found ? ENC_OK : ENC_FALLBACK;
 }
 
+/* ---- lax_find: a top-level key's string value, the rest skipped, not validated ------------
+ *
+ * For a route whose every dataset's encoder parses the whole payload anyway (and fails it as
+ * malformed when it is not JSON): the route needs only its key's value, and Python checks the
+ * payloads that end up in no dataset. What lax_find accepts of a valid JSON object is what
+ * find_string accepts, with the same value; an escaped key or value, a key given twice, or a
+ * structure it cannot follow is left to Python as there. */
+
+/* Past the closing quote of the string whose opening quote is at p, NULL if it has none;
+ * *esc set when it holds a backslash. */
+static const unsigned char *lax_string(const unsigned char *p, const unsigned char *end,
+                                       int *esc) {
+    p++;
+    for (;;) {
+        const unsigned char *q = memchr(p, '"', (size_t)(end - p));
+        if (q == NULL) return NULL;
+        const unsigned char *b = memchr(p, '\\', (size_t)(q - p));
+        if (b == NULL) return q + 1;
+        *esc = 1;
+        p = b + 2;
+        if (p > end) return NULL;
+    }
+}
+
+static inline const unsigned char *lax_ws(const unsigned char *p, const unsigned char *end) {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+
+/* Past the value at p: a string, a container (strings in it skipped whole, brackets counted),
+ * or a scalar (up to the next delimiter); NULL where it cannot be followed. */
+static const unsigned char *lax_value(const unsigned char *p, const unsigned char *end) {
+    if (p >= end) return NULL;
+    unsigned char c = *p;
+    int esc = 0;
+    if (c == '"') return lax_string(p, end, &esc);
+    if (c == '{' || c == '[') {
+        int depth = 0;
+        while (p < end) {
+            c = *p;
+            if (c == '"') {
+                p = lax_string(p, end, &esc);
+                if (p == NULL) return NULL;
+                continue;
+            }
+            if (c == '{' || c == '[') {
+                if (++depth > MAX_DEPTH) return NULL;
+            } else if (c == '}' || c == ']') {
+                if (--depth == 0) return p + 1;
+            }
+            p++;
+        }
+        return NULL;
+    }
+    const unsigned char *s = p;
+    while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\n' &&
+           *p != '\r' && *p != '\t')
+        p++;
+    return p == s ? NULL : p;
+}
+
+/* find_string's answer, the rest of the payload skipped as lax_value skips it. */
+static int lax_find(const unsigned char *data, Py_ssize_t size, const unsigned char *key,
+                    size_t key_len, size_t *vs, size_t *ve, int *vesc) {
+    const unsigned char *p = data, *end = data + size;
+    int found = 0;
+    p = lax_ws(p, end);
+    if (p >= end || *p != '{') return ENC_FALLBACK;
+    p = lax_ws(p + 1, end);
+    if (p < end && *p == '}') {
+        p++;
+    } else {
+        for (;;) {
+            if (p >= end || *p != '"') return ENC_FALLBACK;
+            int esc = 0;
+            const unsigned char *ks = p + 1;
+            const unsigned char *q = lax_string(p, end, &esc);
+            if (q == NULL || esc) return ENC_FALLBACK;
+            int match = (size_t)(q - 1 - ks) == key_len && memcmp(ks, key, key_len) == 0;
+            p = lax_ws(q, end);
+            if (p >= end || *p != ':') return ENC_FALLBACK;
+            p = lax_ws(p + 1, end);
+            if (match) {
+                if (found || p >= end || *p != '"') return ENC_FALLBACK;
+                *vesc = 0;
+                q = lax_string(p, end, vesc);
+                if (q == NULL) return ENC_FALLBACK;
+                *vs = (size_t)(p + 1 - data);
+                *ve = (size_t)(q - 1 - data);
+                found = 1;
+                p = q;
+            } else {
+                p = lax_value(p, end);
+                if (p == NULL) return ENC_FALLBACK;
+            }
+            p = lax_ws(p, end);
+            if (p < end && *p == ',') {
+                p = lax_ws(p + 1, end);
+                continue;
+            }
+            if (p < end && *p == '}') {
+                p++;
+                break;
+            }
+            return ENC_FALLBACK;
+        }
+    }
+    p = lax_ws(p, end);
+    if (p != end) return ENC_FALLBACK;
+    return found ? ENC_OK : ENC_FALLBACK;
+}
+
 enum { LINEAR_VALUES = 8 };
 
 /* The class of each payload, as string_groups returns them: the index of its value in `values`,
@@ -1410,14 +1522,17 @@ static Py_ssize_t value_class(const unsigned char *s, size_t len, PyObject *valu
 
 static PyObject *string_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
                                Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "string_groups(payloads, key, values) takes 3 arguments");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "string_groups(payloads, key, values, lax=False) takes 3 or 4 arguments");
         return NULL;
     }
     if (!PyBytes_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "key must be bytes");
         return NULL;
     }
+    int lax = nargs == 4 ? PyObject_IsTrue(args[3]) : 0;
+    if (lax < 0) return NULL;
     PyObject *values = PySequence_Tuple(args[2]);
     if (values == NULL) return NULL;
     Py_ssize_t k = PyTuple_GET_SIZE(values);
@@ -1463,9 +1578,11 @@ static PyObject *string_groups(PyObject *Py_UNUSED(module), PyObject *const *arg
         if (status[i] != ENC_OK) continue;
         PyObject *item = PyTuple_GET_ITEM(payloads, i);
         int esc = 0;
-        int r = find_string(&ps, (const unsigned char *)PyBytes_AS_STRING(item),
-                            PyBytes_GET_SIZE(item), kp, klen, &span[2 * i], &span[2 * i + 1],
-                            &esc);
+        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(item);
+        Py_ssize_t size = PyBytes_GET_SIZE(item);
+        int r = lax ? lax_find(data, size, kp, klen, &span[2 * i], &span[2 * i + 1], &esc)
+                    : find_string(&ps, data, size, kp, klen, &span[2 * i], &span[2 * i + 1],
+                                  &esc);
         if (r == ENC_NOMEM) nomem = 1;
         /* A value with escapes is left to Python, as rare as it is. */
         status[i] = (unsigned char)(r == ENC_OK && !esc ? ENC_OK : ENC_FALLBACK);
@@ -1667,11 +1784,12 @@ static PyMethodDef module_methods[] = {
      "(bytes), None where absent or empty, in a tuple; None for a record that is not "
      "well-formed."},
     {"string_groups", (PyCFunction)(void (*)(void))string_groups, METH_FASTCALL,
-     "string_groups(payloads, key, values, /)\n--\n\n"
+     "string_groups(payloads, key, values, lax=False, /)\n--\n\n"
      "The indexes of payloads (bytes) grouped by the string at the top-level key (bytes, "
      "UTF-8) of the JSON object each holds: a list for each of values (bytes), then one for "
      "another string, then one for payloads Python must read (not a JSON object this parser "
-     "validates, the key missing or repeated, its value no string or one with escapes)."},
+     "validates, the key missing or repeated, its value no string or one with escapes). With "
+     "lax, the rest of each payload is skipped, not validated."},
     {"time_groups", (PyCFunction)(void (*)(void))time_groups, METH_FASTCALL,
      "time_groups(records, name, per_second, /)\n--\n\n"
      "Serialized Examples grouped by the UTC hour of the first value of their int64 feature "

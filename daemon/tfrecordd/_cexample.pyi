@@ -40,15 +40,16 @@ def first_values(
     or a name that is not ``bytes``."""
 
 def string_groups(
-    payloads: Sequence[bytes | None], key: bytes, values: Sequence[bytes], /
+    payloads: Sequence[bytes | None], key: bytes, values: Sequence[bytes], lax: bool = False, /
 ) -> list[list[int]]:
     """The indexes of ``payloads`` grouped by the string at the top-level ``key`` (UTF-8) of
     the JSON object each holds: one list for each of ``values`` (the first of a value given
     twice), then one for another string, then one for the payloads Python must read: not a JSON
     object this parser validates (the one the compiled plan uses), the key missing or repeated,
-    its value no string or one holding escapes, or the payload no ``bytes``. Indexes are in
-    order in each list. The parsing runs with the GIL released. Raises ``TypeError`` for a key
-    or a value that is not ``bytes``."""
+    its value no string or one holding escapes, or the payload no ``bytes``. With ``lax``, the
+    rest of each payload is skipped, not validated (a payload that is not JSON may then be
+    grouped by the value it seems to hold). Indexes are in order in each list. The parsing runs
+    with the GIL released. Raises ``TypeError`` for a key or a value that is not ``bytes``."""
 
 def time_groups(
     records: Sequence[bytes], name: bytes, per_second: int, /

@@ -207,7 +207,8 @@ class RouteSection(_Section):
     ``true`` is ``"true"``."""
     default: str | None = None
     """The dataset of events whose value is missing or not in ``to``; unset: such events are
-    dead-lettered with the reason ``route``."""
+    dead-lettered with the reason ``route``. (An event that is not JSON fails as ``malformed``
+    instead, wherever every dataset of the route parses JSON: see docs/datasets.md.)"""
 
 
 def legacy_dataset(output: OutputSection, encoder: str) -> DatasetSection:

@@ -10,15 +10,18 @@ Plugins import these from :mod:`tfrecordd.plugin`, which re-exports them.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
 from typing import Any, Literal, NamedTuple, SupportsIndex
 
+from tfrecordd.errors import TokenVersionError
+
 Token = Any
 """A source's JSON-serializable acknowledgement token (positions covered by one batch). Each
 source types its own (a ``TypedDict`` with a version field ``"v"``, read by
-:func:`tfrecordd.plugin.token_version`)."""
+:func:`token_version`)."""
 
 
 EventFormat = Literal["csv", "file"] | None
@@ -215,3 +218,20 @@ class EncodeResult:
     records: list[bytes] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     """The events that failed, by their index in the batch."""
+
+
+def not_json(error: ValueError) -> str:
+    """The detail of the ``malformed`` failure of a payload that is not JSON (``error``: what
+    :func:`tfrecordd.schema.json_values.load_event` raised): encoders and routes word it alike."""
+    return f"not valid JSON: {error}"
+
+
+def token_version(token: Mapping[str, Any], source: str, newest: int) -> int:
+    """The version (``"v"``) of a source's token, 1 when it has none (tokens journalled before
+    tokens had versions). Raises :class:`TokenVersionError` naming ``source`` (its name and type,
+    or its type alone) for a version above ``newest`` or not a version at all: a token of a
+    newer tfrecordd is refused, never misread."""
+    version = token.get("v", 1)
+    if type(version) is not int or not 1 <= version <= newest:
+        raise TokenVersionError(source, version, newest)
+    return version

@@ -82,6 +82,8 @@ from tfrecordd.events import (
     RawBatch,
     RawEvent,
     Token,
+    not_json,
+    token_version,
 )
 from tfrecordd.fsys import LOCAL, FileSystem, try_lock, write_atomically
 from tfrecordd.logs import Repeated
@@ -125,6 +127,7 @@ __all__ = [
     "describe",
     "descriptors",
     "listen_failure",
+    "not_json",
     "refusable",
     "retrying",
     "split_host_port",
@@ -137,17 +140,6 @@ if TYPE_CHECKING:
     from tfrecordd.schema import ExampleSchema, SequenceSchema
 
 log = logging.getLogger(__name__)
-
-
-def token_version(token: Mapping[str, Any], source: str, newest: int) -> int:
-    """The version (``"v"``) of a source's token, 1 when it has none (tokens journalled before
-    tokens had versions). Raises :class:`TokenVersionError` naming ``source`` (its name and type,
-    or its type alone) for a version above ``newest`` or not a version at all: a token of a
-    newer tfrecordd is refused, never misread."""
-    version = token.get("v", 1)
-    if type(version) is not int or not 1 <= version <= newest:
-        raise TokenVersionError(source, version, newest)
-    return version
 
 
 class SourceState:
@@ -382,6 +374,11 @@ class DirectoryUse:
 class Encoder(abc.ABC):
     """Turns events into serialized records. Runs in the daemon or in worker processes, so it
     must be buildable from its (picklable) config alone."""
+
+    parses_json: ClassVar[bool] = False
+    """Whether every plain payload it is given (an event with no ``format`` and no ``value``, a
+    line) is parsed as JSON, one that is not failing as ``malformed`` with :func:`not_json`'s
+    detail: a route into it then reads its field without checking the rest of the payload."""
 
     @abc.abstractmethod
     def encode_batch(self, events: Sequence[RawEvent]) -> EncodeResult:

@@ -114,7 +114,7 @@ def test_every_event_is_written_or_failed_once_with_its_own_reason(
     ESCAPED.update(escaped)
     with pytest.MonkeyPatch.context() as patch:
         if not compiled:
-            patch.setattr(routing, "string_groups", lambda *_: None)
+            patch.setattr(routing, "string_groups", lambda *_, **__: None)
             patch.setattr(partitions, "hour_groups", lambda *_: None)
         check_every_event(as_events, as_lines)
 

@@ -14,7 +14,10 @@ order. An event whose value names no dataset (and no ``default``) fails with the
 The route's field is read from each JSON event besides the encoder's own parse: a batch's events
 are grouped by its value in one pass in C (:func:`~tfrecordd.schema.string_groups`) where the
 value is a plain string, the rest parsed in Python; the price of routing, paid in the encode
-workers, in parallel.
+workers, in parallel. Where every dataset's encoder parses its payloads whole
+(:attr:`~tfrecordd.plugin.Encoder.parses_json`), that pass skips the rest of each event without
+checking it (``lax``), and an event that is not JSON fails as ``malformed`` wherever it goes:
+in its encoder, or here when it reaches no dataset (:meth:`Target._groups`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import orjson
 
 from tfrecordd.config import DaemonConfig
 from tfrecordd.datasets import PartitionSection, RouteSection
-from tfrecordd.events import EncodeResult, FailureReason, RawEvent
+from tfrecordd.events import EncodeResult, FailureReason, RawEvent, not_json
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.writer import frame
 from tfrecordd.outputs.partitions import Partitioner
@@ -114,8 +117,19 @@ def route_value(event: RawEvent, field_name: str) -> str | None:
 
 def _payload_value(payload: bytes, field_name: str) -> str | None:
     try:
+        return _json_value(payload, field_name)
+    except ValueError:
+        return None
+
+
+def _json_value(payload: bytes, field_name: str) -> str | None:
+    """:func:`_payload_value`, but raising ``orjson.JSONDecodeError`` for a payload that is not
+    JSON."""
+    try:
         parsed, _ = load_event(payload)
-    except (orjson.JSONDecodeError, ValueError):
+    except orjson.JSONDecodeError:
+        raise
+    except ValueError:
         return None
     return _text(parsed.get(field_name)) if isinstance(parsed, dict) else None
 
@@ -141,6 +155,10 @@ class Target:
             for n, p in config.datasets.items()
             if p.partition.partitioned
         }
+        self.lax = all(e.parses_json for e in self.encoders.values())
+        """Whether every dataset's encoder parses its JSON payloads whole: the route then reads
+        its field without checking the rest (the encoder does), and a payload that is not JSON
+        fails as ``malformed`` wherever it would have gone (see :meth:`_groups`)."""
 
     def encode(self, request: EncodeRequest) -> Outcome:
         """Encode ``request``'s events (then its lines' events) into parts."""
@@ -193,31 +211,40 @@ class Target:
             assert dataset is not None
             return {dataset: _Group(list(range(len(events))), list(range(len(payloads))))}
 
+        # With lax, a payload that is not JSON raises here (and fails as malformed, as it would
+        # in any dataset's encoder), so that an event the C reader routed without checking it
+        # and one Python reads fail alike.
+        lax = self.lax
+
         def event_value(i: int) -> str | None:
-            return route_value(events[i], route.field)
+            ev = events[i]
+            if lax and ev.format is None and ev.value is None:
+                return _json_value(ev.payload, route.field)
+            return route_value(ev, route.field)
 
         def line_value(j: int) -> str | None:
-            return _payload_value(payloads[j], route.field)
+            read = _json_value if lax else _payload_value
+            return read(payloads[j], route.field)
 
-        # Events with a structured value (a CSV row, a file's attributes) are read in Python.
+        def unrouted(read: Callable[[int], str | None], at: int) -> tuple[FailureReason, str]:
+            try:
+                return FailureReason.ROUTE, _no_route(route.field, read(at))
+            except ValueError as e:
+                return FailureReason.MALFORMED, not_json(e)
+
+        # Events with a structured value (a CSV row, a file's attributes) are read in Python,
+        # and with lax any event with a value: its encoder may not parse its payload.
         json_payloads = [
-            ev.payload if ev.format is None and not isinstance(ev.value, Mapping) else None
-            for ev in events
+            ev.payload if ev.format is None and _plain(ev.value, lax) else None for ev in events
         ]
         for name, indexes in self._by_dataset(json_payloads, event_value).items():
             if name is None:
-                failures.extend(
-                    Failure(i, FailureReason.ROUTE, _no_route(route.field, event_value(i)))
-                    for i in indexes
-                )
+                failures.extend(Failure(i, *unrouted(event_value, i)) for i in indexes)
             else:
                 groups.setdefault(name, _Group()).events = indexes
         for name, indexes in self._by_dataset(payloads, line_value).items():
             if name is None:
-                line_failures.extend(
-                    (line_event(j), FailureReason.ROUTE, _no_route(route.field, line_value(j)))
-                    for j in indexes
-                )
+                line_failures.extend((line_event(j), *unrouted(line_value, j)) for j in indexes)
             else:
                 groups.setdefault(name, _Group()).lines = indexes
         return groups
@@ -232,7 +259,7 @@ class Target:
         route = self.config.route
         assert route is not None
         values = list(route.to)
-        grouped = string_groups(payloads, route.field, values)
+        grouped = string_groups(payloads, route.field, values, lax=self.lax)
         if grouped is None:
             by_value: list[list[int]] = [[] for _ in values]
             other: list[int] = []
@@ -246,7 +273,11 @@ class Target:
         if other:
             out.setdefault(route.default, []).extend(other)
         for j in unread:
-            text = read(j)
+            try:
+                text = read(j)
+            except ValueError:  # not JSON: fails as malformed, whatever the default
+                out.setdefault(None, []).append(j)
+                continue
             name = route.default if text is None else route.to.get(text, route.default)
             out.setdefault(name, []).append(j)
         if unread or other or len(out) < sum(map(bool, by_value)):
@@ -325,6 +356,11 @@ class Target:
             )
             for folder, indexes in assigned.groups.items()
         ]
+
+
+def _plain(value: Any, lax: bool) -> bool:
+    """Whether an event with this value is routed by its payload in C."""
+    return value is None or (not lax and not isinstance(value, Mapping))
 
 
 def _failed(result: EncodeResult) -> set[int]:

@@ -57,11 +57,14 @@ class StringGroups(NamedTuple):
 
 
 def string_groups(
-    payloads: Sequence[bytes | None], key: str, values: Sequence[str]
+    payloads: Sequence[bytes | None], key: str, values: Sequence[str], *, lax: bool = False
 ) -> StringGroups | None:
     """JSON payloads grouped by the string at their top-level ``key``, one pass in C; ``None``
     where the extension is not built (or is turned off): then read every payload in Python.
-    A payload given as ``None`` is left to Python (:attr:`StringGroups.unread`)."""
+    A payload given as ``None`` is left to Python (:attr:`StringGroups.unread`). With ``lax``,
+    the rest of each payload is skipped without being checked: a payload that is not JSON may
+    be grouped by the value it seems to hold (its reader must check it), where it is otherwise
+    left to Python; a valid one is grouped alike either way."""
     module = speedups.load("_cexample")
     if module is None:
         return None
@@ -69,5 +72,5 @@ def string_groups(
         raw_key, raw_values = key.encode(), [v.encode() for v in values]
     except UnicodeEncodeError:
         return None
-    groups: list[list[int]] = module.string_groups(payloads, raw_key, raw_values)
+    groups: list[list[int]] = module.string_groups(payloads, raw_key, raw_values, lax)
     return StringGroups(groups[:-2], groups[-2], groups[-1])

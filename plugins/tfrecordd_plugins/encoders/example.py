@@ -16,6 +16,7 @@ from tfrecordd.plugin import (
     Failure,
     FailureReason,
     RawEvent,
+    not_json,
 )
 from tfrecordd.schema import ExampleSchema, FeatureSpec, compile_json_plan
 
@@ -46,6 +47,8 @@ class ExampleEncoder(Encoder):
     per batch; an event it is not certain of (malformed, a value to convert or refuse, anything
     unusual) takes the Python path, which writes the same bytes or reports the failure.
     """
+
+    parses_json = True
 
     def __init__(self, config: ExampleEncoderConfig) -> None:
         self.schema = ExampleSchema(config.features)
@@ -102,7 +105,7 @@ class ExampleEncoder(Encoder):
                         )
                     )
             except orjson.JSONDecodeError as e:
-                failures.append(Failure(i, FailureReason.MALFORMED, f"not valid JSON: {e}"))
+                failures.append(Failure(i, FailureReason.MALFORMED, not_json(e)))
             except EncodeError as e:
                 failures.append(Failure(i, FailureReason.SCHEMA, str(e)))
         return result

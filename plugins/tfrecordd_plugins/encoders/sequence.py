@@ -17,6 +17,7 @@ from tfrecordd.plugin import (
     Failure,
     FailureReason,
     RawEvent,
+    not_json,
 )
 from tfrecordd.schema import FeatureSpec, SequenceSchema
 
@@ -62,6 +63,8 @@ class SequenceEncoderConfig(EncoderConfig):
 class SequenceEncoder(Encoder):
     """Parses each event as JSON (unless the source already structured it) and encodes it."""
 
+    parses_json = True
+
     def __init__(self, config: SequenceEncoderConfig) -> None:
         self.schema = config.compiled()
 
@@ -82,7 +85,7 @@ class SequenceEncoder(Encoder):
             try:
                 records.append(encode_json(ev.payload, ev.value))
             except orjson.JSONDecodeError as e:
-                failures.append(Failure(i, FailureReason.MALFORMED, f"not valid JSON: {e}"))
+                failures.append(Failure(i, FailureReason.MALFORMED, not_json(e)))
             except EncodeError as e:
                 failures.append(Failure(i, FailureReason.SCHEMA, str(e)))
         return result
