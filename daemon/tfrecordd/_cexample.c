@@ -1154,13 +1154,22 @@ static int rd_field(const unsigned char *b, size_t *i, size_t end, Field *f) {
     return 0;
 }
 
+/* A feature's first value, read without Python objects: its kind (1 bytes, 2 float, 3 int64)
+ * and the value (bytes: its span in the record). */
+typedef struct {
+    uint64_t kind;
+    int64_t i;
+    float f;
+    size_t start, stop;
+} RdValue;
+
 /* The first value of a value list of kind `kind` in b[start:stop]: 1 and *out set, 0 when the
- * list holds none, -1 when it is malformed before its first value (or on a memory error, with
- * the exception set). */
+ * list holds none, -1 when it is malformed before its first value. */
 static int rd_list_first(const unsigned char *b, size_t start, size_t stop, uint64_t kind,
-                         PyObject **out) {
+                         RdValue *out) {
     size_t i = start;
     Field f;
+    out->kind = kind;
     while (i < stop) {
         if (rd_field(b, &i, stop, &f) < 0) return -1;
         if (f.number != 1) continue;
@@ -1168,12 +1177,13 @@ static int rd_list_first(const unsigned char *b, size_t start, size_t stop, uint
             uint64_t v;
             size_t at = f.start;
             if (rd_varint(b, &at, f.wire == 2 ? f.stop : stop, &v) < 0) return -1;
-            *out = PyLong_FromLongLong((long long)(int64_t)v);
-            return *out == NULL ? -1 : 1;
+            out->i = (int64_t)v;
+            return 1;
         }
         if (kind == 1 && f.wire == 2) {
-            *out = PyBytes_FromStringAndSize((const char *)b + f.start, f.stop - f.start);
-            return *out == NULL ? -1 : 1;
+            out->start = f.start;
+            out->stop = f.stop;
+            return 1;
         }
         if (kind == 2 && (f.wire == 5 || f.wire == 2)) {
             if (f.wire == 2 && (f.stop - f.start) % 4) return -1;
@@ -1181,10 +1191,8 @@ static int rd_list_first(const unsigned char *b, size_t start, size_t stop, uint
                 const unsigned char *p = b + f.start;
                 uint32_t bits = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                                 (uint32_t)p[3] << 24;
-                float x;
-                memcpy(&x, &bits, sizeof x);
-                *out = PyFloat_FromDouble((double)x);
-                return *out == NULL ? -1 : 1;
+                memcpy(&out->f, &bits, sizeof out->f);
+                return 1;
             }
         }
     }
@@ -1193,8 +1201,8 @@ static int rd_list_first(const unsigned char *b, size_t start, size_t stop, uint
 
 /* The first value of the Feature merged from the value fields of the map entry b[start:stop]
  * (a kind given again replaces the one before; lists of one kind follow each other): 1 and
- * *out set, 0 for none, -1 when malformed or on a memory error. */
-static int rd_entry_first(const unsigned char *b, size_t start, size_t stop, PyObject **out) {
+ * *out set, 0 for none, -1 when malformed. */
+static int rd_entry_first(const unsigned char *b, size_t start, size_t stop, RdValue *out) {
     uint64_t kind = 0;
     size_t run = 0; /* where the last run of one kind starts */
     Field e, f;
@@ -1224,24 +1232,25 @@ static int rd_entry_first(const unsigned char *b, size_t start, size_t stop, PyO
     return 0;
 }
 
-/* One record's row (a tuple, one value or None per name) or None when it is malformed; NULL on
- * a memory error. `found` is scratch space for one entry span per name. */
-static PyObject *rd_record(const unsigned char *b, size_t n, PyObject *const *names,
-                           Py_ssize_t count, size_t (*found)[2]) {
+/* The map entries of the features `names` (UTF-8, `count` of them) in the Example b[0:n]:
+ * found[k] is the span of the entry of names[k], plus one at its end (0 where it has none).
+ * -1 when the record is not well-formed. Reads no Python object: runs without the GIL. */
+static int rd_find(const unsigned char *b, size_t n, const char *const *names,
+                   const size_t *name_lens, Py_ssize_t count, size_t (*found)[2]) {
     for (Py_ssize_t k = 0; k < count; k++) found[k][0] = found[k][1] = 0;
     size_t i = 0;
     Field x, y, z;
     while (i < n) {
-        if (rd_field(b, &i, n, &x) < 0) Py_RETURN_NONE;
+        if (rd_field(b, &i, n, &x) < 0) return -1;
         if (x.number != 1 || x.wire != 2) continue;
         size_t j = x.start;
         while (j < x.stop) {
-            if (rd_field(b, &j, x.stop, &y) < 0) Py_RETURN_NONE;
+            if (rd_field(b, &j, x.stop, &y) < 0) return -1;
             if (y.number != 1 || y.wire != 2) continue;
             size_t q = y.start, key = 0, key_len = 0;
             int unknown = 0;
             while (q < y.stop) {
-                if (rd_field(b, &q, y.stop, &z) < 0) Py_RETURN_NONE;
+                if (rd_field(b, &q, y.stop, &z) < 0) return -1;
                 if (z.wire == 2 && z.number == 1) {
                     key = z.start;
                     key_len = z.stop - z.start;
@@ -1251,8 +1260,7 @@ static PyObject *rd_record(const unsigned char *b, size_t n, PyObject *const *na
             }
             if (unknown) continue;
             for (Py_ssize_t k = 0; k < count; k++) {
-                if ((size_t)PyBytes_GET_SIZE(names[k]) == key_len &&
-                    memcmp(PyBytes_AS_STRING(names[k]), b + key, key_len) == 0) {
+                if (name_lens[k] == key_len && memcmp(names[k], b + key, key_len) == 0) {
                     found[k][0] = y.start;
                     found[k][1] = y.stop + 1; /* +1: 0 stays "not found" */
                     break;
@@ -1260,17 +1268,41 @@ static PyObject *rd_record(const unsigned char *b, size_t n, PyObject *const *na
             }
         }
     }
+    return 0;
+}
+
+/* The first value of feature k of a record rd_find read: 1 and *out set, 0 for none, -1 when
+ * malformed. */
+static inline int rd_value(const unsigned char *b, const size_t (*found)[2], Py_ssize_t k,
+                           RdValue *out) {
+    return found[k][1] ? rd_entry_first(b, found[k][0], found[k][1] - 1, out) : 0;
+}
+
+static PyObject *rd_object(const unsigned char *b, const RdValue *v) {
+    if (v->kind == 3) return PyLong_FromLongLong((long long)v->i);
+    if (v->kind == 2) return PyFloat_FromDouble((double)v->f);
+    return PyBytes_FromStringAndSize((const char *)b + v->start, (Py_ssize_t)(v->stop - v->start));
+}
+
+/* One record's row (a tuple, one value or None per name) or None when it is malformed; NULL on
+ * a memory error. `found` is scratch space for one entry span per name. */
+static PyObject *rd_record(const unsigned char *b, size_t n, const char *const *names,
+                           const size_t *name_lens, Py_ssize_t count, size_t (*found)[2]) {
+    if (rd_find(b, n, names, name_lens, count, found) < 0) Py_RETURN_NONE;
     PyObject *row = PyTuple_New(count);
     if (row == NULL) return NULL;
     for (Py_ssize_t k = 0; k < count; k++) {
-        PyObject *value = NULL;
-        int got = found[k][1] ? rd_entry_first(b, found[k][0], found[k][1] - 1, &value) : 0;
+        RdValue v;
+        int got = rd_value(b, found, k, &v);
         if (got < 0) {
             Py_DECREF(row);
-            if (PyErr_Occurred()) return NULL;
             Py_RETURN_NONE;
         }
-        if (got == 0) value = Py_NewRef(Py_None);
+        PyObject *value = got ? rd_object(b, &v) : Py_NewRef(Py_None);
+        if (value == NULL) {
+            Py_DECREF(row);
+            return NULL;
+        }
         PyTuple_SET_ITEM(row, k, value);
     }
     return row;
@@ -1296,7 +1328,9 @@ static PyObject *first_values(PyObject *Py_UNUSED(module), PyObject *const *args
     PyObject *const *name_items = PySequence_Fast_ITEMS(names);
     PyObject *result = NULL;
     size_t(*found)[2] = PyMem_Malloc(sizeof *found * (size_t)(count ? count : 1));
-    if (found == NULL) {
+    const char **name_ptrs = PyMem_Malloc(sizeof *name_ptrs * (size_t)(count ? count : 1));
+    size_t *name_lens = PyMem_Malloc(sizeof *name_lens * (size_t)(count ? count : 1));
+    if (found == NULL || name_ptrs == NULL || name_lens == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1305,6 +1339,8 @@ static PyObject *first_values(PyObject *Py_UNUSED(module), PyObject *const *args
             PyErr_SetString(PyExc_TypeError, "names must be bytes");
             goto done;
         }
+        name_ptrs[k] = PyBytes_AS_STRING(name_items[k]);
+        name_lens[k] = (size_t)PyBytes_GET_SIZE(name_items[k]);
     }
     result = PyList_New(total);
     if (result == NULL) goto done;
@@ -1315,9 +1351,9 @@ static PyObject *first_values(PyObject *Py_UNUSED(module), PyObject *const *args
             Py_CLEAR(result);
             goto done;
         }
-        PyObject *row =
-            rd_record((const unsigned char *)PyBytes_AS_STRING(record),
-                      (size_t)PyBytes_GET_SIZE(record), name_items, count, found);
+        PyObject *row = rd_record((const unsigned char *)PyBytes_AS_STRING(record),
+                                  (size_t)PyBytes_GET_SIZE(record), name_ptrs, name_lens, count,
+                                  found);
         if (row == NULL) {
             Py_CLEAR(result);
             goto done;
@@ -1326,6 +1362,8 @@ static PyObject *first_values(PyObject *Py_UNUSED(module), PyObject *const *args
     }
 done:
     PyMem_Free(found);
+    PyMem_Free(name_ptrs);
+    PyMem_Free(name_lens);
     Py_DECREF(records);
     Py_DECREF(names);
     return result;
@@ -1713,31 +1751,42 @@ static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
     /* A tuple of our own, as first_values says why. */
     PyObject *records = PySequence_Tuple(args[0]);
     if (records == NULL) return NULL;
-    PyObject *name = args[1], *slow = NULL, *result = NULL, *table = NULL;
+    PyObject *slow = NULL, *result = NULL, *table = NULL;
     Py_ssize_t total = PyTuple_GET_SIZE(records), used = 0, cap = 32, last = -1;
-    size_t found[1][2];
+    const char *name = PyBytes_AS_STRING(args[1]);
+    size_t name_len = (size_t)PyBytes_GET_SIZE(args[1]);
     HourGroup *groups = PyMem_Malloc(sizeof *groups * (size_t)cap);
-    if (groups == NULL) {
+    int64_t *values = PyMem_Malloc(sizeof *values * (size_t)(total ? total : 1));
+    unsigned char *fast = PyMem_Malloc((size_t)(total ? total : 1));
+    if (groups == NULL || values == NULL || fast == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    if ((slow = PyList_New(0)) == NULL) goto done;
     for (Py_ssize_t r = 0; r < total; r++) {
-        PyObject *record = PyTuple_GET_ITEM(records, r);
-        if (!PyBytes_Check(record)) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(records, r))) {
             PyErr_SetString(PyExc_TypeError, "records must be bytes");
             goto done;
         }
-        PyObject *row = rd_record((const unsigned char *)PyBytes_AS_STRING(record),
-                                  (size_t)PyBytes_GET_SIZE(record), &name, 1, found);
-        if (row == NULL) goto done;
-        int fast = row != Py_None && PyLong_CheckExact(PyTuple_GET_ITEM(row, 0));
-        long long value = fast ? PyLong_AsLongLong(PyTuple_GET_ITEM(row, 0)) : 0;
-        Py_DECREF(row); /* an int64 read from a varint: it fits */
+    }
+    /* Each record's time is read with the GIL released; the groups are made after. */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < total; r++) {
+        PyObject *record = PyTuple_GET_ITEM(records, r);
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(record);
+        size_t found[1][2];
+        RdValue v;
+        fast[r] = rd_find(b, (size_t)PyBytes_GET_SIZE(record), &name, &name_len, 1, found) == 0 &&
+                  rd_value(b, found, 0, &v) == 1 && v.kind == 3;
+        values[r] = fast[r] ? v.i : 0;
+    }
+    Py_END_ALLOW_THREADS
+    if ((slow = PyList_New(0)) == NULL) goto done;
+    for (Py_ssize_t r = 0; r < total; r++) {
         PyObject *index = PyLong_FromSsize_t(r);
         if (index == NULL) goto done;
         PyObject *into = slow;
-        if (fast) {
+        if (fast[r]) {
+            long long value = values[r];
             long long hour = floor_div(floor_div(value, per_second), 3600);
             if (last < 0 || groups[last].hour != hour) {
                 last = hour_group(&groups, &used, &cap, &table, hour, value);
@@ -1771,6 +1820,8 @@ static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
 done:
     for (Py_ssize_t g = 0; g < used; g++) Py_DECREF(groups[g].indexes);
     PyMem_Free(groups);
+    PyMem_Free(values);
+    PyMem_Free(fast);
     Py_XDECREF(table);
     Py_XDECREF(slow);
     Py_DECREF(records);

@@ -428,6 +428,114 @@ static PyObject *py_frame_many(PyObject *self, PyObject *records) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * frame_groups(records, groups)
+ *
+ * Each group of records (a sequence of indexes into records) framed as frame_many frames them,
+ * with their lengths: a partitioned dataset's batch becomes its folders' parts in one call, the
+ * copying and the CRCs done with the GIL released.
+ */
+
+static PyObject *py_frame_groups(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "frame_groups(records, groups) takes 2 arguments");
+        return NULL;
+    }
+    batch b;
+    if (batch_collect(&b, args[0], true) < 0) return NULL;
+    PyObject *groups = PySequence_Tuple(args[1]), *result = NULL;
+    Py_ssize_t g_count = groups ? PyTuple_GET_SIZE(groups) : 0, picked = 0;
+    span *spans = NULL;
+    Py_ssize_t *bounds = NULL;
+    uint8_t **outs = NULL;
+    if (groups == NULL) goto done;
+    /* Every group's indexes, then its spans in one array: [bounds[g], bounds[g + 1]). */
+    bounds = PyMem_Calloc((size_t)g_count + 1, sizeof *bounds);
+    outs = PyMem_Calloc((size_t)g_count ? (size_t)g_count : 1, sizeof *outs);
+    if (bounds == NULL || outs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t g = 0; g < g_count; g++) {
+        Py_ssize_t n = PySequence_Length(PyTuple_GET_ITEM(groups, g));
+        if (n < 0) goto done;
+        bounds[g + 1] = bounds[g] + n;
+    }
+    spans = PyMem_Malloc(((size_t)bounds[g_count] ? (size_t)bounds[g_count] : 1) * sizeof *spans);
+    if ((result = PyList_New(g_count)) == NULL || spans == NULL) {
+        if (spans == NULL) PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t g = 0; g < g_count; g++) {
+        PyObject *indexes = PySequence_Tuple(PyTuple_GET_ITEM(groups, g));
+        if (indexes == NULL) goto fail;
+        Py_ssize_t n = PyTuple_GET_SIZE(indexes), size = 0;
+        if (n != bounds[g + 1] - bounds[g]) {
+            Py_DECREF(indexes);
+            PyErr_SetString(PyExc_RuntimeError, "a group changed size");
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_ssize_t i = PyNumber_AsSsize_t(PyTuple_GET_ITEM(indexes, k), PyExc_IndexError);
+            if (i == -1 && PyErr_Occurred()) {
+                Py_DECREF(indexes);
+                goto fail;
+            }
+            if (i < 0 || i >= b.n) {
+                Py_DECREF(indexes);
+                PyErr_SetString(PyExc_IndexError, "record index out of range");
+                goto fail;
+            }
+            if (b.spans[i].len < 0) {
+                Py_DECREF(indexes);
+                PyErr_Format(PyExc_TypeError, "record %zd is not bytes", i);
+                goto fail;
+            }
+            spans[bounds[g] + k] = b.spans[i];
+            if (b.spans[i].len > PY_SSIZE_T_MAX / 2 - size - 16) {
+                Py_DECREF(indexes);
+                PyErr_SetString(PyExc_OverflowError, "the records are too large to join");
+                goto fail;
+            }
+            size += b.spans[i].len + 16;
+        }
+        Py_DECREF(indexes);
+        PyObject *data = PyBytes_FromStringAndSize(NULL, size);
+        PyObject *lengths = PyBytes_FromStringAndSize(NULL, n * 8);
+        PyObject *pair = data && lengths ? PyTuple_Pack(2, data, lengths) : NULL;
+        Py_XDECREF(data);
+        Py_XDECREF(lengths);
+        if (pair == NULL) goto fail;
+        PyList_SET_ITEM(result, g, pair);
+        uint8_t *lens = (uint8_t *)PyBytes_AS_STRING(lengths);
+        for (Py_ssize_t k = 0; k < n; k++) {
+            uint64_t len = (uint64_t)spans[bounds[g] + k].len;
+            memcpy(lens + 8 * k, &len, sizeof len); /* native order, as array('Q') holds it */
+        }
+        outs[g] = (uint8_t *)PyBytes_AS_STRING(data);
+        picked += size;
+    }
+    if (picked >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t g = 0; g < g_count; g++)
+            frame_into(outs[g], spans + bounds[g], bounds[g + 1] - bounds[g]);
+        Py_END_ALLOW_THREADS
+    } else {
+        for (Py_ssize_t g = 0; g < g_count; g++)
+            frame_into(outs[g], spans + bounds[g], bounds[g + 1] - bounds[g]);
+    }
+    goto done;
+fail:
+    Py_CLEAR(result);
+done:
+    PyMem_Free(spans);
+    PyMem_Free(bounds);
+    PyMem_Free(outs);
+    Py_XDECREF(groups);
+    batch_release(&b);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * check_messages(payloads, sequence)
  *
  * A walk of the wire format of tensorflow/core/example/{example,feature}.proto (proto3):
@@ -865,6 +973,11 @@ static PyMethodDef methods[] = {
      "frame_many(records, /)\n--\n\n"
      "The records framed as TFRecord back to back: for each, uint64 length, uint32 masked CRC\n"
      "of the length, the data, uint32 masked CRC of the data (little-endian)."},
+    {"frame_groups", (PyCFunction)(void (*)(void))py_frame_groups, METH_FASTCALL,
+     "frame_groups(records, groups, /)\n--\n\n"
+     "For each group of record indexes (a sequence of ints into records, exact bytes), the\n"
+     "group's records framed back to back as frame_many frames them, and their lengths as the\n"
+     "bytes of an array('Q')."},
     {"check_messages", (PyCFunction)(void (*)(void))py_check_messages,
      METH_VARARGS | METH_KEYWORDS,
      "check_messages(payloads, sequence)\n--\n\n"

@@ -1,6 +1,6 @@
 """Types of the compiled ``tfrecordd._cframe`` (``_cframe.c``); see :mod:`tfrecordd.speedups`."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from typing_extensions import Buffer
@@ -20,6 +20,13 @@ def record_starts(lengths: Buffer, start: int, /) -> bytes:
 
 def frame_many(records: Iterable[Buffer], /) -> bytes:
     """The records framed as TFRecord back to back, byte for byte ``framing.frame_many``."""
+
+def frame_groups(
+    records: Sequence[bytes], groups: Sequence[Sequence[int]], /
+) -> list[tuple[bytes, bytes]]:
+    """For each group of indexes into ``records``, its records framed as :func:`frame_many`
+    frames them, and their lengths as the bytes of an ``array("Q")``. Raises ``TypeError`` for
+    a record that is not exactly ``bytes``, ``IndexError`` for an index out of range."""
 
 def check_messages(payloads: Iterable[bytes], sequence: bool) -> list[int]:
     """Indices, ascending, of the payloads not certified as a serialized ``Example``

@@ -134,6 +134,54 @@ def test_frame_many_refuses_what_is_not_bytes_like() -> None:
         _cframe.frame_many(5)  # type: ignore[arg-type]
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.binary(max_size=300), max_size=30).flatmap(
+        lambda records: st.tuples(
+            st.just(records),
+            st.lists(
+                st.lists(st.integers(0, max(0, len(records) - 1)), max_size=20)
+                if records
+                else st.just([]),
+                max_size=6,
+            ),
+            st.integers(0, 3),
+        )
+    )
+)
+def test_frame_groups_frames_each_group_as_python_does(
+    drawn: tuple[list[bytes], list[list[int]], int],
+) -> None:
+    records, groups, grow = drawn
+    # Some large records, over the size at which the GIL is released.
+    records = [r * (200 if i % 5 == grow else 1) for i, r in enumerate(records)]
+    expected = [
+        (b"".join(reference_frame(records[i]) for i in group), [len(records[i]) for i in group])
+        for group in groups
+    ]
+    got = framing.frame_groups(records, groups)
+    assert [(data, list(lengths)) for data, lengths in got] == expected
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled, "COMPILED", False)
+        python = framing.frame_groups(records, groups)
+    assert [(data, list(lengths)) for data, lengths in python] == expected
+
+
+def test_frame_groups_refuses_bad_indexes_and_records() -> None:
+    with pytest.raises(IndexError):
+        _cframe.frame_groups([b"a"], [[0, 1]])
+    with pytest.raises(IndexError):
+        _cframe.frame_groups([b"a"], [[-1]])
+    with pytest.raises(TypeError):
+        _cframe.frame_groups([b"a", bytearray(b"b")], [[1]])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        _cframe.frame_groups([b"a"], [["0"]])  # type: ignore[list-item]
+    assert _cframe.frame_groups([b"a", bytearray(b"b")], [[0]]) == [  # type: ignore[list-item]
+        (reference_frame(b"a"), array("Q", [1]).tobytes())
+    ]
+    assert _cframe.frame_groups([], []) == []
+
+
 def test_framing_uses_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
     records = [b"x" * 10, b"", b"y" * 300]
     fast = framing.frame_many(records)

@@ -19,7 +19,15 @@ from typing_extensions import Buffer
 
 from tfrecordd import speedups
 
-__all__ = ["COMPILED", "check_messages", "crc32c", "frame_many", "line_end", "record_starts"]
+__all__ = [
+    "COMPILED",
+    "check_messages",
+    "crc32c",
+    "frame_groups",
+    "frame_many",
+    "line_end",
+    "record_starts",
+]
 
 COMPILED: Final[bool] = speedups.load("_cframe") is not None
 """Whether the functions here run in C in this process."""
@@ -49,6 +57,16 @@ def frame_many(records: Iterable[Buffer]) -> bytes | None:
     built (``format.framing.frame_many`` then frames them in Python)."""
     if COMPILED:
         return _cframe.frame_many(records)
+    return None
+
+
+def frame_groups(
+    records: Sequence[bytes], groups: Sequence[Sequence[int]]
+) -> list[tuple[bytes, bytes]] | None:
+    """Each group of ``records`` framed, with its records' lengths (the bytes of an
+    ``array("Q")``), or ``None`` where the extension is not built."""
+    if COMPILED:
+        return _cframe.frame_groups(records, groups)
     return None
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tfrecordd.format.compress import Compressor, Unit
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.framing import framed_size
 from tfrecordd.format.writer import Packed, frame, pack
@@ -208,6 +209,16 @@ def packed(records: list[bytes], compression: Compression, level: int | None) ->
     if framed_size(records) >= PACK_MIN_BYTES:
         return pack(records, compression, level)
     return frame(records)
+
+
+def packed_framed(
+    data: bytes, lengths: array[int], compression: Compression, level: int | None
+) -> Packed:
+    """Records framed already (``data``, with their ``lengths``) as :func:`packed` makes
+    them."""
+    if len(data) >= PACK_MIN_BYTES:
+        return Packed(Compressor.unit(compression, level, [data]), lengths)
+    return Packed(Unit(Compression.NONE, data, len(data)), lengths)
 
 
 def encode_events(

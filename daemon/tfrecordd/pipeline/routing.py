@@ -32,6 +32,7 @@ from tfrecordd.config import DaemonConfig
 from tfrecordd.datasets import PartitionSection, RouteSection
 from tfrecordd.events import EncodeResult, FailureReason, RawEvent, not_json
 from tfrecordd.format.compression import Compression
+from tfrecordd.format.framing import frame_groups
 from tfrecordd.format.writer import frame
 from tfrecordd.outputs.partitions import Partitioner
 from tfrecordd.pipeline.encoding import (
@@ -42,6 +43,7 @@ from tfrecordd.pipeline.encoding import (
     encode,
     guarded,
     packed,
+    packed_framed,
 )
 from tfrecordd.plugin import Encoder, EncoderConfig, Failure
 from tfrecordd.schema import FeatureSpec, string_groups
@@ -347,14 +349,15 @@ class Target:
                 line_failures.append((line_event(-1 - origin), FailureReason.EVENT_TIME, detail))
         for reason, n in assigned.fallbacks.items():
             fallbacks[(name, reason)] = fallbacks.get((name, reason), 0) + n
+        framed = frame_groups(records, list(assigned.groups.values()))
         return [
             Part(
                 name,
                 folder,
-                packed([records[k] for k in indexes], plan.compression, plan.level),
+                packed_framed(data, lengths, plan.compression, plan.level),
                 assigned.times.get(folder),
             )
-            for folder, indexes in assigned.groups.items()
+            for folder, (data, lengths) in zip(assigned.groups, framed, strict=True)
         ]
 
 
