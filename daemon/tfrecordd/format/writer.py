@@ -68,6 +68,24 @@ class Packed:
         return len(self.lengths)
 
 
+@dataclass(frozen=True, slots=True)
+class Framed:
+    """Units :func:`frame` made, in order, written as one (:meth:`RecordWriter.write_packed`):
+    held by the writer as they are, where joining them would copy every record once more."""
+
+    units: tuple[Packed, ...]
+
+    @property
+    def records(self) -> int:
+        """How many records the units hold."""
+        return sum(u.records for u in self.units)
+
+    @property
+    def raw_size(self) -> int:
+        """Framed bytes in all."""
+        return sum(u.unit.raw_size for u in self.units)
+
+
 def pack(records: Sequence[bytes], compression: Compression, level: int | None = None) -> Packed:
     """Frame and compress ``records`` into one unit that any stream of ``compression`` can
     append (:meth:`RecordWriter.write_packed`)."""
@@ -242,9 +260,20 @@ class RecordWriter:
         self._release()
         self.collect(wait=True)
 
-    def write_packed(self, packed: Packed) -> None:
+    def write_packed(self, packed: Packed | Framed) -> None:
         """Append records :func:`pack` framed and compressed (after everything written before),
-        or records :func:`frame` framed, held as :meth:`write_many` holds them."""
+        or records :func:`frame` framed (one unit, or several as :class:`Framed`), held as
+        :meth:`write_many` holds them."""
+        if isinstance(packed, Framed):
+            if any(u.unit.compression is not Compression.NONE for u in packed.units):
+                raise ValueError("Framed holds units of framed records only")
+            if self._passthrough:
+                for one in packed.units:
+                    self.write_packed(one)
+                return
+            pieces = [u.unit.data for u in packed.units if u.unit.data]
+            self._hold(pieces, packed.raw_size, packed.records)
+            return
         unit = packed.unit
         if unit.compression is not self.compression and unit.compression is Compression.NONE:
             if unit.data:

@@ -50,7 +50,7 @@ from tfrecordd.errors import DurabilityError
 from tfrecordd.format.compress import Compressor
 from tfrecordd.format.compression import SUFFIXES, Compression
 from tfrecordd.format.framing import extend_record_starts, framed_size
-from tfrecordd.format.writer import INPROGRESS_SUFFIX, Packed, RecordWriter, inprogress_name
+from tfrecordd.format.writer import INPROGRESS_SUFFIX, Framed, Packed, RecordWriter, inprogress_name
 from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.manifest import SUFFIX as MANIFEST_SUFFIX
 
@@ -358,7 +358,7 @@ class OpenShard:
         """The most bytes what was written may yet add to the file (compressed, ended)."""
         return self._writer.pending_bound()
 
-    def fits(self, batch: list[bytes] | Packed) -> bool:
+    def fits(self, batch: list[bytes] | Packed | Framed) -> bool:
         """Whether a batch (records, or records already packed into a unit) fits under the size
         cap, syncing the compressor if that is what makes it fit."""
         if self.records == 0:
@@ -373,7 +373,10 @@ class OpenShard:
                 return True
             writer.sync()
             return self.file_bytes + incoming <= self.max_bytes
-        raw = batch.unit.raw_size if isinstance(batch, Packed) else framed_size(batch)
+        if isinstance(batch, list):
+            raw = framed_size(batch)
+        else:
+            raw = batch.raw_size if isinstance(batch, Framed) else batch.unit.raw_size
         if self.file_bytes + writer.pending_bound(raw) <= self.max_bytes:
             return True
         self._writer.sync()
@@ -414,25 +417,34 @@ class OpenShard:
             raise DurabilityError(f"{self.tmp_path}: {e.strerror or e}") from e
 
     def write(
-        self, batch: list[bytes] | Packed, event_times: tuple[float, float] | None = None
+        self, batch: list[bytes] | Packed | Framed, event_times: tuple[float, float] | None = None
     ) -> None:
         """Append a batch: records, or records :func:`~tfrecordd.format.writer.pack` made into a
-        unit; ``event_times``: the earliest and latest event time among them, if known."""
+        unit (or framed, several units as one :class:`~tfrecordd.format.writer.Framed`);
+        ``event_times``: the earliest and latest event time among them, if known."""
         if event_times is not None:
             lo, hi = event_times
             if self.event_times is not None:
                 lo, hi = min(lo, self.event_times[0]), max(hi, self.event_times[1])
             self.event_times = (lo, hi)
         if self.track_offsets:
-            lengths = batch.lengths if isinstance(batch, Packed) else array("Q", map(len, batch))
-            self.offsets.extend(lengths, self._writer.raw_bytes)
+            start = self._writer.raw_bytes
+            if isinstance(batch, Framed):
+                for unit in batch.units:
+                    self.offsets.extend(unit.lengths, start)
+                    start += unit.unit.raw_size
+            else:
+                lengths = (
+                    batch.lengths if isinstance(batch, Packed) else array("Q", map(len, batch))
+                )
+                self.offsets.extend(lengths, start)
         self.last_time = time.time()
         if not self.first_time:
             self.first_time = self.last_time
-        if isinstance(batch, Packed):
-            self._writer.write_packed(batch)
-        else:
+        if isinstance(batch, list):
             self._writer.write_many(batch)
+        else:
+            self._writer.write_packed(batch)
 
     def finish(self, *, fsync: bool = True) -> FinishedShard:
         """End the stream, fsync and close. Any failure here is final for this file."""

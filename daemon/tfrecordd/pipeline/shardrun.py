@@ -4,9 +4,9 @@ call per shard instead of one per part (:class:`MergedRun`).
 A partitioned dataset splits each batch into a part per folder: with 24 hours open, a batch of
 a few thousand events brings 25 parts of a few kilobytes each, and writing them one by one costs
 the daemon's process more than encoding them. Merged over the batches the stage takes at once,
-each open shard gets one write: its framed parts joined into one buffer (held and compressed
-with the writes around them as before), any part already compressed into a unit of its own
-appended in its place. The records of each shard stay in batch order.
+each open shard gets one write: its framed parts as one (held, and compressed with the writes
+around them, as before: their buffers are not copied), any part already compressed into a unit
+of its own appended in its place. The records of each shard stay in batch order.
 
 A batch joins the run only if every part it brings goes to a shard open already, which takes it
 with the run's earlier parts without reaching its record cap and with room under its size cap
@@ -17,17 +17,16 @@ alone, and the run ends before it.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from tfrecordd.format.compress import Compressor, Unit
 from tfrecordd.format.compression import Compression
-from tfrecordd.format.writer import Packed
+from tfrecordd.format.writer import Framed, Packed
 from tfrecordd.outputs.shards import OpenShard
 from tfrecordd.pipeline.encoding import Part
 
-__all__ = ["MergedRun", "joined"]
+__all__ = ["Merged", "MergedRun", "joined"]
 
 ShardKey = tuple[str, str]
 """``(dataset, partition folder)``: what one open shard holds."""
@@ -96,10 +95,9 @@ class MergedRun:
         self.batches += 1
         return True
 
-    def parts(self) -> Iterator[Part]:
-        """The run's parts merged: per shard, in the order of their first batch, each stretch
-        of framed parts joined into one (:func:`joined`), units compressed already as they
-        are."""
+    def parts(self) -> Iterator[Merged]:
+        """The run's writes: per shard, in the order of their first batch, each stretch of
+        framed parts as one (:func:`joined`), units compressed already as they are."""
         for entry in self._shards.values():
             stretch: list[Part] = []
             for part in entry.parts:
@@ -109,7 +107,7 @@ class MergedRun:
                 if stretch:
                     yield joined(stretch)
                     stretch = []
-                yield part
+                yield Merged(part.dataset, part.folder, part.records, part.times)
             if stretch:
                 yield joined(stretch)
 
@@ -126,23 +124,31 @@ def _bound(compression: Compression, unit: Unit) -> int | None:
     return None
 
 
-def joined(parts: list[Part]) -> Part:
-    """Framed parts of one shard as one: their records in order, their times' span."""
-    if len(parts) == 1:
-        return parts[0]
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """One write of a merged run to one shard: a stretch of its framed parts as one, or a part
+    compressed already. Read as a :class:`~tfrecordd.pipeline.encoding.Part` is."""
+
+    dataset: str
+    folder: str
+    records: Packed | Framed
+    times: tuple[float, float] | None
+
+    @property
+    def count(self) -> int:
+        """How many records."""
+        return self.records.records
+
+
+def joined(parts: list[Part]) -> Merged:
+    """Framed parts of one shard as one write (no copy: :class:`Framed` holds their buffers),
+    their times' span."""
     first = parts[0]
-    lengths = array("Q")
     lo = hi = None
     for part in parts:
-        lengths += part.records.lengths
         if part.times is not None:
             lo = part.times[0] if lo is None else min(lo, part.times[0])
             hi = part.times[1] if hi is None else max(hi, part.times[1])
-    data = b"".join(part.records.unit.data for part in parts)
     times = None if lo is None or hi is None else (lo, hi)
-    return Part(
-        first.dataset,
-        first.folder,
-        Packed(Unit(Compression.NONE, data, len(data)), lengths),
-        times,
-    )
+    records = first.records if len(parts) == 1 else Framed(tuple(p.records for p in parts))
+    return Merged(first.dataset, first.folder, records, times)

@@ -7,7 +7,9 @@ recently written one is closed to make room (published at the next commit, never
 A part that would take its shard past ``max_shard_bytes`` or ``max_shard_records`` closes the
 shard first (:meth:`OpenShard.fits <tfrecordd.outputs.shards.OpenShard.fits>`); a shard that
 reaches its record cap is closed at once. Batches are written in order, in as few trips to a
-worker thread as the caps allow (:data:`WRITE_RUN_BATCHES` at most). Failures go to the dead
+worker thread as the caps allow (:data:`WRITE_RUN_BATCHES` at most); the batches of a trip whose
+parts all go to open shards that take them without closing are written merged by shard, one
+write per shard (:class:`~tfrecordd.pipeline.shardrun.MergedRun`). Failures go to the dead
 letters first. While an output's file system lacks room above its ``min_free_bytes``, the stage
 waits (and so, by backpressure, do the sources).
 
@@ -48,7 +50,7 @@ from tfrecordd.pipeline.completion import LATE_TREE
 from tfrecordd.pipeline.datasets import DatasetOutput, Placed
 from tfrecordd.pipeline.encode import take_waiting
 from tfrecordd.pipeline.encoding import EncodedBatch, Part
-from tfrecordd.pipeline.shardrun import MergedRun
+from tfrecordd.pipeline.shardrun import Merged, MergedRun
 from tfrecordd.pipeline.space import FreeSpace
 from tfrecordd.pipeline.writecounts import WriteCounts
 
@@ -372,7 +374,7 @@ class WriteStage:
                 closed = True
         return closed
 
-    def _write_part(self, part: Part) -> _Open:
+    def _write_part(self, part: Part | Merged) -> _Open:
         """Write a part to its shard; the shard's entry (closed already if the part filled
         it)."""
         d = self.datasets[part.dataset]
