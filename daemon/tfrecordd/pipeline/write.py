@@ -310,18 +310,18 @@ class WriteStage:
             if not merged.take([p.part for p in placed if not p.refused]):
                 break
             taken.append((batch, placed))
-        if not taken:
-            return 0
         for batch, placed in taken:
             self._account(batch, placed)
         entries = {(part.dataset, part.folder): self._write_part(part) for part in merged.parts()}
+        last: dict[ShardKey, None] = {}  # the shards in the order of their last part
         for batch, placed in taken:
             compact = self.committer.sources[batch.source].compact
-            for p in placed:
-                if not p.refused:
-                    entry = entries[p.part.dataset, p.part.folder]
-                    entry.positions.add(batch.source, batch.token, compact)
+            for key in [(p.part.dataset, p.part.folder) for p in placed if not p.refused]:
+                entries[key].positions.add(batch.source, batch.token, compact)
+                last[key] = last.pop(key, None)
             self._add(batch)
+        for key in last:  # least recently written first, as part by part
+            self.open[key] = self.open.pop(key)
         return len(taken)
 
     def _account(self, batch: EncodedBatch, placed: list[Placed]) -> None:

@@ -1,0 +1,130 @@
+"""The write stage with merged runs against the same stage writing part by part: for any batches
+and caps, the same cuts, the same shards closed at each (records, order, positions, times,
+offsets, within their size cap), and the same shards left open, least recently written first
+(the one ``max_open_shards`` closes next)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfrecordd.format.compression import SUFFIXES, Compression
+from tfrecordd.format.reader import iter_records
+from tfrecordd.format.writer import frame, pack
+from tfrecordd.fsys import LOCAL
+from tfrecordd.metrics import Metrics
+from tfrecordd.outputs.shards import OpenShard
+from tfrecordd.pipeline.datasets import DatasetOutput
+from tfrecordd.pipeline.encoding import EncodedBatch, Part
+from tfrecordd.pipeline.write import WriteStage
+
+FOLDERS = ["h=1", "h=2", "h=3", "h=4"]
+
+
+class _Namer:
+    def __init__(self, compression: Compression) -> None:
+        self.count = 0
+        self.suffix = SUFFIXES[compression]
+
+    def next(self) -> str:
+        self.count += 1
+        return f"part-{self.count:05d}{self.suffix}"
+
+
+def _stage(root: Path, c: Compression, max_open: int, max_records: int, max_bytes: int) -> Any:
+    config = SimpleNamespace(
+        max_shard_records=max_records,
+        max_open_shards=max_open,
+        max_shard_bytes=max_bytes,
+        compression=c,
+        level=None,
+        manifests=True,
+        min_free_bytes=0,
+        max_shard_age=1e9,
+    )
+    dataset = DatasetOutput("d", config, SimpleNamespace(staging_dir=str(root)), _Namer(c))  # type: ignore[arg-type]
+    committer = SimpleNamespace(sources={"s": SimpleNamespace(compact=None)}, metrics=Metrics())
+    committer.dead_letters = None
+    return WriteStage({"d": dataset}, committer, fs=LOCAL)  # type: ignore[arg-type]
+
+
+def _batch(rng: random.Random, i: int, c: Compression) -> EncodedBatch:
+    parts = []
+    for folder in rng.sample(FOLDERS, rng.randint(0, 3)):
+        records = [
+            b"b%d-%s-%d:" % (i, folder.encode(), k) + rng.randbytes(rng.choice([0, 20, 100, 400]))
+            for k in range(rng.randint(1, 12))
+        ]
+        packed = pack(records, c) if rng.random() < 0.3 else frame(records)
+        parts.append(Part("d", folder, packed, (float(i), i + rng.random())))
+    return EncodedBatch("s", parts, ("token", i), sum(p.count for p in parts), [])
+
+
+def _shard(shard: OpenShard, tokens: list[Any], c: Compression, cap: int) -> tuple[Any, ...]:
+    f = shard.finish(fsync=False)
+    return (
+        shard.folder,
+        list(iter_records(f.tmp_path, compression=c)),
+        [t[1] for t in tokens],
+        f.event_times,
+        list(f.offsets.chunks()),
+        f.size <= cap,
+    )
+
+
+def _run(root: Path, seed: int, merged: bool) -> list[Any]:
+    rng = random.Random(seed)
+    c = rng.choice([Compression.GZIP, Compression.ZLIB, Compression.NONE, Compression.ZSTD])
+    cap = rng.choice([2 << 10, 4 << 10, 16 << 10, 1 << 30])
+    stage = _stage(root, c, rng.choice([2, 3, 10]), rng.choice([0, 40, 100]), cap)
+    if not merged:
+        stage._write_merged = lambda run: 0
+    trips = [[_batch(rng, g * 100 + i, c) for i in range(rng.randint(1, 8))] for g in range(4)]
+    out: list[Any] = []
+    for trip in trips:
+        at = 0
+        while at < len(trip):
+            n = stage.write_run(trip[at:])
+            at += n
+            if n == 0 or stage._cut_wanted:  # a cut: what it publishes
+                out.append(("cut", at))
+                out += [
+                    _shard(k.shard, k.positions.tokens["s"], c, cap) for k in stage.unit.closing
+                ]
+                stage.unit.closing.clear()
+                stage._cut_wanted = False
+    out += [_shard(e.shard, e.positions.tokens["s"], c, cap) for e in stage.open.values()]
+    stage.compressing.shutdown()
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_merged_runs_write_and_cut_as_part_by_part(seed: int) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        assert _run(Path(a), seed, True) == _run(Path(b), seed, False)
+
+
+def test_the_least_recently_written_shard_is_closed_at_the_cap_after_a_merged_run(
+    tmp_path: Path,
+) -> None:
+    stage = _stage(tmp_path, Compression.GZIP, 2, 0, 1 << 30)
+
+    def batch(i: int, *folders: str) -> EncodedBatch:
+        parts = [Part("d", f, frame([b"%d" % i]), None) for f in folders]
+        return EncodedBatch("s", parts, ("token", i), len(parts), [])
+
+    assert stage.write_run([batch(0, "a", "b")]) == 1
+    # Merged: a is written first in this trip, b last of all, then a again.
+    assert stage.write_run([batch(1, "a"), batch(2, "b"), batch(3, "a")]) == 3
+    assert list(stage.open) == [("d", "b"), ("d", "a")]
+    stage.write_run([batch(4, "c")])
+    assert [k.shard.folder for k in stage.unit.closing] == ["b"]
+    stage.compressing.shutdown()
