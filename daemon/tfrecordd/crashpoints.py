@@ -23,7 +23,8 @@ POINTS = (
     "after-done",
 )
 """Every crash point the daemon itself passes, in protocol order (``after-marker`` only with
-completion markers)."""
+completion markers). ``mid-write`` is passed once for each batch whose records were written to
+their shards (after a trip of batches written merged, once for each of them)."""
 
 STATE_POINTS = ("state-staged", "state-committed", "state-step", "state-finished")
 """Every crash point the writing ``tfrecordd state`` commands pass, in order: the new files

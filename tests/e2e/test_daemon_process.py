@@ -27,6 +27,7 @@ from tests.support import (
     write_config,
 )
 from tfrecordd.outputs.shards import OFFSETS_IN_MEMORY
+from tfrecordd.pipeline.write import WRITE_RUN_BATCHES
 from tfrecordd.plugin import Registry
 
 POINTS = Registry.from_entry_points().crash_points()
@@ -183,9 +184,11 @@ def test_a_crash_with_offsets_spilled_to_disk_then_restart(tmp_path: Path, point
         daemon={"max_batch_events": 500, "max_batch_bytes": "64MiB"},
     )
     expected = fill_spool(tmp_path, 16, 10_000)
-    # Batches of 500 events: the 140th write (70,000 records) comes after the first 65,536
-    # offsets went to disk, and before the first shard's cap.
+    # Batches of 500 events: mid-write is passed once per batch written, a trip of merged
+    # batches at its end. The 140th (70,000 records, at most 77,500 with the rest of its trip)
+    # comes after the first 65,536 offsets went to disk, and before the first shard's cap.
     assert OFFSETS_IN_MEMORY < 139 * 500
+    assert (140 + WRITE_RUN_BATCHES - 1) * 500 < 80_000
     nth = 140 if point == "mid-write" else 1
     d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": f"{point}:{nth}"})
     rc = d.wait(120)

@@ -171,6 +171,7 @@ def test_a_compressed_unit_keeps_its_place_between_framed_stretches(tmp_path: Pa
     assert [type(p.records) for p in out] == [Framed, Packed, Packed]
     assert [p.count for p in out] == [8, 4, 4]
     assert [r for p in out for r in _unpacked(p.records)] == [r for b in batches for r in b]
+    shard.discard()
 
 
 def test_a_refused_batch_leaves_the_run_as_it_was(tmp_path: Path) -> None:
@@ -184,3 +185,4 @@ def test_a_refused_batch_leaves_the_run_as_it_was(tmp_path: Path) -> None:
     assert run.take([_part(KEYS[0], [b"v"] * 3, False, 4.0)])
     assert [r for p in run.parts() for r in _unpacked(p.records)] == [b"x"] * 6 + [b"v"] * 3
     assert run.batches == 2
+    shard.discard()

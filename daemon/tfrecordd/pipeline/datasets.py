@@ -6,7 +6,7 @@ part of a batch is written (:meth:`DatasetOutput.place`): its folder of field va
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tfrecordd.config import DaemonConfig
@@ -23,7 +23,14 @@ from tfrecordd.pipeline.completion import Completion
 from tfrecordd.pipeline.encoding import Part
 from tfrecordd.state.deadletter import DeadLetters
 
-__all__ = ["DatasetOutput", "Placed", "completions", "dataset_outputs", "manifest_writers"]
+__all__ = [
+    "DatasetOutput",
+    "Placed",
+    "account_all",
+    "completions",
+    "dataset_outputs",
+    "manifest_writers",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,18 @@ class Placed:
     late: bool = False
     refused: bool = False
     """Late and to be dead-lettered, not written."""
+
+
+def account_all(
+    datasets: Mapping[str, DatasetOutput],
+    placed: Sequence[Placed],
+    source: str,
+    metrics: Metrics,
+    dead_letters: DeadLetters,
+) -> None:
+    """:meth:`DatasetOutput.account` of each placed part of one batch, by its dataset."""
+    for p in placed:
+        datasets[p.part.dataset].account(p, source, metrics, dead_letters)
 
 
 def completions(

@@ -47,7 +47,7 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.shards import OpenShard
 from tfrecordd.pipeline.commit import Committer, CommitUnit, Kept, Positions
 from tfrecordd.pipeline.completion import LATE_TREE
-from tfrecordd.pipeline.datasets import DatasetOutput, Placed
+from tfrecordd.pipeline.datasets import DatasetOutput, Placed, account_all
 from tfrecordd.pipeline.encode import take_waiting
 from tfrecordd.pipeline.encoding import EncodedBatch, Part
 from tfrecordd.pipeline.shardrun import Merged, MergedRun
@@ -117,7 +117,8 @@ class WriteStage:
         self.flushes = 0  # commits of every open shard so far; a reload waits for one
         self.taken: dict[str, int] = {}  # per source, batches taken into commit units
         self.commit_gate = anyio.Semaphore(1)  # held from a cut to its commit's end
-        self._cut_wanted = False
+        self.cut_wanted = False
+        """Whether a commit is cut next: a shard or a partition was closed since the last."""
         self._commits: TaskGroup | None = None
         self._committed: anyio.Event | None = None
         self._commit_failed = False
@@ -188,7 +189,7 @@ class WriteStage:
                 if (
                     idle
                     or self._flush_requested
-                    or self._cut_wanted
+                    or self.cut_wanted
                     or (deadline is not None and self.beat >= deadline)
                 ):
                     flushing, self._flush_requested = self._flush_requested, False
@@ -238,14 +239,16 @@ class WriteStage:
             if not self.open and sum(map(len, self.unit.tokens.values())) >= (
                 POSITIONS_ONLY_BATCHES
             ):
-                self._cut_wanted = True
-            if self._cut_wanted:
+                self.cut_wanted = True
+            if self.cut_wanted:
                 await self.commit()
 
     def _alive(self) -> None:
         self.beat = time.monotonic()
 
     def _add(self, batch: EncodedBatch) -> None:
+        if batch.parts:  # its records written, the commit to come
+            crashpoints.reached("mid-write")
         self.taken[batch.source] = self.taken.get(batch.source, 0) + 1
         self.unit.add(batch, self.committer.sources[batch.source].compact)
 
@@ -286,13 +289,13 @@ class WriteStage:
             parts = [p.part for p in placed if not p.refused]
             if self._make_room(parts):
                 return n
-            self._account(batch, placed)
+            account_all(self.datasets, placed, batch.source, self.metrics, self.dead_letters)
             compact = self.committer.sources[batch.source].compact
             for part in parts:
                 self._write_part(part).positions.add(batch.source, batch.token, compact)
             self._add(batch)
             n += 1
-            if self._cut_wanted:
+            if self.cut_wanted:
                 return n
             n += self._write_merged(run[n:])
         return n
@@ -311,7 +314,7 @@ class WriteStage:
                 break
             taken.append((batch, placed))
         for batch, placed in taken:
-            self._account(batch, placed)
+            account_all(self.datasets, placed, batch.source, self.metrics, self.dead_letters)
         entries = {(part.dataset, part.folder): self._write_part(part) for part in merged.parts()}
         last: dict[ShardKey, None] = {}  # the shards in the order of their last part
         for batch, placed in taken:
@@ -323,10 +326,6 @@ class WriteStage:
         for key in last:  # least recently written first, as part by part
             self.open[key] = self.open.pop(key)
         return len(taken)
-
-    def _account(self, batch: EncodedBatch, placed: list[Placed]) -> None:
-        for p in placed:
-            self.datasets[p.part.dataset].account(p, batch.source, self.metrics, self.dead_letters)
 
     def close_partitions(self) -> None:
         """Close the time partitions the watermarks have passed: their open shards are closed,
@@ -341,7 +340,7 @@ class WriteStage:
                         self._close(key)
                 c.scheduled.add(prefix)
                 self.unit.markers.append((d.name, prefix))
-                self._cut_wanted = True
+                self.cut_wanted = True
             self.metrics.partitions_pending.labels(d.name).set(len(c.pending))
             self.metrics.watermark.labels(d.name).set(c.watermark or 0)
 
@@ -392,7 +391,6 @@ class WriteStage:
                 entry = self._open_shard(d, key)
             before_raw, before_file = entry.shard.raw_bytes, entry.shard.file_bytes
             entry.shard.write(part.records, part.times)
-            crashpoints.reached("mid-write")
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 raise DurabilityError(
@@ -443,7 +441,7 @@ class WriteStage:
         finishes and publishes it."""
         entry = self.open.pop(key)
         self.unit.closing.append(Kept(entry.dataset, entry.shard, entry.positions))
-        self._cut_wanted = True
+        self.cut_wanted = True
 
     async def commit(self, *, everything: bool = False) -> None:
         """Cut a commit (see the module's docstring): the closed shards, those past their age
@@ -463,14 +461,14 @@ class WriteStage:
             if self._commit_failed:
                 # Its error is on its way to the task group: nothing more is marked or written.
                 await anyio.sleep_forever()
-        self._cut_wanted = False
+        self.cut_wanted = False
         now = time.monotonic()
         unit = self.unit
         for key, entry in list(self.open.items()):
             age_cap = self.datasets[entry.dataset].config.max_shard_age
             if everything or now - entry.first_at >= age_cap:
                 self._close(key)
-        self._cut_wanted = False
+        self.cut_wanted = False
         dirty = [Kept(o.dataset, o.shard) for o in self.open.values() if o.shard.dirty]
         if dirty:
             unit.continuing = await anyio.to_thread.run_sync(_marked, dirty)
