@@ -34,7 +34,8 @@ types it re-exports what plugins need from the core:
   that whatever one input raises refuses it and never stops the source (DESIGN invariant 13);
 - :class:`Backoff` and :func:`retrying`, the backoff schedule and retry loop of a source that
   reconnects; :func:`token_version` and :class:`TokenVersionError`, for tokens that carry a
-  version (``"v"``) so that one of a newer release is refused, never misread.
+  version (``"v"``) so that one of a newer release is refused, never misread; :func:`not_json`,
+  the detail of an encoder's ``malformed`` failure of a payload that is not JSON.
 
 A plugin declares on its config class its delivery guarantee (:attr:`SourceConfig.delivery`),
 the crash points it passes (:attr:`SourceConfig.crash_points`, reached through
