@@ -182,6 +182,19 @@ def test_frame_groups_refuses_bad_indexes_and_records() -> None:
     assert _cframe.frame_groups([], []) == []
 
 
+def test_frame_groups_refuses_alike_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiled, "COMPILED", False)
+    for records, groups, error in [
+        ([b"a"], [[0, 1]], IndexError),
+        ([b"a"], [[-1]], IndexError),
+        ([b"a", bytearray(b"b")], [[1]], TypeError),
+        ([b"a"], [["0"]], TypeError),
+    ]:
+        with pytest.raises(error):
+            framing.frame_groups(records, groups)  # type: ignore[arg-type]
+    assert framing.frame_groups([b"a"], [[0]]) == [(reference_frame(b"a"), array("Q", [1]))]
+
+
 def test_framing_uses_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
     records = [b"x" * 10, b"", b"y" * 300]
     fast = framing.frame_many(records)

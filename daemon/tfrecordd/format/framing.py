@@ -97,7 +97,7 @@ def frame_groups(
     if framed is None:
         return [
             (frame_many_python(picked), array("Q", map(len, picked)))
-            for picked in ([records[i] for i in group] for group in groups)
+            for picked in ([_record(records, i) for i in group] for group in groups)
         ]
     out = []
     for data, raw in framed:
@@ -105,6 +105,17 @@ def frame_groups(
         lengths.frombytes(raw)
         out.append((data, lengths))
     return out
+
+
+def _record(records: Sequence[bytes], i: int) -> bytes:
+    """``records[i]`` as the compiled ``frame_groups`` takes it: an index in range, not from
+    the end, of a record that is exactly ``bytes``."""
+    if not 0 <= i < len(records):
+        raise IndexError("record index out of range")
+    record = records[i]
+    if type(record) is not bytes:
+        raise TypeError(f"record {i} is not bytes")
+    return record
 
 
 def frame_many_python(records: Iterable[bytes]) -> bytes:
