@@ -8,6 +8,7 @@ flush, no atexit handlers. Unset, :func:`reached` costs one dictionary lookup.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 
 POINTS = (
@@ -33,6 +34,7 @@ change finished. The daemon never passes them."""
 
 _target: str | None = None
 _countdown = 0
+_counting = threading.Lock()  # a commit's shards pass their points from several threads
 
 
 def arm(spec: str | None) -> None:
@@ -62,9 +64,10 @@ def reached(point: str) -> None:
     global _countdown
     if _target != point:
         return
-    _countdown -= 1
-    if _countdown <= 0:
-        os._exit(137)
+    with _counting:
+        _countdown -= 1
+        if _countdown <= 0:
+            os._exit(137)
 
 
 arm(os.environ.get("TFRECORDD_CRASH_AT"))

@@ -1,15 +1,23 @@
 """The committer alone (tfrecordd.pipeline.commit): its steps in order, acks only after the
-publish, and a failure at each step leaving state that the next start recovers exactly once."""
+publish, and a failure at each step leaving state that the next start recovers exactly once;
+the shards of one cut handled at once, in threads, without breaking that order."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.unit.pipeline_parts import SOURCE, Parts, RecordingSource, StepFs
+from tests.unit.pipeline_parts import DATASET, NODE, SOURCE, Parts, RecordingSource, StepFs
 from tfrecordd.errors import DurabilityError
+from tfrecordd.format.compression import Compression
+from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.manifest import manifest_name
+from tfrecordd.outputs.output import LocalOutput
+from tfrecordd.outputs.shards import OpenShard
+from tfrecordd.pipeline.commit import Kept, each_at_once
 from tfrecordd.state.reading import scan_journal
 
 pytestmark = pytest.mark.anyio
@@ -140,3 +148,111 @@ async def test_a_failed_step_leaves_state_the_next_start_recovers(
     assert (second.redone, second.dropped) == ((), ())
     assert again.recovered is not None
     assert [*(again.recovered[0] or []), *again.recovered[1]] == committed
+
+
+class _FolderOrderFs(FileSystem):
+    """Logs each shard linked into the output and each fsync of the output's root; the root's
+    fsync after a new partition folder is slow, as on a loaded disk."""
+
+    def __init__(self, root: str, log: list[str]) -> None:
+        self.root = root
+        self.log = log
+
+    def fsync_dir(self, path: str) -> None:
+        if os.path.realpath(path) == os.path.realpath(self.root):
+            time.sleep(0.2)
+            self.log.append("root synced")
+        super().fsync_dir(path)
+
+    def publish(self, src: str, dst: str) -> None:
+        self.log.append("linked")
+        super().publish(src, dst)
+
+
+def test_shards_published_at_once_find_their_new_folder_durable_first(tmp_path: Path) -> None:
+    # Two shards of one cut published at once into one new partition folder: the one that does
+    # not make the folder must not link its shard there before the folder's entry is durable in
+    # the output's root (a power cut would lose the folder, and the shard in it, after the
+    # journal said it was published).
+    log: list[str] = []
+    out = tmp_path / "out"
+    fs = _FolderOrderFs(str(out), log)
+    output = LocalOutput(str(out), fs, node_id=NODE)
+    os.makedirs(output.staging_dir)
+    shards = []
+    for n in range(2):
+        shard = OpenShard(
+            output.staging_dir,
+            f"part-{n}.tfrecord",
+            Compression.NONE,
+            None,
+            1 << 20,
+            fs,
+            track_offsets=False,
+            folder="dt=2026-11-28",
+        )
+        shard.write([b"record"])
+        shards.append(shard.finish())
+    each_at_once(output.publish, shards)
+    assert log.count("linked") == 2
+    assert log.index("root synced") < log.index("linked")
+    assert sorted(os.listdir(out / "dt=2026-11-28")) == ["part-0.tfrecord", "part-1.tfrecord"]
+
+
+def test_each_at_once_raises_the_first_error_after_every_call_ended() -> None:
+    ended: list[int] = []
+
+    def call(n: int) -> int:
+        if n == 1:
+            raise ValueError("one")
+        if n == 3:
+            raise KeyError("three")
+        time.sleep(0.05 * (n % 3))
+        ended.append(n)
+        return n * 10
+
+    assert each_at_once(call, [0, 2, 4, 5]) == [0, 20, 40, 50]
+    ended.clear()
+    with pytest.raises(ValueError, match="one"):
+        each_at_once(call, list(range(12)))
+    assert sorted(ended) == [n for n in range(12) if n not in (1, 3)]
+
+
+async def test_a_cut_of_many_shards_keeps_the_protocol_order_across_them(tmp_path: Path) -> None:
+    # Shards of a cut are finished, made durable and published at once, in threads: still every
+    # one is fsynced before the intent, and published (with its manifest) before the ack; the
+    # ack waits for the shard the cut kept open, which the next cut publishes.
+    log: list[tuple[str, str]] = []
+    parts = Parts(tmp_path, StepFs(log), manifests=True)
+    parts.open()
+    source = RecordingSource(log)
+    committer = parts.committer(source)
+    unit = parts.unit(RECORDS, 5)
+    for n in range(11):
+        extra = parts.shard([b"r%d" % k for k in range(n + 1)])
+        unit.closing.append(Kept(DATASET, extra))
+    kept_open = parts.shard([b"open"])
+    kept_open.mark()
+    unit.continuing.append(Kept(DATASET, kept_open, prefix=kept_open.marked))
+    del log[:]
+    await committer.commit(unit)
+    intent = log.index(("write", "journal"))
+    shard_fsyncs = [i for i, step in enumerate(log) if step == ("fsync", "shard")]
+    publishes = [i for i, step in enumerate(log) if step == ("publish", "shard")]
+    # 12 shards finished and 1 kept open before the intent; 12 manifests staged after it.
+    assert len([i for i in shard_fsyncs if i < intent]) == 13
+    assert len(publishes) == 12
+    assert intent < min(publishes)
+    assert source.acked == []
+    names = [k.shard.name for k in unit.closing]
+    assert parts.published() == sorted(names)
+    assert all((tmp_path / "out" / manifest_name(n)).exists() for n in names)
+
+    last = parts.unit([], 6)
+    last.closing.append(Kept(DATASET, kept_open))
+    del log[:]
+    await committer.commit(last)
+    assert log.index(("publish", "shard")) < log.index(("ack", SOURCE))
+    assert source.acked == [5, 6]
+    assert parts.published() == sorted([*names, kept_open.name])
+    parts.journal.close()

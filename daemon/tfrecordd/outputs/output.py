@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import os
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO, TypeVar
 
@@ -41,6 +42,10 @@ class Output(abc.ABC):
     staging_roots: tuple[str, ...] = ()
     """Other folders whose node folders may hold this output's staged shards: where a config
     of another form staged them (recovery looks there too)."""
+
+    concurrent_publish: bool = False
+    """Whether :meth:`publish` and :meth:`publish_sidecar` may be called for several shards
+    at once, from several threads (a commit then publishes its shards together)."""
 
     @abc.abstractmethod
     def final_path(self, name: str) -> str:
@@ -104,11 +109,16 @@ class LocalOutput(Output):
     published by ``link`` + ``unlink`` into the directory (one file system), which is then
     fsynced."""
 
+    concurrent_publish = True
+
     def __init__(self, directory: str, fs: FileSystem, *, node_id: str, fsync: bool = True) -> None:
         self.location = self.legacy_dir = os.path.abspath(directory)
         self.staging_dir = staging_dir(self.location, node_id)
         self.fs = fs
         self.fsync = fsync
+        # Held while partition folders are made: a shard published at once with another must
+        # not find a folder whose entry that other has yet to make durable.
+        self._folders = threading.Lock()
 
     def final_path(self, name: str) -> str:
         return os.path.join(self.location, name)
@@ -140,14 +150,15 @@ class LocalOutput(Output):
         if not folder:
             return
         parts = folder.split("/")
-        for depth in range(1, len(parts) + 1):
-            path = os.path.join(self.location, *parts[:depth])
-            try:
-                os.mkdir(path)
-            except FileExistsError:
-                continue
-            if self.fsync:
-                self.fs.fsync_dir(os.path.dirname(path))
+        with self._folders:
+            for depth in range(1, len(parts) + 1):
+                path = os.path.join(self.location, *parts[:depth])
+                try:
+                    os.mkdir(path)
+                except FileExistsError:
+                    continue
+                if self.fsync:
+                    self.fs.fsync_dir(os.path.dirname(path))
 
     def is_published(self, shard: ShardRef) -> bool:
         return os.path.lexists(self.final_path(shard.name))

@@ -19,6 +19,12 @@ durable where they are).
    (``after-ack``);
 6. ``done`` is appended to the journal (``after-done``).
 
+The shards of a step are handled at once, in threads (:func:`each_at_once`): a cut of dozens of
+partitions' shards waits for the slowest of their fsyncs, not for all of them in turn. Each step
+still ends, for every shard, before the next begins; an output whose publishing may not run in
+several threads at once (:attr:`~tfrecordd.outputs.output.Output.concurrent_publish`) publishes
+its shards one after the other.
+
 Once step 3 returns, the cut is committed: a crash after it is rolled forward by the next start
 (:mod:`tfrecordd.pipeline.recovery`), which publishes what is not yet published (a kept shard
 finished at its durable prefix) and redoes the acks. If a step fails, the daemon stops with the
@@ -33,9 +39,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -56,6 +63,28 @@ from tfrecordd.state.records import Intent, OpenRef, ShardRef
 log = logging.getLogger("tfrecordd")
 
 Compact = Callable[[list[Token]], list[Token]]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+COMMIT_THREADS = 8
+"""Threads that finish, make durable, mark or publish the shards of one cut at once: with many
+partitions open, a cut holds dozens of shards, and one after the other their fsyncs and last
+compressions stalled the pipeline for as long as they took together."""
+
+
+def each_at_once(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``fn`` of each of ``items``, in up to :data:`COMMIT_THREADS` threads at once; the results
+    in order. Every call has ended when this returns or raises: the first error raised (in the
+    order of ``items``) is raised again after all of them."""
+    if len(items) < 2:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(min(len(items), COMMIT_THREADS), "tfrecordd-commit") as pool:
+        futures = [pool.submit(fn, item) for item in items]
+    for future in futures:
+        if (error := future.exception()) is not None:
+            raise error
+    return [future.result() for future in futures]
 
 
 @dataclass(slots=True)
@@ -229,15 +258,11 @@ class Committer:
     def _publish(self, unit: CommitUnit) -> tuple[Intent, list[tuple[str, FinishedShard]]]:
         """Steps 1 to 4 (blocking): the shards durable, the intent journalled, the shards and
         their manifests published."""
-        finished: list[tuple[str, FinishedShard]] = []
         with Stopwatch(self.metrics.fsync_duration):
-            for kept in unit.closing:
-                fsync = self.fsyncs.get(kept.dataset, self.fsync)
-                finished.append((kept.dataset, kept.shard.finish(fsync=fsync)))
+            finished = each_at_once(self._finish, unit.closing)
             if finished:
                 crashpoints.reached("after-fsync")
-            for kept in unit.continuing:
-                kept.shard.make_durable(fsync=self.fsyncs.get(kept.dataset, self.fsync))
+            each_at_once(self._make_durable, unit.continuing)
         try:
             self.dead_letters.sync()
         except OSError as e:
@@ -254,31 +279,46 @@ class Committer:
         except OSError as e:
             raise DurabilityError(f"journal: {e.strerror or e}") from e
         crashpoints.reached("after-intent")
-        for (dataset, f), kept in zip(finished, unit.closing, strict=True):
-            try:
-                self.outputs[dataset].publish(f)
-                manifests = self.manifests.get(dataset)
-                if manifests is not None:
-                    manifests.publish(
-                        f.name,
-                        kept.positions.tokens,
-                        records=f.records,
-                        size=f.size,
-                        sha256=f.sha256,
-                        crc=f.crc32c,
-                        offsets=f.offsets.chunks(),
-                        first_time=f.first_time,
-                        last_time=f.last_time,
-                        event_times=f.event_times,
-                    )
-            finally:
-                # A manifest lost to a crash or an error here is rebuilt from the shard itself.
-                f.offsets.remove()
+        shards = list(zip(finished, unit.closing, strict=True))
+        at_once = [s for s in shards if self.outputs[s[0][0]].concurrent_publish]
+        for one in [s for s in shards if not self.outputs[s[0][0]].concurrent_publish]:
+            self._publish_shard(one)
+        each_at_once(self._publish_shard, at_once)
         for dataset, prefix in unit.markers:
             self.completions[dataset].mark(prefix)
             self.metrics.partitions_completed.labels(dataset).inc()
             crashpoints.reached("after-marker")
         return intent, finished
+
+    def _finish(self, kept: Kept) -> tuple[str, FinishedShard]:
+        fsync = self.fsyncs.get(kept.dataset, self.fsync)
+        return kept.dataset, kept.shard.finish(fsync=fsync)
+
+    def _make_durable(self, kept: Kept) -> None:
+        kept.shard.make_durable(fsync=self.fsyncs.get(kept.dataset, self.fsync))
+
+    def _publish_shard(self, shard: tuple[tuple[str, FinishedShard], Kept]) -> None:
+        """Step 4 for one shard: published, then its manifest."""
+        (dataset, f), kept = shard
+        try:
+            self.outputs[dataset].publish(f)
+            manifests = self.manifests.get(dataset)
+            if manifests is not None:
+                manifests.publish(
+                    f.name,
+                    kept.positions.tokens,
+                    records=f.records,
+                    size=f.size,
+                    sha256=f.sha256,
+                    crc=f.crc32c,
+                    offsets=f.offsets.chunks(),
+                    first_time=f.first_time,
+                    last_time=f.last_time,
+                    event_times=f.event_times,
+                )
+        finally:
+            # A manifest lost to a crash or an error here is rebuilt from the shard itself.
+            f.offsets.remove()
 
 
 @dataclass(slots=True)

@@ -45,7 +45,7 @@ from tfrecordd import crashpoints
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.shards import OpenShard
-from tfrecordd.pipeline.commit import Committer, CommitUnit, Kept, Positions
+from tfrecordd.pipeline.commit import Committer, CommitUnit, Kept, Positions, each_at_once
 from tfrecordd.pipeline.completion import LATE_TREE
 from tfrecordd.pipeline.datasets import DatasetOutput, Placed, account_all
 from tfrecordd.pipeline.encode import take_waiting
@@ -491,7 +491,11 @@ class WriteStage:
 
 
 def _marked(shards: list[Kept]) -> list[Kept]:
-    """Each shard with its compression unit ended where it is (the commit fsyncs it). Blocking."""
-    for kept in shards:
-        kept.prefix = kept.shard.mark()
+    """Each shard with its compression unit ended where it is (the commit fsyncs it), all at
+    once. Blocking."""
+    each_at_once(_mark, shards)
     return shards
+
+
+def _mark(kept: Kept) -> None:
+    kept.prefix = kept.shard.mark()
