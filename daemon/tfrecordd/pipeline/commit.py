@@ -117,6 +117,10 @@ class Kept:
     """The positions of the batches whose records it holds (for its manifest)."""
     prefix: Prefix | None = None
 
+    def mark(self) -> None:
+        """Mark the shard where it is (:meth:`OpenShard.mark`): the prefix a cut keeps it at."""
+        self.prefix = self.shard.mark()
+
 
 @dataclass(slots=True)
 class CommitUnit:

@@ -493,9 +493,5 @@ class WriteStage:
 def _marked(shards: list[Kept]) -> list[Kept]:
     """Each shard with its compression unit ended where it is (the commit fsyncs it), all at
     once. Blocking."""
-    each_at_once(_mark, shards)
+    each_at_once(Kept.mark, shards)
     return shards
-
-
-def _mark(kept: Kept) -> None:
-    kept.prefix = kept.shard.mark()
