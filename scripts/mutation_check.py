@@ -37,6 +37,7 @@ DATASET_ACKS = (
     "tests/reliability/test_datasets_crash.py::"
     "test_a_batch_is_acknowledged_only_once_every_shard_holding_it_is_published"
 )
+COMMIT = "tests/unit/test_commit.py"
 GROWTH = "tests/adversarial/test_spool_growth.py"
 SPOOL_MODEL = "tests/adversarial/test_spool_model.py"
 WATCHED = "tests/reliability/test_watched_files.py"
@@ -74,9 +75,21 @@ MUTATIONS = (
         "the output directory is not fsynced after a shard's publish",
         "daemon/tfrecordd/outputs/output.py",
         r'(crashpoints\.reached\("after-publish"\)\n)'
-        r"\s*if self\.fsync:\n\s*self\.fs\.fsync_dir\(self\.location\)\n",
+        r"\s*if self\.fsync:\n\s*self\.fs\.fsync_dir\(os\.path\.dirname\(final\)\)\n",
         r"\1",
         (POWER_CUTS,),
+    ),
+    Mutation(
+        "partition-folder-taken-as-durable",
+        "a partition folder found there (or made at once by another shard's publish) is taken "
+        "for durable without its parent's fsync",
+        "daemon/tfrecordd/outputs/output.py",
+        r"^(\s*)if level in self\._durable:\n",
+        r"\1if True:\n",
+        (
+            f"{COMMIT}::test_a_folder_found_at_start_is_made_durable_before_a_shard_goes_in",
+            f"{COMMIT}::test_no_shard_goes_into_a_folder_whose_parent_failed_its_fsync",
+        ),
     ),
     Mutation(
         "no-shard-fsync",
@@ -90,9 +103,10 @@ MUTATIONS = (
         "publish-before-intent",
         "swapped order: the shard is published before its intent is journalled",
         "daemon/tfrecordd/pipeline/commit.py",
-        r"^(\s*)self\.journal\.write_intent\(intent\)\n((?:.*\n){1,12}?)(\s*)self\.output\.publish\(finished\)\n",
-        r"\1if finished is not None:\n\1    self.output.publish(finished)\n"
-        r"\1self.journal.write_intent(intent)\n\2\3pass\n",
+        r"^(\s*)self\.journal\.write_intent\(intent\)\n((?:.*\n){1,12}?)"
+        r"(\s*)each_at_once\(self\._publish_shard, at_once\)\n",
+        r"\1pass\n\2\3each_at_once(self._publish_shard, at_once)\n"
+        r"\3self.journal.write_intent(intent)\n",
         (CRASH_POINTS,),
     ),
     Mutation(

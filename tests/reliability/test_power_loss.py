@@ -196,12 +196,19 @@ class DurabilityModel:
         with self.lock:
             self._version(os.fstat(fd).st_ino, new=True)
 
-    def sync_file(self, fd: int) -> None:
+    @staticmethod
+    def file_now(fd: int) -> bytes:
+        """What ``fd`` holds now: all that an fsync begun after this promises (bytes another
+        thread writes while it runs may or may not be durable: counted as not)."""
+        with open(f"/proc/self/fd/{fd}", "rb") as f:
+            return f.read()
+
+    def sync_file(self, fd: int, seen: bytes) -> None:
+        """An fsync of ``fd`` returned; ``seen``: :meth:`file_now` before it began."""
         with self.lock:
             if self.frozen:
                 return
-            with open(f"/proc/self/fd/{fd}", "rb") as f:
-                self.content[self._version(os.fstat(fd).st_ino)] = f.read()
+            self.content[self._version(os.fstat(fd).st_ino)] = seen
 
     def created_and_synced(self, path: Path) -> None:
         """A file written and fsynced outside the daemon (a producer's spool file)."""
@@ -210,20 +217,36 @@ class DurabilityModel:
             if not self.frozen:
                 self.content[version] = path.read_bytes()
 
-    def sync_dir(self, path: str) -> None:
+    def dir_now(self, path: str) -> tuple[dict[str, int], set[str]] | None:
+        """The entries and subfolders of ``path`` now (``None``: not a directory the model
+        keeps): all that a directory fsync begun after this promises (an entry another thread
+        makes while it runs is counted as not durable)."""
+        path = os.path.realpath(path)
+        with self.lock:
+            if path not in self.entries and not self._in_tree(path):
+                return None
+            subdirs = _subdirs(path) if self._in_tree(path) else set()
+            return self._listing(path), subdirs
+
+    def sync_dir(self, path: str, seen: tuple[dict[str, int], set[str]] | None = None) -> None:
+        """A directory fsync of ``path`` returned; ``seen``: :meth:`dir_now` before it began
+        (``None``: no other thread made entries there meanwhile, as for a producer's)."""
         path = os.path.realpath(path)
         with self.lock:
             if self.frozen or (path not in self.entries and not self._in_tree(path)):
                 return
+            now = self.dir_now(path) if seen is None else seen
+            assert now is not None
+            listing, subdirs = now
             before = set(self.entries.get(path, {}).values())
-            self.entries[path] = self._listing(path)
-            for version in self.entries[path].values():
+            self.entries[path] = listing
+            for version in listing.values():
                 self.content.setdefault(version, b"")
             if path in self.renames:
-                self._renamed(path, before, set(self.entries[path].values()))
+                self._renamed(path, before, set(listing.values()))
             if self._in_tree(path):
-                self.subdirs[path] = _subdirs(path)
-                for name in self.subdirs[path]:
+                self.subdirs[path] = subdirs
+                for name in subdirs:
                     self.entries.setdefault(os.path.join(path, name), {})
 
     def apply_cut(self) -> dict[str, int]:
@@ -290,8 +313,9 @@ class PowerLossFs(FileSystem):
 
     def fsync(self, f: BinaryIO) -> None:
         self.model.op()
+        seen = self.model.file_now(f.fileno())
         super().fsync(f)
-        self.model.sync_file(f.fileno())
+        self.model.sync_file(f.fileno(), seen)
 
     def close(self, f: BinaryIO) -> None:
         self.model.op()
@@ -299,13 +323,16 @@ class PowerLossFs(FileSystem):
 
     def fsync_dir(self, path: str) -> None:
         self.model.op()
+        seen = self.model.dir_now(path)
         super().fsync_dir(path)
-        self.model.sync_dir(path)
+        self.model.sync_dir(path, seen)
 
     def fsync_dir_fd(self, fd: int) -> None:
         self.model.op()
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        seen = self.model.dir_now(path)
         super().fsync_dir_fd(fd)
-        self.model.sync_dir(os.readlink(f"/proc/self/fd/{fd}"))
+        self.model.sync_dir(path, seen)
 
     def truncate(self, f: BinaryIO, size: int) -> None:
         self.model.op()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO, TypeVar
 
@@ -26,6 +27,10 @@ from tfrecordd.outputs.shards import FinishedShard, staging_dir
 from tfrecordd.state.records import ShardRef
 
 _T = TypeVar("_T")
+
+DURABLE_FOLDERS = 4096
+"""Partition folders a local output remembers as durable; one forgotten costs an fsync of its
+parent the next time a shard is published in it."""
 
 
 class Output(abc.ABC):
@@ -119,6 +124,10 @@ class LocalOutput(Output):
         # Held while partition folders are made: a shard published at once with another must
         # not find a folder whose entry that other has yet to make durable.
         self._folders = threading.Lock()
+        self._durable: OrderedDict[str, None] = OrderedDict()
+        """Partition folders (relative) whose entries this process made durable, most recently
+        used last (at most :data:`DURABLE_FOLDERS`)."""
+        self._folder_error: OSError | None = None
 
     def final_path(self, name: str) -> str:
         return os.path.join(self.location, name)
@@ -145,20 +154,37 @@ class LocalOutput(Output):
         self.publish(shard)
 
     def _make_folder(self, folder: str) -> None:
-        """Create the partition folder ``folder`` (relative) where missing, each new level's
-        entry made durable in its parent before a shard is published in it."""
+        """Create the partition folder ``folder`` (relative) where missing, and make each
+        level's entry durable in its parent before a shard is published in it: a level made
+        here, and once per start a level found there (a crash between a ``mkdir`` and its
+        parent's fsync leaves a folder whose entry a power cut would still take). A failed
+        fsync of a parent fails every later call too: no shard goes into a folder that may not
+        be durable."""
         if not folder:
             return
         parts = folder.split("/")
         with self._folders:
+            if self._folder_error is not None:
+                e = self._folder_error
+                raise OSError(e.errno, f"a partition folder's fsync failed before: {e.strerror}")
             for depth in range(1, len(parts) + 1):
+                level = "/".join(parts[:depth])
                 path = os.path.join(self.location, *parts[:depth])
                 try:
                     os.mkdir(path)
                 except FileExistsError:
-                    continue
+                    if level in self._durable:
+                        self._durable.move_to_end(level)
+                        continue
                 if self.fsync:
-                    self.fs.fsync_dir(os.path.dirname(path))
+                    try:
+                        self.fs.fsync_dir(os.path.dirname(path))
+                    except OSError as e:
+                        self._folder_error = e
+                        raise
+                self._durable[level] = None
+                if len(self._durable) > DURABLE_FOLDERS:
+                    self._durable.popitem(last=False)
 
     def is_published(self, shard: ShardRef) -> bool:
         return os.path.lexists(self.final_path(shard.name))

@@ -37,10 +37,11 @@ store), where a node lost for good does not take it along.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -74,17 +75,36 @@ compressions stalled the pipeline for as long as they took together."""
 
 
 def each_at_once(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-    """``fn`` of each of ``items``, in up to :data:`COMMIT_THREADS` threads at once; the results
-    in order. Every call has ended when this returns or raises: the first error raised (in the
-    order of ``items``) is raised again after all of them."""
+    """``fn`` of each of ``items``, in up to :data:`COMMIT_THREADS` threads at once (the same
+    threads from call to call; ``fn`` must not call this again); the results in order. Every
+    call has ended when this returns or raises: the first error raised (in the order of
+    ``items``) is raised again after all of them, and any other logged."""
     if len(items) < 2:
         return [fn(item) for item in items]
-    with ThreadPoolExecutor(min(len(items), COMMIT_THREADS), "tfrecordd-commit") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-    for future in futures:
-        if (error := future.exception()) is not None:
-            raise error
-    return [future.result() for future in futures]
+    futures: list[Future[_R]] = []
+    try:
+        pool = _threads()
+        futures.extend(pool.submit(fn, item) for item in items)
+    finally:
+        wait(futures)
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    for other in errors[1:]:
+        log.error("commit: %s as well", other, exc_info=other)
+    if errors:
+        raise errors[0]
+    return [f.result() for f in futures]
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_made = threading.Lock()
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_made:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(COMMIT_THREADS, "tfrecordd-commit")
+        return _pool
 
 
 @dataclass(slots=True)
