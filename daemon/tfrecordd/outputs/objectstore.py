@@ -186,9 +186,9 @@ class FsspecOutput(Output):
     def publish(self, shard: FinishedShard) -> None:
         """Upload the staged shard, verify the object, then remove the staged copy.
 
-        Backpressure: the committer calls this synchronously, so while an upload (or its
-        retries) runs, no new shard is started, the streams fill and the sources pause. The
-        staging directory therefore holds at most the shard being uploaded."""
+        Backpressure: shards are published one after another, commits one at a time; while an
+        upload (or its retries) runs, the write stage fills its open shards until the next cut,
+        which waits for this commit: then the streams fill and the sources pause."""
         try:
             self._publish_file(shard.tmp_path, shard.name, shard.size, shard.sha256)
         except _StagedCopyDamaged as e:
