@@ -195,16 +195,23 @@ def _finished(output: LocalOutput, fs: FileSystem, names: list[str]) -> list[Fin
 FOLDER = "dt=2026-11-28"
 
 
+def _output(tmp_path: Path, *, fail: bool = False) -> tuple[LocalOutput, FileSystem, list[str]]:
+    """A local output under ``tmp_path / "out"`` through a :class:`_FolderOrderFs`, and its
+    log."""
+    log: list[str] = []
+    fs = _FolderOrderFs(str(tmp_path / "out"), log, fail=fail)
+    output = LocalOutput(str(tmp_path / "out"), fs, node_id=NODE)
+    os.makedirs(output.staging_dir)
+    return output, fs, log
+
+
 def test_shards_published_at_once_find_their_new_folder_durable_first(tmp_path: Path) -> None:
     # Two shards of one cut published at once into one new partition folder: the one that does
     # not make the folder must not link its shard there before the folder's entry is durable in
     # the output's root (a power cut would lose the folder, and the shard in it, after the
     # journal said it was published).
-    log: list[str] = []
+    output, fs, log = _output(tmp_path)
     out = tmp_path / "out"
-    fs = _FolderOrderFs(str(out), log)
-    output = LocalOutput(str(out), fs, node_id=NODE)
-    os.makedirs(output.staging_dir)
     each_at_once(output.publish, _finished(output, fs, ["part-0.tfrecord", "part-1.tfrecord"]))
     assert log == ["root synced", "linked", "linked"]
     assert sorted(os.listdir(out / FOLDER)) == ["part-0.tfrecord", "part-1.tfrecord"]
@@ -216,11 +223,8 @@ def test_shards_published_at_once_find_their_new_folder_durable_first(tmp_path: 
 def test_a_folder_found_at_start_is_made_durable_before_a_shard_goes_in(tmp_path: Path) -> None:
     # A crash between a folder's mkdir and its parent's fsync leaves the folder there, its entry
     # not durable: the next start does not take it for durable because it exists.
-    log: list[str] = []
+    output, fs, log = _output(tmp_path)
     out = tmp_path / "out"
-    fs = _FolderOrderFs(str(out), log)
-    output = LocalOutput(str(out), fs, node_id=NODE)
-    os.makedirs(output.staging_dir)
     os.mkdir(out / FOLDER)
     output.publish(_finished(output, fs, ["part-0.tfrecord"])[0])
     assert log == ["root synced", "linked"]
@@ -229,11 +233,8 @@ def test_a_folder_found_at_start_is_made_durable_before_a_shard_goes_in(tmp_path
 def test_no_shard_goes_into_a_folder_whose_parent_failed_its_fsync(tmp_path: Path) -> None:
     # The shard that made the folder fails; the one published at once with it, which finds the
     # folder there, must fail too, not go in.
-    log: list[str] = []
+    output, fs, log = _output(tmp_path, fail=True)
     out = tmp_path / "out"
-    fs = _FolderOrderFs(str(out), log, fail=True)
-    output = LocalOutput(str(out), fs, node_id=NODE)
-    os.makedirs(output.staging_dir)
     shards = _finished(output, fs, ["part-0.tfrecord", "part-1.tfrecord"])
     with pytest.raises(DurabilityError):
         each_at_once(output.publish, shards)
