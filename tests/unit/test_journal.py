@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tfrecordd.errors import StateError
-from tfrecordd.fsys import LOCAL
+from tfrecordd.fsys import LOCAL, FileSystem
 from tfrecordd.state.journal import Journal, Recovered
 from tfrecordd.state.records import CHECKPOINT, JOURNAL, ShardRef
 from tfrecordd_plugins.sources.directory import DirectorySource
@@ -57,6 +57,42 @@ def test_recovery_folds_finished_and_lists_unfinished(tmp_path: Path) -> None:
     assert [[s.name for s in i.shards] for i in rec.unfinished] == [["s3"]]
     assert rec.unfinished[0].positions == {"spool": [tok("b", 9)]}
     assert rec.torn_at is None
+
+
+class _Syncs(FileSystem):
+    """The local file system, listing each fsync: ``(path, size)`` of a file, ``(path, -1)`` of
+    a folder."""
+
+    def __init__(self) -> None:
+        self.synced: list[tuple[str, int]] = []
+
+    def fsync(self, f: Any) -> None:
+        super().fsync(f)
+        path = os.path.realpath(f"/proc/self/fd/{f.fileno()}")
+        self.synced.append((path, os.fstat(f.fileno()).st_size))
+
+    def fsync_dir(self, path: str) -> None:
+        super().fsync_dir(path)
+        self.synced.append((os.path.realpath(path), -1))
+
+
+def test_recovery_makes_what_it_read_durable_before_anything_is_redone(tmp_path: Path) -> None:
+    """A process killed after writing an intent and before its fsync left the record readable,
+    not durable. Recovery fsyncs the journal (with that record) and its folder before it hands
+    the intent back to be redone: redone first, a power cut would take the record and leave what
+    the redo did (a shard published, spool files acknowledged), and the events would replay."""
+    killed = journal(tmp_path, fsync=False)  # its intent written, never fsynced
+    killed.recover()
+    commit(killed, "s1", [tok("a", 10)], done=False)
+    killed.close()
+    size = (tmp_path / JOURNAL).stat().st_size
+    fs = _Syncs()
+    j = Journal(str(tmp_path), fs, FOLDS)
+    rec = j.recover()
+    j.close()
+    assert [[s.name for s in i.shards] for i in rec.unfinished] == [["s1"]]
+    assert (str((tmp_path / JOURNAL).resolve()), size) in fs.synced
+    assert (str(tmp_path.resolve()), -1) in fs.synced
 
 
 def test_dropped_intents_are_never_committed(tmp_path: Path) -> None:

@@ -13,7 +13,10 @@ each intent into:
 Only what was written after the last fsync can be torn by a crash, and every intent is fsynced
 with everything before it: an unsound record is a torn tail, cut off, only when no sound intent
 follows it. Anything else is damage, and recovery stops with :class:`StateError` rather than
-forget committed positions (``tfrecordd state check`` / ``repair``). No size limit applies to a
+forget committed positions (``tfrecordd state check`` / ``repair``). What recovery read is made
+durable (the journal and its folder fsynced) before anything is redone from it: a process killed
+between a write and its fsync leaves records readable that a power cut would still take. No size
+limit applies to a
 record: a commit covering millions of positions is read back whole.
 
 When enough finished intents pile up, their tokens are folded into ``checkpoint.json`` (written
@@ -212,6 +215,13 @@ class Journal:
         self._open = {i.seq: i for i in unfinished}
         try:
             self._reopen()
+            if self.fsync:
+                # What recovery acts on must be durable first: a process killed after writing a
+                # record (or renaming a checkpoint in) and before its fsync left it readable and
+                # not durable. Redone from here without this, a later power cut would take the
+                # record and leave its effects (a shard published, spool files acknowledged).
+                self.fs.fsync(self._file)
+                self.fs.fsync_dir(self.state_dir)
             self._ckpt_identity = self._stat_identity(self.checkpoint_path)
             if any(self._types.get(n) != t for n, t in self.types.items()):
                 self._types.update(self.types)
