@@ -38,6 +38,7 @@ DATASET_ACKS = (
     "test_a_batch_is_acknowledged_only_once_every_shard_holding_it_is_published"
 )
 COMMIT = "tests/unit/test_commit.py"
+KILLS_THEN_CUTS = "tests/reliability/test_power_loss.py::test_kills_then_power_cuts"
 GROWTH = "tests/adversarial/test_spool_growth.py"
 SPOOL_MODEL = "tests/adversarial/test_spool_model.py"
 WATCHED = "tests/reliability/test_watched_files.py"
@@ -84,11 +85,25 @@ MUTATIONS = (
         "a partition folder found there (or made at once by another shard's publish) is taken "
         "for durable without its parent's fsync",
         "daemon/tfrecordd/outputs/output.py",
-        r"^(\s*)if level in self\._durable:\n",
-        r"\1if True:\n",
+        r"^(\s*)if level in self\._durable:\n(\s*)self\._durable\.move_to_end\(level\)\n",
+        r"\1if True:\n\2self._durable[level] = None\n",
         (
             f"{COMMIT}::test_a_folder_found_at_start_is_made_durable_before_a_shard_goes_in",
             f"{COMMIT}::test_no_shard_goes_into_a_folder_whose_parent_failed_its_fsync",
+            f"{KILLS_THEN_CUTS}_with_two_datasets",
+        ),
+    ),
+    Mutation(
+        "recovery-acts-on-unsynced-journal",
+        "recovery redoes intents read from the journal without fsyncing it first (a killed "
+        "process may have written them without their fsync)",
+        "daemon/tfrecordd/state/journal.py",
+        r"^(\s*)if self\.fsync:\n(\s*)# What recovery acts on",
+        r"\1if False:\n\2# What recovery acts on",
+        (
+            "tests/unit/test_journal.py::"
+            "test_recovery_makes_what_it_read_durable_before_anything_is_redone",
+            f"{KILLS_THEN_CUTS}_lose_nothing_acked",
         ),
     ),
     Mutation(

@@ -31,6 +31,13 @@ completion markers, and impressions, unpartitioned, in shards kept open across c
 the acked events, each record must be in its own dataset and folder after every cut, and every
 marker present must list exactly the shards of its partition.
 
+The runs with kills end a run first as a kill does (:func:`run_until_killed`: before a sync
+drawn at random, every file operation of the daemon raises, cleanup included), and cut the power
+early in the restart's run. A killed process leaves what it wrote or linked since its last fsync
+readable and not durable; a restart that acts on it as if it were durable (redoes a journal
+record, publishes into a folder it found) leaves effects a later cut keeps and causes it takes.
+The plain cuts cannot see this: each is a kill and a power cut at the same operation.
+
 Every run is made with and without manifests: a manifest is published (and its directory
 fsynced) right after its shard, which would hide a missing directory fsync after the shard's own
 publish.
@@ -96,6 +103,12 @@ def _files(directory: str) -> dict[str, int]:
     return out
 
 
+class Killed(BaseException):
+    """The daemon's process was killed: no file operation of it gets done any more (a
+    ``BaseException``, as a signal's death is: no handler of the daemon's takes it for an
+    error to recover from)."""
+
+
 class DurabilityModel:
     """What would survive a power cut, for the files of a few directories.
 
@@ -130,6 +143,12 @@ class DurabilityModel:
         self.ops = 0
         self.cut_at: int | None = None
         self.on_freeze: Callable[[], None] | None = None
+        self.syncs = 0
+        self.kill_at: int | None = None
+        """The sync (file or directory fsync) before which the process is killed: from then on
+        every file operation raises :class:`Killed`, undone, and what the process wrote stays
+        as it was, durable or not (the page cache outlives a process)."""
+        self.dead = False
         self.baseline()
 
     def _version(self, ino: int, *, new: bool = False) -> int:
@@ -180,9 +199,22 @@ class DurabilityModel:
     def op(self) -> None:
         """Count a file operation; freeze the durable state when the armed cut is reached."""
         with self.lock:
+            if self.dead:
+                raise Killed
             self.ops += 1
             if not self.frozen and self.cut_at is not None and self.ops >= self.cut_at:
                 self.freeze()
+
+    def sync_op(self) -> None:
+        """Count an fsync (:meth:`op`); the process dies before it when the armed kill is
+        reached. Kills come before syncs: what a killed process leaves that looks durable and
+        is not is what it wrote or linked since its last fsync."""
+        with self.lock:
+            self.op()
+            self.syncs += 1
+            if self.kill_at is not None and self.syncs >= self.kill_at:
+                self.dead = True
+                raise Killed
 
     def freeze(self) -> None:
         with self.lock:
@@ -300,35 +332,58 @@ class PowerLossFs(FileSystem):
 
     def __init__(self, model: DurabilityModel) -> None:
         self.model = model
+        self.open_files: set[BinaryIO] = set()
+        """Files opened through the layer and not closed: :meth:`reap` closes them after a
+        kill, as the kernel does a dead process's."""
 
     def create_exclusive(self, path: str) -> BinaryIO:
         self.model.op()
         f = super().create_exclusive(path)
         self.model.created(f.fileno())
+        self.open_files.add(f)
         return f
+
+    def open_append(self, path: str) -> tuple[BinaryIO, bool]:
+        f, created = super().open_append(path)
+        self.open_files.add(f)
+        return f, created
+
+    def open_existing(self, path: str) -> BinaryIO:
+        f = super().open_existing(path)
+        self.open_files.add(f)
+        return f
+
+    def reap(self) -> None:
+        """Close the files a killed daemon left open."""
+        for f in list(self.open_files):
+            f.close()
+        self.open_files.clear()
 
     def write(self, f: BinaryIO, data: bytes | memoryview) -> None:
         self.model.op()
         super().write(f, data)
 
     def fsync(self, f: BinaryIO) -> None:
-        self.model.op()
+        self.model.sync_op()
         seen = self.model.file_now(f.fileno())
         super().fsync(f)
         self.model.sync_file(f.fileno(), seen)
 
     def close(self, f: BinaryIO) -> None:
-        self.model.op()
-        super().close(f)
+        self.open_files.discard(f)
+        try:
+            self.model.op()
+        finally:  # a killed process's files are closed too: by the kernel
+            super().close(f)
 
     def fsync_dir(self, path: str) -> None:
-        self.model.op()
+        self.model.sync_op()
         seen = self.model.dir_now(path)
         super().fsync_dir(path)
         self.model.sync_dir(path, seen)
 
     def fsync_dir_fd(self, fd: int) -> None:
-        self.model.op()
+        self.model.sync_op()
         path = os.readlink(f"/proc/self/fd/{fd}")
         seen = self.model.dir_now(path)
         super().fsync_dir_fd(fd)
@@ -447,6 +502,9 @@ def _dead_letter_places(state: Path) -> set[str]:
 class CutFigures:
     cuts: int = 0
     cut_while_busy: int = 0
+    kills: int = 0
+    """Kills before a cut (runs with kills): each at a sync of a run, the cut in the next."""
+    killed_while_busy: int = 0
     acked_checked: int = 0
     lost_acked: int = 0
     dead_letters_lost: int = 0
@@ -483,19 +541,46 @@ async def run_until_drained(daemon: Daemon, producer: Spool, stall: float = 60.0
 
 
 async def until_cut_or_idle(
-    model: DurabilityModel, producer: Spool, quiet: float = 0.3, bound: float = 5.0
+    model: DurabilityModel,
+    producer: Spool,
+    quiet: float = 0.3,
+    bound: float = 5.0,
+    reached: Callable[[], bool] | None = None,
 ) -> None:
-    """Until the armed cut is reached, or the run went idle first: every producer file acked
-    and no file operation for ``quiet`` seconds (a cut drawn past the run's last operation
-    waited out all of ``bound`` before, a third of a run's cuts)."""
+    """Until the armed cut is reached (or what ``reached`` says), or the run went idle first:
+    every producer file acked and no file operation for ``quiet`` seconds (a cut drawn past the
+    run's last operation waited out all of ``bound`` before, a third of a run's cuts)."""
+    done = reached or (lambda: model.frozen)
     with anyio.move_on_after(bound):
         ops, since = model.ops, time.monotonic()
-        while not model.frozen:
+        while not done():
             await anyio.sleep(0.005)
             if model.ops != ops:
                 ops, since = model.ops, time.monotonic()
             elif time.monotonic() - since > quiet and not producer.present():
                 return
+
+
+async def run_until_killed(daemon: Daemon, fs: PowerLossFs, producer: Spool) -> bool:
+    """Run ``daemon`` until the armed kill (or idle, as :func:`until_cut_or_idle`), then end it
+    as a kill does: its file operations raise :class:`Killed` from the kill on, so nothing it
+    does after, cleanup included, reaches the files. Whether the kill came before idle."""
+    model = fs.model
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            await until_cut_or_idle(model, producer, reached=lambda: model.dead)
+            tg.cancel_scope.cancel()
+    except* Killed:
+        pass  # the daemon's tasks and threads met the kill: the test's to take
+    # What the kernel does for a dead process: its descriptors closed, its locks released (a
+    # kill cut the daemon's own cleanup short at its first file operation).
+    fs.reap()
+    for source in daemon.sources.values():
+        await source.aclose()
+    killed = model.dead
+    model.kill_at, model.dead = None, False
+    return killed
 
 
 CUT_EVENT_STEP = 6.0
@@ -512,11 +597,15 @@ async def run_cuts(
     control: str | None = None,
     first_boot_synced: bool = True,
     datasets: bool = False,
+    kills: bool = False,
 ) -> CutFigures:
     """``control``: ``"no-dir-fsync"`` or ``"no-output-dir-fsync"`` (see the module's doc).
     ``datasets``: the spool routed into two datasets (the crash harness's, with markers), whose
     partition folders, and the state folder's, are modelled as they come: a new folder is
-    durable only once its parent is fsynced."""
+    durable only once its parent is fsynced. ``kills``: each cut comes in the run after a kill
+    (:func:`run_until_killed`, before a sync drawn at random): what the killed process left
+    that looks durable and is not must not count as durable to the restart, which the cut
+    then tests."""
     rng = random.Random(seed)
     shards, state, spool = root / "shards", root / "state", root / "spool"
     claims = spool / CLAIM_DIR / "test"  # the node's claim folder
@@ -603,8 +692,20 @@ async def run_cuts(
         model.baseline()
     for _ in range(cuts):
         producer.write(3)
+        if kills:
+            model.syncs, model.kill_at = 0, rng.randint(1, KILL_SYNCS)
+            killed = await run_until_killed(Daemon(cfg, fs=fs, handle_signals=False), fs, producer)
+            figs.kills += 1
+            figs.killed_while_busy += killed
+            acked = set(producer.files) - producer.present()
+            ids = published()
+            for name in acked:
+                if missing := producer.files[name] - ids.keys():
+                    figs.lost_acked += len(missing)
+                    figs.losses.append(f"{name}: {len(missing)} acked events unpublished at a kill")
+            producer.write(1)
         model.ops = 0
-        model.cut_at = rng.randint(1, 400)
+        model.cut_at = rng.randint(1, KILL_CUT_OPS if kills else 400)
         daemon = Daemon(cfg, fs=fs, handle_signals=False)
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.run)
@@ -639,10 +740,21 @@ async def run_cuts(
     return figs
 
 
+KILL_CUT_OPS = 120
+"""After a kill, the cut is drawn among the restart's first this many file operations: its
+recovery and first commits, where what the killed process left is acted on."""
+
+KILL_SYNCS = 60
+"""Kills are drawn among the first this many syncs of a run (a run of the tests' cycles makes
+about that many: spool, staging, output, partition folder, journal)."""
+
+
 def _summary(figs: CutFigures) -> str:
+    kills = f"{figs.kills} kills ({figs.killed_while_busy} mid-run), then " if figs.kills else ""
     return (
-        f"{figs.cuts} power cuts ({figs.cut_while_busy} mid-run), {figs.acked_checked} acked "
-        f"files checked: {figs.lost_acked} acked events lost, {figs.duplicated} duplicated, "
+        f"{kills}{figs.cuts} power cuts ({figs.cut_while_busy} mid-run), "
+        f"{figs.acked_checked} acked files checked: {figs.lost_acked} acked events lost, "
+        f"{figs.duplicated} duplicated, "
         f"{figs.dead_letters_lost} dead letters lost, {figs.misplaced} misplaced, {figs.late} "
         f"late, {figs.markers} markers ({figs.marker_problems} wrong); the cuts removed "
         f"{figs.removed} entries, restored {figs.restored}, cut back {figs.cut_back} files"
@@ -681,6 +793,25 @@ async def test_power_cuts_with_two_datasets_and_time_partitions(
     figs = await run_cuts(tmp_path, cuts=20, seed=15, manifests=manifests, datasets=True)
     check(figs, 20)
     assert figs.markers > 0, _summary(figs)
+
+
+@manifests_on_and_off
+async def test_kills_then_power_cuts_lose_nothing_acked(tmp_path: Path, manifests: bool) -> None:
+    """A kill before a sync drawn at random, then a power cut in the restart's run: events
+    acked before the kill and by the restart survive, however little the killed process made
+    durable."""
+    figs = await run_cuts(tmp_path, cuts=30, seed=21, manifests=manifests, kills=True)
+    check(figs, 30)
+    assert figs.killed_while_busy > figs.kills // 2, _summary(figs)
+
+
+async def test_kills_then_power_cuts_with_two_datasets(tmp_path: Path) -> None:
+    """As :func:`test_kills_then_power_cuts_lose_nothing_acked`, with two datasets, clicks in
+    partition folders made as their hours come (a kill may come between a folder's ``mkdir``
+    and its parent's fsync)."""
+    figs = await run_cuts(tmp_path, cuts=40, seed=25, datasets=True, kills=True)
+    check(figs, 40)
+    assert figs.killed_while_busy > figs.kills // 2, _summary(figs)
 
 
 async def test_control_with_two_datasets_without_the_output_fsyncs_reports_loss(
@@ -724,6 +855,18 @@ async def test_power_cuts_long(tmp_path: Path, manifests: bool) -> None:
 async def test_power_cuts_with_two_datasets_long(tmp_path: Path) -> None:
     figs = await run_cuts(tmp_path, cuts=200, seed=17, datasets=True)
     check(figs, 200)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+async def test_kills_then_power_cuts_long(tmp_path: Path) -> None:
+    check(await run_cuts(tmp_path, cuts=200, seed=23, kills=True), 200)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+async def test_kills_then_power_cuts_with_two_datasets_long(tmp_path: Path) -> None:
+    check(await run_cuts(tmp_path, cuts=200, seed=27, datasets=True, kills=True), 200)
 
 
 @manifests_on_and_off
