@@ -188,3 +188,25 @@ def write_atomically(fs: FileSystem, path: str, data: bytes) -> None:
     write_file(fs, tmp, [data], fsync=True)
     fs.replace(tmp, path)
     fs.fsync_dir(directory)
+
+
+def sync_folders(fs: FileSystem, root: str, path: str) -> None:
+    """Make durable the folders from ``root`` down to ``path``'s own, as far as they exist: each
+    is fsynced, and with it its entries (the next folder down, ``path`` itself).
+
+    Call it before acting on a state file found at start: a process killed between a write and
+    its fsync (a :func:`write_atomically` before its folder's fsync, a ``mkdir`` before its
+    parent's) leaves it readable and not durable, and a later power cut would take it while
+    keeping what was done on its word."""
+    root = os.path.abspath(root)
+    folder = os.path.dirname(os.path.abspath(path))
+    levels = [folder]
+    while folder != root and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+        levels.append(folder)
+    if folder != root:  # not under root: its own folder only
+        levels = levels[:1]
+    for level in reversed(levels):
+        if not os.path.isdir(level):
+            return
+        fs.fsync_dir(level)

@@ -26,7 +26,8 @@ types it re-exports what plugins need from the core:
 - :class:`FileSystem`, whose instance :attr:`SourceContext.fs` is the daemon's (every fsync of a
   directory a source makes goes through it: the crash tests swap it), and :func:`try_lock`, an
   exclusive ``flock`` on an open directory (one daemon per folder), and
-  :func:`write_atomically`, a small file replaced whole and durably through a ``FileSystem``;
+  :func:`write_atomically`, a small file replaced whole and durably through a ``FileSystem``
+  (:func:`sync_folders` before one found at start is trusted);
 - ``descriptors``: the process's file-descriptor budget (``take``, ``release``, ``Backoff``),
   which a source that accepts connections shares with the daemon;
 - :class:`InputBoundary` (counting into :class:`Refusals`), :func:`refusable` and
@@ -86,7 +87,7 @@ from tfrecordd.events import (
     not_json,
     token_version,
 )
-from tfrecordd.fsys import LOCAL, FileSystem, try_lock, write_atomically
+from tfrecordd.fsys import LOCAL, FileSystem, sync_folders, try_lock, write_atomically
 from tfrecordd.logs import Repeated
 from tfrecordd.retry import Backoff, retrying
 from tfrecordd.units import Duration, Size
@@ -132,6 +133,7 @@ __all__ = [
     "refusable",
     "retrying",
     "split_host_port",
+    "sync_folders",
     "token_version",
     "try_lock",
     "write_atomically",

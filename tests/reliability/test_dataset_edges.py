@@ -411,3 +411,46 @@ def test_a_drain_cuts_the_upload_budget_of_every_dataset_output(
     )
     Daemon(load_config(cfg), handle_signals=False).request_stop()
     assert sorted(cut) == [str(tmp_path / "a"), str(tmp_path / "b")]
+
+
+class _DirSyncs(FileSystem):
+    """The local file system, listing the folders fsynced."""
+
+    def __init__(self) -> None:
+        self.folders: list[str] = []
+
+    def fsync_dir(self, path: str) -> None:
+        super().fsync_dir(path)
+        self.folders.append(os.path.realpath(path))
+
+
+def test_state_files_found_at_start_are_made_durable_before_they_are_read(tmp_path: Path) -> None:
+    """A dataset's completion state and a spool's claims left, found at start, may be what a
+    process killed before its folder's fsync wrote or renamed in (readable, not durable). Their
+    folders are fsynced, down from ``state_dir``, before the daemon acts on them: else a power
+    cut after a marker or a skipped claim would take the state that led to it."""
+    cfg = write_datasets_config(
+        tmp_path,
+        {"ev": _dataset()},
+        encoders={"ev": EVENTS},
+        sources=[{"name": "in", "dataset": "ev"}],
+    )
+    state = tmp_path / "state"
+    completion_state = state / "datasets" / "ev" / "completion.json"
+    completion_state.parent.mkdir(parents=True)
+    completion_state.write_text('{"watermark": null, "pending": [], "closed_through": null}')
+    left = state / "sources" / "in" / "left.json"
+    left.parent.mkdir(parents=True)
+    left.write_text("[]")
+    fs = _DirSyncs()
+    daemon = Daemon(load_config(cfg), fs=fs, handle_signals=False)
+
+    async def body() -> None:
+        with anyio.fail_after(10):
+            while not (tmp_path / "in" / ".tfrecordd-claimed" / "test").is_dir():
+                await anyio.sleep(0.01)  # the source took its claim folder: it read left.json
+        daemon.request_stop()
+
+    assert run_daemon_with(daemon, body) is None
+    for folder in (state / "datasets", completion_state.parent, state / "sources", left.parent):
+        assert str(folder.resolve()) in fs.folders, folder

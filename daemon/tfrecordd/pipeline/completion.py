@@ -33,7 +33,7 @@ import orjson
 from tfrecordd.datasets import DatasetSection
 from tfrecordd.errors import DurabilityError
 from tfrecordd.format.compression import compression_from_name
-from tfrecordd.fsys import FileSystem, read_nofollow, write_atomically
+from tfrecordd.fsys import FileSystem, read_nofollow, sync_folders, write_atomically
 from tfrecordd.outputs import manifest
 from tfrecordd.outputs.output import Output
 from tfrecordd.outputs.partitions import TimeRange, folder_range, time_prefix
@@ -62,6 +62,7 @@ class Completion:
         self.config = dataset.completion
         self.output = output
         self.fs = fs
+        self.state_dir = state_dir
         self.path = os.path.join(state_dir, "datasets", name, "completion.json")
         self.watermark: float | None = None
         """The latest record time seen (epoch seconds), or ``None`` before the first."""
@@ -80,6 +81,7 @@ class Completion:
 
     def _load(self) -> None:
         try:
+            sync_folders(self.fs, self.state_dir, self.path)
             raw = orjson.loads(read_nofollow(self.path))
         except FileNotFoundError:
             return

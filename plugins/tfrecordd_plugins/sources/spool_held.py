@@ -28,6 +28,7 @@ from tfrecordd.plugin import (
     FileSystem,
     SourceContext,
     StateInUseError,
+    sync_folders,
     try_lock,
     write_atomically,
 )
@@ -218,6 +219,8 @@ class HeldFolders:
         if path is None:
             return
         try:
+            # Written by a process killed before its folder's fsync, it is not durable yet.
+            sync_folders(self.fs, os.path.dirname(os.path.dirname(path)), path)
             with open(path, "rb") as f:
                 names = json.loads(f.read())
         except FileNotFoundError:
@@ -235,6 +238,7 @@ class HeldFolders:
             return
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            sync_folders(self.fs, os.path.dirname(os.path.dirname(path)), path)
             write_atomically(self.fs, path, json.dumps(sorted(self.left)).encode())
         except OSError as e:
             raise DurabilityError(f"{path}: cannot record the claims left: {e}") from e
