@@ -282,13 +282,13 @@ class Compressor:
         if c.compression is Compression.NONE:
             data = b"".join(pieces)
             return Unit(c.compression, data, len(data))
-        parts: list[bytes] = []
-        raw = 0
-        for piece in pieces:
-            raw += memoryview(piece).nbytes
-            parts.append(c.compress(piece))
-        parts.append(c.sync())
-        data = _joined(parts)
+        # One call on one buffer: each call releases and takes back the interpreter lock,
+        # which a compress thread shares with the daemon's event loop, and joining the pieces
+        # of a held unit (128 KiB) costs less than the calls it saves.
+        given = list(pieces)
+        whole = given[0] if len(given) == 1 else b"".join(given)
+        raw = memoryview(whole).nbytes
+        data = _joined([c.compress(whole), c.sync()])
         if c.compression is Compression.ZLIB and data:
             data = data[2:]  # the stream header: the shard's own stream writes it once
         # compress() kept the Adler-32 of the raw bytes (zlib only; 1, of nothing, otherwise).
