@@ -561,12 +561,15 @@ async def until_cut_or_idle(
                 return
 
 
-async def run_until_killed(daemon: Daemon, fs: PowerLossFs, producer: Spool) -> bool:
-    """Run ``daemon`` until the armed kill (or idle, as :func:`until_cut_or_idle`), then end it
-    as a kill does: its file operations raise :class:`Killed` from the kill on, so nothing it
-    does after, cleanup included, reaches the files. Whether the kill came before idle."""
+async def run_until_killed(make: Callable[[], Daemon], fs: PowerLossFs, producer: Spool) -> bool:
+    """Make a daemon and run it until the armed kill (or idle, as :func:`until_cut_or_idle`),
+    then end it as a kill does: its file operations raise :class:`Killed` from the kill on, so
+    nothing it does after, cleanup included, reaches the files (the kill may come while it is
+    made: it reads state then). Whether the kill came before idle."""
     model = fs.model
+    daemon: Daemon | None = None
     try:
+        daemon = make()
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.run)
             await until_cut_or_idle(model, producer, reached=lambda: model.dead)
@@ -579,7 +582,7 @@ async def run_until_killed(daemon: Daemon, fs: PowerLossFs, producer: Spool) -> 
     # What the kernel does for a dead process: its descriptors closed, its locks released (a
     # kill cut the daemon's own cleanup short at its first file operation).
     fs.reap()
-    for source in daemon.sources.values():
+    for source in daemon.sources.values() if daemon is not None else ():
         await source.aclose()
     killed = model.dead
     model.kill_at, model.dead = None, False
@@ -697,7 +700,9 @@ async def run_cuts(
         producer.write(3)
         if kills:
             model.syncs, model.kill_at = 0, rng.randint(1, KILL_SYNCS)
-            killed = await run_until_killed(Daemon(cfg, fs=fs, handle_signals=False), fs, producer)
+            killed = await run_until_killed(
+                lambda: Daemon(cfg, fs=fs, handle_signals=False), fs, producer
+            )
             figs.kills += 1
             figs.killed_while_busy += killed
             acked = set(producer.files) - producer.present()
