@@ -28,6 +28,7 @@ import zstandard
 
 from tests.launcher import LAUNCHER, LaunchedProcess
 from tfrecordd.format.reader import iter_examples
+from tfrecordd.fsys import FileSystem
 
 MOVIES_FEATURES = {
     "id": "int64",
@@ -421,6 +422,17 @@ def run_tfrecordd(
         finally:
             proc.kill()
         return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
+
+
+class DirSyncs(FileSystem):
+    """The local file system, listing the folders fsynced (real paths, in order)."""
+
+    def __init__(self) -> None:
+        self.folders: list[str] = []
+
+    def fsync_dir(self, path: str) -> None:
+        super().fsync_dir(path)
+        self.folders.append(os.path.realpath(path))
 
 
 class DaemonProcess:

@@ -23,6 +23,7 @@ import pytest
 from tests.s3_server import S3Server, running_s3
 from tests.support import (
     DaemonProcess,
+    DirSyncs,
     dataset_shards,
     dead_letters,
     example_int64,
@@ -413,17 +414,6 @@ def test_a_drain_cuts_the_upload_budget_of_every_dataset_output(
     assert sorted(cut) == [str(tmp_path / "a"), str(tmp_path / "b")]
 
 
-class _DirSyncs(FileSystem):
-    """The local file system, listing the folders fsynced."""
-
-    def __init__(self) -> None:
-        self.folders: list[str] = []
-
-    def fsync_dir(self, path: str) -> None:
-        super().fsync_dir(path)
-        self.folders.append(os.path.realpath(path))
-
-
 def test_state_files_found_at_start_are_made_durable_before_they_are_read(tmp_path: Path) -> None:
     """A dataset's completion state and a spool's claims left, found at start, may be what a
     process killed before its folder's fsync wrote or renamed in (readable, not durable). Their
@@ -442,7 +432,7 @@ def test_state_files_found_at_start_are_made_durable_before_they_are_read(tmp_pa
     left = state / "sources" / "in" / "left.json"
     left.parent.mkdir(parents=True)
     left.write_text("[]")
-    fs = _DirSyncs()
+    fs = DirSyncs()
     daemon = Daemon(load_config(cfg), fs=fs, handle_signals=False)
 
     async def body() -> None:
