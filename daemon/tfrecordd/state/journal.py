@@ -16,8 +16,7 @@ follows it. Anything else is damage, and recovery stops with :class:`StateError`
 forget committed positions (``tfrecordd state check`` / ``repair``). What recovery read is made
 durable (the journal and its folder fsynced) before anything is redone from it: a process killed
 between a write and its fsync leaves records readable that a power cut would still take. No size
-limit applies to a
-record: a commit covering millions of positions is read back whole.
+limit applies to a record: a commit covering millions of positions is read back whole.
 
 When enough finished intents pile up, their tokens are folded into ``checkpoint.json`` (written
 aside, fsynced, renamed in) and the journal restarts with only the unfinished intents, so
