@@ -355,6 +355,9 @@ def test_a_csv_dead_letter_says_the_line_its_record_starts_on(tmp_path: Path) ->
         tmp_path,
         source={"pattern": "*.csv", "format": "csv"},
         features={"id": "int64", "user": "bytes"},
+        # Drained means acknowledged, and that waits for the shard's age cap: the default
+        # minute is the helper's whole wait.
+        output={"max_shard_age": "1s"},
     )
     rows = ["id,user", "1,ann", '2,"two\nlines"', "3,cid", "4,dan,extra", "5,eve"]
     spool_file(tmp_path / "spool", "a.csv", rows)
