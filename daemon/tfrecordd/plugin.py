@@ -216,7 +216,7 @@ class SourceContext(abc.ABC):
     node_id: str
     """This daemon's node id (unique among daemons sharing inputs or outputs)."""
     state_dir: str
-    """A directory the source may keep its own files in (created on demand)."""
+    """The source's own folder for its files (``<state_dir>/sources/<name>``, made on demand)."""
     max_batch_events: int
     """Never put more events than this in one batch."""
     max_batch_bytes: int

@@ -42,6 +42,9 @@ from tfrecordd.events import RawEvent
 from tfrecordd.fsys import FileSystem
 from tfrecordd.pipeline.routing import route_value
 from tfrecordd.pipeline.runtime import Daemon
+from tfrecordd.testing import RecordingContext
+from tfrecordd_plugins.sources.directory import DirectorySourceConfig
+from tfrecordd_plugins.sources.spool_claims import Claims
 
 T0 = 1_790_000_000 - 1_790_000_000 % 3600
 """An hour boundary in the past (2026-09)."""
@@ -443,4 +446,24 @@ def test_state_files_found_at_start_are_made_durable_before_they_are_read(tmp_pa
 
     assert run_daemon_with(daemon, body) is None
     for folder in (state / "datasets", completion_state.parent, state / "sources", left.parent):
+        assert str(folder.resolve()) in fs.folders, folder
+
+
+def test_a_claim_left_for_good_is_recorded_durably_down_from_state_dir(tmp_path: Path) -> None:
+    """The first claim a spool leaves for good (read and published, and it could be neither
+    deleted, moved, set aside nor renamed) makes ``state_dir/sources/<name>/left.json``: every
+    folder made for it is fsynced into its parent, ``sources/`` into ``state_dir`` included,
+    or a power cut could take the record and the claim would be read again."""
+    (tmp_path / "in").mkdir()
+    config = DirectorySourceConfig.model_validate(
+        {"name": "in", "encoder": "e", "path": tmp_path / "in"}
+    )
+    state = tmp_path / "state"
+    state.mkdir()
+    fs = DirSyncs()
+    claims = Claims(config)
+    claims.attach(RecordingContext(name="in", state_dir=str(state / "sources" / "in"), fs=fs))
+    claims.leave("a.jsonl")
+    assert json.loads((state / "sources" / "in" / "left.json").read_text()) == ["a.jsonl"]
+    for folder in (state, state / "sources", state / "sources" / "in"):
         assert str(folder.resolve()) in fs.folders, folder
