@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import tempfile
 from typing import Any
 
 import pytest
 
+from tests.support import CLOSE_CALLS
 from tests.tiers import group, group_of, needs
 
 
@@ -20,6 +23,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # test modules are imported: --run-slow selects it unless a profile is named already.
     if config.getoption("--run-slow"):
         os.environ.setdefault("TFRECORDD_HYPOTHESIS_PROFILE", "reliability-long")
+    if not hasattr(config, "workerinput"):  # the controller; xdist's workers inherit it
+        fd, notes = tempfile.mkstemp(prefix="tfrecordd-close-calls-")
+        os.close(fd)
+        os.environ[CLOSE_CALLS] = notes
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """List the waits that passed past :data:`~tests.support.CLOSE_CALL` of their timeout:
+    the tests that will time out first on a slower machine."""
+    if hasattr(config, "workerinput") or not (notes := os.environ.get(CLOSE_CALLS)):
+        return
+    try:
+        with open(notes) as f:
+            calls = [json.loads(line) for line in f]
+        os.unlink(notes)
+    except FileNotFoundError:
+        return
+    if calls:
+        terminalreporter.section("waits that took more than half their timeout")
+        for c in sorted(calls, key=lambda c: -c["took"] / c["timeout"]):
+            terminalreporter.write_line(f"{c['took']:.1f} s of {c['timeout']:g}: {c['test']}")
 
 
 # First: pytest-xdist's worker reads the xdist_group markers in its own hook of this name,
