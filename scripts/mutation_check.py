@@ -107,6 +107,15 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "dead-letters-not-cut-back",
+        "recovery leaves the dead letters of batches no commit covered (their events replay and "
+        "are dead-lettered again)",
+        "daemon/tfrecordd/pipeline/recovery.py",
+        r"if end is not None and \(cut := cut_uncommitted\(",
+        r"if False and (cut := cut_uncommitted(",
+        ("tests/reliability/test_datasets_crash.py::test_sigkill_two_datasets_partitioned",),
+    ),
+    Mutation(
         "no-shard-fsync",
         "a finished shard is published without its fsync",
         "daemon/tfrecordd/outputs/shards.py",

@@ -845,12 +845,17 @@ class DatasetAudit(Audit):
     acked_files: int = 0
     acked_unpublished: int = 0
     dead_letters_duplicated: int = 0
-    """Dead letters written again by a replay (the dead letters are not a commit's: a kill
-    after their fsync, before the intent, replays their events)."""
+    """Dead letters written again: a kill after their fsync and before their commit's intent
+    replays their events, and recovery must first cut off the dead letters no commit covers."""
 
     @property
     def ok(self) -> bool:
-        return super().ok and (self.misplaced, self.late, self.acked_unpublished) == (0, 0, 0)
+        return super().ok and (
+            self.misplaced,
+            self.late,
+            self.acked_unpublished,
+            self.dead_letters_duplicated,
+        ) == (0, 0, 0, 0)
 
     def extra(self) -> str:
         return (

@@ -40,6 +40,7 @@ def check_audit(a: DatasetAudit | None, notes: list[str]) -> None:
     assert (a.lost, a.duplicated, a.unexpected, a.misplaced) == (0, 0, 0, 0), a.problems[:10]
     assert a.late == 0, "records on time when first read are never late after a restart"
     assert a.acked_unpublished == 0, a.problems[:10]
+    assert a.dead_letters_duplicated == 0, "recovery cuts off the dead letters no commit covers"
     assert a.problems == [], a.problems[:10]
     assert a.verify_exit == 0
     assert not notes, notes

@@ -13,7 +13,9 @@ import pytest
 
 from tfrecordd.errors import DurabilityError
 from tfrecordd.fsys import LOCAL, FileSystem
-from tfrecordd.state.deadletter import NAME, DeadLetters
+from tfrecordd.state.deadletter import NAME, DeadLetters, cut_uncommitted
+from tfrecordd.state.reading import read_checkpoint
+from tfrecordd.state.records import Checkpoint, Intent
 
 
 def lines(path: Path) -> list[dict[str, object]]:
@@ -157,3 +159,42 @@ def test_a_symlink_or_fifo_in_place_of_the_file_is_refused_not_followed(
         dl.write("spool", "a.jsonl:1", "malformed", "not JSON", b"{one")
     dl.close()
     assert victim.read_bytes() == b"precious\n"
+
+
+def test_a_cut_back_to_a_commits_end_keeps_exactly_the_dead_letters_before_it(
+    tmp_path: Path,
+) -> None:
+    """What a commit's intent records (``end()`` at its cut) and what recovery cuts back to:
+    the dead letters written after it go, those before stay; another file at the path, or one
+    that did not grow, is left alone."""
+    dl = DeadLetters(str(tmp_path), LOCAL, 1 << 20)
+    assert dl.end() == [], "no file yet"
+    dl.write("spool", "a.jsonl:1", "malformed", "x", b"committed")
+    dl.sync()
+    end = dl.end()
+    assert end is not None
+    assert end[2] == (tmp_path / NAME).stat().st_size
+    dl.write("spool", "b.jsonl:1", "malformed", "x", b"replays")
+    dl.close()
+    assert cut_uncommitted(LOCAL, str(tmp_path), end) > 0
+    assert [x["raw"] for x in lines(tmp_path / NAME)] == ["committed"]
+    assert cut_uncommitted(LOCAL, str(tmp_path), end) == 0, "nothing after it: nothing cut"
+    assert cut_uncommitted(LOCAL, str(tmp_path), [end[0], end[1] + 1, 0]) == 0, "another file"
+    assert [x["raw"] for x in lines(tmp_path / NAME)] == ["committed"]
+    assert cut_uncommitted(LOCAL, str(tmp_path), []) > 0, "no file at the cut: all of it goes"
+    assert (tmp_path / NAME).read_bytes() == b""
+    assert cut_uncommitted(LOCAL, str(tmp_path / "none"), []) == 0
+
+
+def test_the_end_a_commit_records_survives_the_journal_and_the_checkpoint(tmp_path: Path) -> None:
+    intent = Intent(7, {"s": [1]}, dead_letters=[1, 2, 3])
+    assert Intent.from_json(intent.to_json()).dead_letters == [1, 2, 3]
+    assert Intent.from_json(Intent(8, {}, dead_letters=[]).to_json()).dead_letters == []
+    assert Intent.from_json(Intent(9, {}).to_json()).dead_letters is None, "an earlier version"
+    bad = intent.to_json() | {"dead_letters": ["x", 2, 3]}
+    assert Intent.from_json(bad).dead_letters is None, "not understood: nothing is cut"
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps(Checkpoint(10, last_commit=(9, [1, 2, 3])).to_json()))
+    ckpt = read_checkpoint(str(path))
+    assert ckpt is not None
+    assert ckpt.last_commit == (9, [1, 2, 3])

@@ -158,6 +158,9 @@ class CommitUnit:
     cut's shards are published."""
     first_at: float | None = None
     """``time.monotonic()`` when the first batch came."""
+    dead_letters: list[int] | None = None
+    """Where the dead letters ended at the cut (:meth:`DeadLetters.end`): what comes after is
+    of later batches."""
     intent: Intent | None = None
     """Set once the commit's intent may be in the journal."""
 
@@ -295,6 +298,7 @@ class Committer:
             unit.tokens,
             [ShardRef(d, f.name, f.records, f.size, f.sha256) for d, f in finished],
             [_open_ref(k) for k in unit.continuing],
+            unit.dead_letters,
         )
         unit.intent = intent
         try:

@@ -4,10 +4,12 @@ Once its intent is in the journal, a commit is committed: every shard it publish
 and fsynced before, and every shard it keeps open was fsynced up to the prefix it names. So an
 intent without ``done`` is rolled forward: each of its shards not yet published is published from
 its staged copy (one whose staged copy is gone was published, and moved away since), manifests
-missing are rebuilt, and its acks are redone. Then each shard kept open by a commit and not
-published since is finished at its durable prefix (what was written after is cut: those records'
-positions were never acknowledged, and their events replay) and published, and a commit saying
-so is journalled.
+missing are rebuilt, and its acks are redone. The dead letters written after the latest
+commit's cut (finished or rolled forward) are cut off: their events replay, and are
+dead-lettered again (:func:`~tfrecordd.state.deadletter.cut_uncommitted`). Then each shard kept
+open by a commit and not published since is finished at its durable prefix (what was written
+after is cut: those records' positions were never acknowledged, and their events replay) and
+published, and a commit saying so is journalled.
 
 Only intents of versions before kept in-progress files can still be dropped: when nothing shows
 that their shard was published (events replay). Then this node's remaining in-progress files are
@@ -42,6 +44,7 @@ from tfrecordd.outputs.shards import (
 )
 from tfrecordd.pipeline.commit import Manifests
 from tfrecordd.plugin import Source, Token
+from tfrecordd.state.deadletter import cut_uncommitted, file_end
 from tfrecordd.state.journal import Journal
 from tfrecordd.state.records import Intent, OpenRef, ShardRef
 
@@ -80,7 +83,9 @@ async def recover(
     ``manifests`` of the datasets that publish them."""
     rec = await anyio.to_thread.run_sync(journal.recover)
     roller = _Roller(journal, dict(outputs), fs, node_id, dict(manifests))
-    redo, dropped = await anyio.to_thread.run_sync(roller.roll, rec.unfinished, rec.open)
+    redo, dropped = await anyio.to_thread.run_sync(
+        roller.roll, rec.unfinished, rec.open, rec.last_commit
+    )
     discarded = await anyio.to_thread.run_sync(roller.discard_leftovers)
     metrics.shards_discarded.inc(len(discarded))
     if roller.folders:
@@ -143,10 +148,14 @@ class _Roller:
         )
 
     def roll(
-        self, unfinished: list[Intent], kept_open: list[OpenRef]
+        self,
+        unfinished: list[Intent],
+        kept_open: list[OpenRef],
+        last_commit: tuple[int, list[int] | None] | None = None,
     ) -> tuple[list[Intent], list[Intent]]:
-        """Roll every unfinished intent forward, then finish the shards left open; the intents
-        redone and those dropped. Blocking."""
+        """Roll every unfinished intent forward, cut the dead letters back to where the latest
+        commit (of ``last_commit``, the latest finished one, and those redone) ended them, then
+        finish the shards left open; the intents redone and those dropped. Blocking."""
         open_shards = {(self.dataset(o.dataset), o.name): o for o in kept_open}
         redo: list[Intent] = []
         dropped: list[Intent] = []
@@ -163,10 +172,21 @@ class _Roller:
         if dropped:
             # Durable before any in-progress file goes.
             self.journal.sync()
+        for intent in redo:
+            if last_commit is None or intent.seq > last_commit[0]:
+                last_commit = intent.seq, intent.dead_letters
+        end = None if last_commit is None else last_commit[1]
+        if end is not None and (cut := cut_uncommitted(self.fs, self.journal.state_dir, end)):
+            log.info("dead letters: %d byte(s) of events no commit covers cut off", cut)
+        # With no commit that says where they ended (a new state_dir, an earlier version's),
+        # the dead letters are taken as they stand: a commit of nothing records it, so that a
+        # crash before the first commit cuts back to it.
+        baseline = end is None and (end := file_end(self.journal.state_dir)) is not None
         refs = [self._finish_open(d, o) for (d, _), o in open_shards.items()]
-        if open_shards:
-            # The shards are published: the next start must not look for them again.
-            intent = self.journal.next_intent({}, refs)
+        if open_shards or baseline:
+            # The shards are published: the next start must not look for them again (and the
+            # dead letters' end is on record).
+            intent = self.journal.next_intent({}, refs, dead_letters=end)
             self.journal.write_intent(intent)
             self.journal.write_done(intent.seq)
         return redo, dropped

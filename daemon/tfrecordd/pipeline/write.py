@@ -215,9 +215,6 @@ class WriteStage:
         cutting a commit after each batch that closed a shard. Positions that came with no
         records wait in the unit for the next cut: a storm of blank lines must not cost a
         journal fsync per batch."""
-        failed = [b for b in batches if b.failures]
-        if failed:
-            await anyio.to_thread.run_sync(self._dead_letter, failed)
         # The free-space check holds back one batch at a time.
         step = 1 if any(d.config.min_free_bytes for d in self.datasets.values()) else len(batches)
         at = 0
@@ -230,8 +227,8 @@ class WriteStage:
                     await self.commit()
                     written = await anyio.to_thread.run_sync(self.write_run, run)
             else:
-                for batch in run:
-                    self._add(batch)
+                for batch in run:  # dead letters, if any, are written in a worker thread
+                    await anyio.to_thread.run_sync(self._add, batch)
                 written = len(run)
             at += written
             if self.unit.first_at is None:
@@ -247,19 +244,23 @@ class WriteStage:
         self.beat = time.monotonic()
 
     def _add(self, batch: EncodedBatch) -> None:
+        """Take a batch into the unit, its dead letters first: so a cut's
+        :meth:`DeadLetters.end <tfrecordd.state.deadletter.DeadLetters.end>` falls between the
+        dead letters of its batches and those of the next ones. Blocking."""
+        if batch.failures:
+            self._dead_letter(batch)
         if batch.parts:  # its records written, the commit to come
             crashpoints.reached("mid-write")
         self.taken[batch.source] = self.taken.get(batch.source, 0) + 1
         self.unit.add(batch, self.committer.sources[batch.source].compact)
 
-    def _dead_letter(self, batches: list[EncodedBatch]) -> None:
+    def _dead_letter(self, batch: EncodedBatch) -> None:
         discarded = 0
-        for batch in batches:
-            for ev, reason, detail in batch.failures:
-                where, payload = ev.where, ev.payload
-                discarded += self.dead_letters.write(batch.source, where, reason, detail, payload)
-                self.metrics.events_invalid.labels(batch.source, reason).inc()
-            self.metrics.events_dead_lettered.labels(batch.source).inc(len(batch.failures))
+        for ev, reason, detail in batch.failures:
+            where, payload = ev.where, ev.payload
+            discarded += self.dead_letters.write(batch.source, where, reason, detail, payload)
+            self.metrics.events_invalid.labels(batch.source, reason).inc()
+        self.metrics.events_dead_lettered.labels(batch.source).inc(len(batch.failures))
         if discarded:
             self.metrics.dead_letters_discarded.inc(discarded)
             log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
@@ -475,6 +476,8 @@ class WriteStage:
         if unit.empty():
             return
         await self.commit_gate.acquire()
+        # Where the cut's batches' dead letters end (in a thread: a commit's fsync holds its lock).
+        unit.dead_letters = await anyio.to_thread.run_sync(self.dead_letters.end)
         self.unit = CommitUnit()
         done = self._committed = anyio.Event()
         self._commits.start_soon(self._commit_unit, unit, done)

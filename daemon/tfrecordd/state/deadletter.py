@@ -3,9 +3,13 @@
 One JSON object per line in ``state_dir/dead-letters.jsonl``: ``time``, ``source``, ``where``,
 ``reason`` (a short category), ``detail``, and the raw bytes as ``raw`` (UTF-8 text) or
 ``raw_base64``. The file is fsynced before the commit that acknowledges the positions of the
-events it holds, so a dead letter is never acknowledged without being durable. When the file
-passes its size cap it becomes ``dead-letters.jsonl.1`` (replacing the previous one, whose
-lines are counted as discarded).
+events it holds, so a dead letter is never acknowledged without being durable. Each commit's
+intent also records where the file ended at its cut (:meth:`DeadLetters.end`): the dead letters
+after it belong to batches that no commit covers, whose events replay after a crash and are
+dead-lettered again, so recovery cuts them off first (:func:`cut_uncommitted`), and a dead
+letter is written once. A file rotated, moved away or replaced since keeps its lines (they may
+then repeat, never go missing). When the file passes its size cap it becomes
+``dead-letters.jsonl.1`` (replacing the previous one, whose lines are counted as discarded).
 
 The path is watched like the journal: before each write, before each fsync and at the daemon's
 periodic check, it must still name the open file. An operator who removes the file (after
@@ -24,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 import orjson
@@ -46,6 +50,39 @@ def dead_letter_error(path: str, e: OSError) -> DurabilityError:
             "events replay"
         )
     return DurabilityError(f"{path}: {e.strerror or e}")
+
+
+def file_end(state_dir: str) -> list[int] | None:
+    """Where the dead-letter file in ``state_dir`` ends, as :meth:`DeadLetters.end` says it."""
+    try:
+        st = os.lstat(os.path.join(state_dir, NAME))
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None  # recovery then cuts nothing: a repeat, never a loss
+    return [st.st_dev, st.st_ino, st.st_size]
+
+
+def cut_uncommitted(fs: FileSystem, state_dir: str, end: Sequence[int]) -> int:
+    """Cut the dead-letter file in ``state_dir`` back to ``end`` (from :meth:`DeadLetters.end`
+    at the last commit's cut), made durable: the lines after it are those of batches no commit
+    covers, which replay. Only the same file is cut (``[]``: there was none, so any file now is
+    emptied), and only when it grew; the bytes cut off."""
+    path = os.path.join(state_dir, NAME)
+    try:
+        f = fs.open_existing(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    try:
+        st = os.fstat(f.fileno())
+        dev, ino, size = end or (st.st_dev, st.st_ino, 0)
+        if (st.st_dev, st.st_ino) != (dev, ino) or st.st_size <= size:
+            return 0
+        fs.truncate(f, size)
+        fs.fsync(f)
+        return st.st_size - size
+    finally:
+        fs.close(f)
 
 
 def _whole_lines(f: BinaryIO) -> int:
@@ -241,6 +278,15 @@ class DeadLetters:
         if self.fsync_enabled:
             self.fs.fsync_dir(os.path.dirname(self.path))
         return discarded
+
+    def end(self) -> list[int] | None:
+        """Where the dead letters written so far end: ``[device, inode, size]`` of the file,
+        ``[]`` if there is none (``None``: not known). A commit's intent records it at the
+        commit's cut."""
+        with self._lock:
+            if self._file is not None and self._identity is not None:
+                return [*self._identity, self._size]
+        return file_end(os.path.dirname(self.path))
 
     def sync(self) -> None:
         """Make every dead letter written so far durable. A failed fsync is final: the file is

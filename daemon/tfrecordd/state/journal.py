@@ -83,6 +83,9 @@ class Recovered:
     """Shards finished commits left open (their durable prefixes), not published since."""
     torn_at: int | None = None
     """Byte offset of the first unsound journal record, if the tail was torn."""
+    last_commit: tuple[int, list[int] | None] | None = None
+    """The latest finished commit: its sequence number and where the dead letters ended at its
+    cut (:attr:`Intent.dead_letters`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,9 @@ class Journal:
     _open_shards: dict[tuple[str, str], OpenRef] = field(default_factory=dict)
     """Shards left open by finished intents (their latest durable prefixes), not published
     since: kept in the checkpoint."""
+    _last_commit: tuple[int, list[int] | None] | None = None
+    """The latest finished intent's sequence number and ``dead_letters``: kept in the
+    checkpoint."""
     _identity: _Identity | None = None
     _failed: bool = False
     _ckpt_identity: _Identity | None = None
@@ -204,6 +210,7 @@ class Journal:
                 os.close(fd)
         self._states = dict(ckpt.sources)
         self._open_shards = {o.key: o for o in ckpt.open}
+        self._last_commit = ckpt.last_commit
         self._unfolded = {k: list(v) for k, v in ckpt.unfolded.items()}
         for name in [n for n in self._unfolded if n in self.folds]:
             # Configured again (renamed back, or restored): its kept tokens are folded now.
@@ -232,6 +239,7 @@ class Journal:
             unfinished=unfinished,
             torn_at=torn_at,
             open=list(self._open_shards.values()),
+            last_commit=self._last_commit,
         )
 
     def _add_finished(self, intent: Intent) -> None:
@@ -248,6 +256,8 @@ class Journal:
             self._open_shards.pop((shard.dataset, shard.name), None)
         for prefix in intent.open:
             self._open_shards[prefix.key] = prefix
+        if self._last_commit is None or intent.seq > self._last_commit[0]:
+            self._last_commit = intent.seq, intent.dead_letters
         self._finished_count += 1
 
     def _stat_identity(self, path: str) -> _Identity | None:
@@ -305,9 +315,12 @@ class Journal:
         positions: dict[str, list[Any]],
         shards: Sequence[ShardRef] = (),
         open_shards: Sequence[OpenRef] = (),
+        dead_letters: list[int] | None = None,
     ) -> Intent:
         """A new intent with the next sequence number (not yet written)."""
-        intent = Intent(self._next_seq, positions, list(shards), list(open_shards))
+        intent = Intent(
+            self._next_seq, positions, list(shards), list(open_shards), dead_letters=dead_letters
+        )
         self._next_seq += 1
         return intent
 
@@ -354,7 +367,12 @@ class Journal:
         types = {n: t for n, t in self._types.items() if n in self._states or n in self._unfolded}
         types.update(self.types)
         ckpt = Checkpoint(
-            self._next_seq, self._states, types, self._unfolded, list(self._open_shards.values())
+            self._next_seq,
+            self._states,
+            types,
+            self._unfolded,
+            list(self._open_shards.values()),
+            self._last_commit,
         )
         fresh = b"".join(frame(orjson.dumps(i.to_json())) for i in self._open.values())
         try:

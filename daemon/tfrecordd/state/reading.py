@@ -19,6 +19,7 @@ from tfrecordd.state.records import (
     Intent,
     OpenRef,
     damage_advice,
+    last_commit_of,
     newer_format_error,
 )
 
@@ -100,6 +101,7 @@ def read_checkpoint(path: str) -> Checkpoint | None:
             types={str(k): str(v) for k, v in dict(raw.get("types", {})).items()},
             unfolded={str(k): list(v) for k, v in dict(raw.get("unfolded", {})).items()},
             open=[OpenRef.from_json(o) for o in raw.get("open", ())],
+            last_commit=last_commit_of(raw.get("last_commit")),
         )
     except (orjson.JSONDecodeError, ValueError, TypeError) as e:
         raise StateError(path, f"is damaged ({len(data)} bytes, {e})", damage_advice(path)) from e

@@ -23,6 +23,7 @@ __all__ = [
     "OpenRef",
     "ShardRef",
     "damage_advice",
+    "last_commit_of",
     "newer_format_error",
 ]
 
@@ -95,6 +96,10 @@ class Intent:
     """Journalled by a version that removes a shard's in-progress file only when publishing it
     or after a durable drop, so a missing in-progress file means published. Intents of earlier
     versions lack it: for them only the shard or its manifest proves a publish."""
+    dead_letters: list[int] | None = None
+    """Where the dead-letter file ended at the commit's cut, ``[device, inode, size]``, ``[]``
+    if there was none (:meth:`~tfrecordd.state.deadletter.DeadLetters.end`); ``None``: not
+    known (an earlier version)."""
 
     def to_json(self) -> dict[str, Any]:
         rec: dict[str, Any] = {"t": "intent", "seq": self.seq, "positions": self.positions}
@@ -104,6 +109,8 @@ class Intent:
             rec["open"] = [o.to_json() for o in self.open]
         if self.kept:
             rec["kept"] = True
+        if self.dead_letters is not None:
+            rec["dead_letters"] = self.dead_letters
         return rec
 
     @classmethod
@@ -122,6 +129,7 @@ class Intent:
             shards=shards,
             open=[OpenRef.from_json(o) for o in rec.get("open", ())],
             kept=bool(rec.get("kept", False)),
+            dead_letters=_end(rec.get("dead_letters")),
         )
 
 
@@ -137,6 +145,9 @@ class Checkpoint:
     open: list[OpenRef] = field(default_factory=list)
     """Shards left open by finished commits and not published since, with their durable
     prefixes (finished and published by the next start after a crash)."""
+    last_commit: tuple[int, list[int] | None] | None = None
+    """The latest finished commit folded in: its sequence number and its intent's
+    ``dead_letters``."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -150,7 +161,24 @@ class Checkpoint:
             out["unfolded"] = self.unfolded
         if self.open:
             out["open"] = [o.to_json() for o in self.open]
+        if self.last_commit is not None:
+            out["last_commit"] = {"seq": self.last_commit[0], "dead_letters": self.last_commit[1]}
         return out
+
+
+def _end(value: Any) -> list[int] | None:
+    """An intent's ``dead_letters`` as read: three integers or none, else ``None`` (nothing
+    is cut)."""
+    if isinstance(value, list) and len(value) in (0, 3) and all(type(v) is int for v in value):
+        return value
+    return None
+
+
+def last_commit_of(value: Any) -> tuple[int, list[int] | None] | None:
+    """A checkpoint's ``last_commit`` as read (``None``: none, or not understood)."""
+    if isinstance(value, dict) and type(value.get("seq")) is int:
+        return value["seq"], _end(value.get("dead_letters"))
+    return None
 
 
 def newer_format_error(path: str, version: int) -> StateFormatError:
