@@ -116,6 +116,18 @@ MUTATIONS = (
         ("tests/reliability/test_datasets_crash.py::test_sigkill_two_datasets_partitioned",),
     ),
     Mutation(
+        "completion-keeps-uncommitted-watermark",
+        "a dataset's completion state keeps the watermark of records no commit covers yet (a "
+        "crash then replays them into partitions their own first reading closed)",
+        "daemon/tfrecordd/pipeline/completion.py",
+        r"watermark, closed = self\._durable",
+        r"watermark, closed = self.watermark, self.closed_through",
+        (
+            "tests/reliability/test_dataset_edges.py::"
+            "test_a_watermark_moved_by_records_no_commit_covers_closes_nothing_after_a_crash",
+        ),
+    ),
+    Mutation(
         "no-shard-fsync",
         "a finished shard is published without its fsync",
         "daemon/tfrecordd/outputs/shards.py",

@@ -473,3 +473,30 @@ def test_a_claim_left_for_good_is_recorded_durably_down_from_state_dir(tmp_path:
     assert json.loads((state / "sources" / "in" / "left.json").read_text()) == ["a.jsonl"]
     for folder in (state, state / "sources", state / "sources" / "in"):
         assert str(folder.resolve()) in fs.folders, folder
+
+
+def test_a_watermark_moved_by_records_no_commit_covers_closes_nothing_after_a_crash(
+    tmp_path: Path,
+) -> None:
+    """Five files of hours 1, 2, 0, 3 and 4, read into one commit; a kill at its first fsync.
+    Hour 0's events are on time when read (90 minutes of lateness after hour 2). The state file
+    the watermark lives in was written as each new hour's shard opened, and must keep the
+    watermark of the last commit only: else the restart finds hour 0 closed by records it
+    never committed (hour 3's), and its replayed events are late."""
+    cfg = write_datasets_config(
+        tmp_path,
+        {"ev": _dataset(allowed_lateness="90m") | {"max_shard_age": "2s"}},
+        encoders={"ev": {"id": "int64", "ts": {"type": "int64", "time_unit": "s"}}},
+        sources=[{"name": "in", "dataset": "ev"}],
+    )
+    for k, hour in enumerate([1, 2, 0, 3, 4]):
+        events = [{"id": 10 * hour + i, "ts": T0 + hour * 3600 + i} for i in range(10)]
+        spool_file(tmp_path / "in", f"{k}.jsonl", events)
+    d = DaemonProcess(cfg, env={"TFRECORDD_CRASH_AT": "after-fsync:1"})
+    try:
+        assert d.wait(60) == 137, d.output()
+    finally:
+        d.kill()
+    run_clean_until(cfg, lambda: spool_drained(tmp_path / "in"))
+    assert dead_letters(tmp_path / "state") == []
+    assert _ids(tmp_path / "ev") == list(range(50))

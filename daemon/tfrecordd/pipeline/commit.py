@@ -161,6 +161,9 @@ class CommitUnit:
     dead_letters: list[int] | None = None
     """Where the dead letters ended at the cut (:meth:`DeadLetters.end`): what comes after is
     of later batches."""
+    completion: dict[str, tuple[float | None, float]] = field(default_factory=dict)
+    """Per dataset with markers, its watermark and closed line at the cut
+    (:meth:`Completion.at_cut`)."""
     intent: Intent | None = None
     """Set once the commit's intent may be in the journal."""
 
@@ -282,6 +285,13 @@ class Committer:
         crashpoints.reached("after-done")
         self.metrics.journal_bytes.set(self.journal.size)
 
+    def seal(self, unit: CommitUnit) -> None:
+        """Note, at a cut (no write under way), where the dead letters of the unit's batches end
+        and how far its records moved each dataset's watermark. Blocking: a commit's fsync holds
+        the dead letters' lock."""
+        unit.dead_letters = self.dead_letters.end()
+        unit.completion = {name: c.at_cut() for name, c in self.completions.items()}
+
     def _publish(self, unit: CommitUnit) -> tuple[Intent, list[tuple[str, FinishedShard]]]:
         """Steps 1 to 4 (blocking): the shards durable, the intent journalled, the shards and
         their manifests published."""
@@ -307,6 +317,8 @@ class Committer:
         except OSError as e:
             raise DurabilityError(f"journal: {e.strerror or e}") from e
         crashpoints.reached("after-intent")
+        for dataset, at in unit.completion.items():
+            self.completions[dataset].committed(at)
         shards = list(zip(finished, unit.closing, strict=True))
         at_once = [s for s in shards if self.outputs[s[0][0]].concurrent_publish]
         for one in [s for s in shards if not self.outputs[s[0][0]].concurrent_publish]:

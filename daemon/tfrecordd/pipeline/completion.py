@@ -11,10 +11,12 @@ naming every shard under the partition (field folders included) with its record 
 SHA-256, the partition's time range and the watermark that closed it. A marker is published after
 every shard it lists, never before, and a partition once marked is never written again.
 
-What survives a restart is kept in ``state_dir/datasets/<name>/completion.json``: the watermark,
-and every partition that holds (or may come to hold) a shard and has no marker yet, added
-before the first shard of a partition is opened. So a partition that closed before a crash is
-marked by the next start, and one whose shards recovery publishes is not forgotten.
+What survives a restart is kept in ``state_dir/datasets/<name>/completion.json``: the watermark
+and the line of closed partitions as of the last commit (:meth:`Completion.committed`; records
+written since may replay, and must not find their partitions closed by their own first
+reading), and every partition that holds (or may come to hold) a shard and has no marker yet,
+added before the first shard of a partition is opened. So a partition that closed before a
+crash is marked by the next start, and one whose shards recovery publishes is not forgotten.
 
 Markers assume one daemon writes a dataset's partitions: daemons sharing an output directory
 each see only their own records' times.
@@ -72,6 +74,8 @@ class Completion:
         """Partitions ending at or before this are closed (never lowered)."""
         self.scheduled: set[str] = set()
         """Closed partitions whose marker a commit will publish."""
+        self._durable: tuple[float | None, float] = (None, float("-inf"))
+        """The watermark and the closed line as of the last commit: what the state file keeps."""
         self._ranges: dict[str, object] = {}
         self._last_record = time.monotonic()
         self._lock = threading.Lock()
@@ -91,15 +95,26 @@ class Completion:
         self.pending = set(raw.get("pending", ()))
         closed = raw.get("closed_through")
         self.closed_through = float("-inf") if closed is None else float(closed)
+        self._durable = (self.watermark, self.closed_through)
+
+    def at_cut(self) -> tuple[float | None, float]:
+        """The watermark and the closed line now: a commit cut here makes them durable once its
+        intent is (:meth:`committed`)."""
+        return self.watermark, self.closed_through
+
+    def committed(self, at: tuple[float | None, float]) -> None:
+        """A commit cut at ``at`` (:meth:`at_cut`) is durable: the state file may keep them
+        (written with the next partition or marker)."""
+        with self._lock:
+            self._durable = at
 
     def _save(self) -> None:
         with self._lock:
+            watermark, closed = self._durable
             doc = {
-                "watermark": self.watermark,
+                "watermark": watermark,
                 "pending": sorted(self.pending),
-                "closed_through": (
-                    self.closed_through if self.closed_through > float("-inf") else None
-                ),
+                "closed_through": closed if closed > float("-inf") else None,
             }
             try:
                 self._make_folder()

@@ -476,8 +476,7 @@ class WriteStage:
         if unit.empty():
             return
         await self.commit_gate.acquire()
-        # Where the cut's batches' dead letters end (in a thread: a commit's fsync holds its lock).
-        unit.dead_letters = await anyio.to_thread.run_sync(self.dead_letters.end)
+        await anyio.to_thread.run_sync(self.committer.seal, unit)
         self.unit = CommitUnit()
         done = self._committed = anyio.Event()
         self._commits.start_soon(self._commit_unit, unit, done)
