@@ -442,7 +442,8 @@ def run_tfrecordd(
 
 
 class DirSyncs(FileSystem):
-    """The local file system, listing the folders fsynced (real paths, in order)."""
+    """The local file system, listing the folders fsynced, by path or descriptor (real paths, in
+    order)."""
 
     def __init__(self) -> None:
         self.folders: list[str] = []
@@ -450,6 +451,10 @@ class DirSyncs(FileSystem):
     def fsync_dir(self, path: str) -> None:
         super().fsync_dir(path)
         self.folders.append(os.path.realpath(path))
+
+    def fsync_dir_fd(self, fd: int) -> None:
+        super().fsync_dir_fd(fd)
+        self.folders.append(os.path.realpath(f"/proc/self/fd/{fd}"))
 
 
 class DaemonProcess:

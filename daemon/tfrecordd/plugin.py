@@ -24,8 +24,7 @@ types it re-exports what plugins need from the core:
 - the config field types :data:`Duration` (``"30s"`` → seconds) and :data:`Size`
   (``"64MiB"`` → bytes), and :func:`split_host_port` for ``host:port`` keys;
 - :class:`FileSystem`, whose instance :attr:`SourceContext.fs` is the daemon's (every fsync of a
-  directory a source makes goes through it: the crash tests swap it), and :func:`try_lock`, an
-  exclusive ``flock`` on an open directory (one daemon per folder), and
+  directory a source makes goes through it), :func:`try_lock` (one daemon per folder), and
   :func:`write_atomically`, a small file replaced whole and durably through a ``FileSystem``
   (:func:`sync_folders` before one found at start is trusted);
 - ``descriptors``: the process's file-descriptor budget (``take``, ``release``, ``Backoff``),
@@ -216,7 +215,8 @@ class SourceContext(abc.ABC):
     node_id: str
     """This daemon's node id (unique among daemons sharing inputs or outputs)."""
     state_dir: str
-    """The source's own folder for its files (``<state_dir>/sources/<name>``, made on demand)."""
+    """The source's own folder for its files (``<state_dir>/sources/<name>``): made, durable in
+    its parents, before the source recovers; a file written there needs only this folder's fsync."""
     max_batch_events: int
     """Never put more events than this in one batch."""
     max_batch_bytes: int

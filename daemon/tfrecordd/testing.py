@@ -19,6 +19,7 @@ on the batch around it), and ``encode_lines`` agrees with ``encode_batch``.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,10 @@ class RecordingContext(SourceContext):
     arrived: anyio.Event = field(default_factory=anyio.Event)
     dropped: dict[str, int] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The daemon makes a source's state folder before the source recovers.
+        os.makedirs(self.state_dir, exist_ok=True)
 
     async def send(self, batch: RawBatch) -> None:
         self.batches.append(batch)

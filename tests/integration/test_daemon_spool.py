@@ -31,7 +31,7 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.metrics import Metrics
 from tfrecordd.outputs import manifest
 from tfrecordd.outputs import shards as shards_module
-from tfrecordd.pipeline import encoding, runtime
+from tfrecordd.pipeline import encoding, sourcerun
 from tfrecordd.pipeline.encode import GROUP_BATCHES, EncodeStage
 from tfrecordd.pipeline.encoding import EncodeRequest
 from tfrecordd.pipeline.runtime import Daemon
@@ -529,7 +529,7 @@ class _SlowFsync(FileSystem):
 async def test_backpressure_pauses_and_resumes_a_source_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(runtime, "PAUSE_LOG_AFTER", 0.1)
+    monkeypatch.setattr(sourcerun, "PAUSE_LOG_AFTER", 0.1)
     cfg = write_config(
         tmp_path,
         daemon={"queue_batches": 1, "max_batch_events": 10},

@@ -385,6 +385,7 @@ def test_a_new_source_that_cannot_start_is_retried_by_the_next_reload(tmp_path: 
         assert "the running config is kept" not in log
         reload_and_wait(d, port, "applied")
         assert "reload: source tcp-in started" in d.output()
+        assert (tmp_path / "state" / "sources" / "tcp-in").is_dir()  # made before it recovered
         with socket.create_connection(("127.0.0.1", tcp_port)) as c:
             c.sendall(b"".join(orjson.dumps(movie_event(i)) + b"\n" for i in range(5)))
         wait_for(lambda: len(read_ids(tmp_path / "shards")) == 5, 20)

@@ -455,24 +455,55 @@ def test_state_files_found_at_start_are_made_durable_before_they_are_read(tmp_pa
         assert str(folder.resolve()) in fs.folders, folder
 
 
-def test_a_claim_left_for_good_is_recorded_durably_down_from_state_dir(tmp_path: Path) -> None:
-    """The first claim a spool leaves for good (read and published, and it could be neither
-    deleted, moved, set aside nor renamed) makes ``state_dir/sources/<name>/left.json``: every
-    folder made for it is fsynced into its parent, ``sources/`` into ``state_dir`` included,
-    or a power cut could take the record and the claim would be read again."""
+def test_each_source_state_folder_is_made_durably_before_the_source_recovers(
+    tmp_path: Path,
+) -> None:
+    """The daemon makes ``state_dir/sources/<name>/`` for every source, each folder fsynced
+    into its parent down from ``state_dir``, before any source recovers (the spool's first act
+    is to take its claim folder): a source's state file then needs only its own folder's
+    fsync, and a source knows nothing of the daemon's layout."""
+    cfg = write_datasets_config(
+        tmp_path,
+        {"ev": _dataset()},
+        encoders={"ev": EVENTS},
+        sources=[{"name": "in", "dataset": "ev"}, {"name": "other", "dataset": "ev"}],
+    )
+    fs = DirSyncs()
+    daemon = Daemon(load_config(cfg), fs=fs, handle_signals=False)
+    claims = tmp_path / "in" / ".tfrecordd-claimed" / "test"
+
+    async def body() -> None:
+        with anyio.fail_after(10):
+            while not claims.is_dir():
+                await anyio.sleep(0.01)
+        daemon.request_stop()
+
+    assert run_daemon_with(daemon, body) is None
+    state = (tmp_path / "state").resolve()
+    spool = str((tmp_path / "in").resolve())
+    first_claim = next(i for i, f in enumerate(fs.folders) if f.startswith(spool))
+    for name in ("in", "other"):
+        wanted = [str(state), str(state / "sources"), str(state / "sources" / name)]
+        assert (state / "sources" / name).is_dir()
+        synced = [f for f in fs.folders[:first_claim] if f in wanted]
+        assert sorted(set(synced), key=wanted.index) == wanted, (name, fs.folders)
+
+
+def test_a_claim_left_for_good_is_recorded_durably(tmp_path: Path) -> None:
+    """A claim left for good (read and published, and it could be neither deleted, moved, set
+    aside nor renamed) is recorded in ``left.json``, its folder fsynced: or a power cut could
+    take the record and the claim would be read again."""
     (tmp_path / "in").mkdir()
     config = DirectorySourceConfig.model_validate(
         {"name": "in", "encoder": "e", "path": tmp_path / "in"}
     )
-    state = tmp_path / "state"
-    state.mkdir()
     fs = DirSyncs()
     claims = Claims(config)
-    claims.attach(RecordingContext(name="in", state_dir=str(state / "sources" / "in"), fs=fs))
+    state = tmp_path / "state" / "sources" / "in"
+    claims.attach(RecordingContext(name="in", state_dir=str(state), fs=fs))
     claims.leave("a.jsonl")
-    assert json.loads((state / "sources" / "in" / "left.json").read_text()) == ["a.jsonl"]
-    for folder in (state, state / "sources", state / "sources" / "in"):
-        assert str(folder.resolve()) in fs.folders, folder
+    assert json.loads((state / "left.json").read_text()) == ["a.jsonl"]
+    assert fs.folders == [str(state.resolve())]
 
 
 def test_a_watermark_moved_by_records_no_commit_covers_closes_nothing_after_a_crash(

@@ -87,7 +87,7 @@ def _template(base: Path, last: str) -> Path:
     journal.compact()
     journal.close()
     _crash(cfg, last)
-    (root / "state" / "sources" / "spool").mkdir(parents=True)
+    (root / "state" / "sources" / "spool").mkdir(parents=True, exist_ok=True)
     (root / "state" / "sources" / "spool" / "own").write_bytes(b"a source's own file")
     return root
 

@@ -336,6 +336,7 @@ class Reloader:
             # waits until it has taken every batch sent.
             d.contexts[name].sent = d.write.taken.get(name, 0)
             try:
+                await anyio.to_thread.run_sync(d.contexts[name].make_state_dir)
                 await src.recover(states.get(name), [])
             except Exception as e:
                 failed.append(f"source {name}: cannot start: {e}")

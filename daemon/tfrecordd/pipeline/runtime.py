@@ -30,7 +30,6 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from tfrecordd import crashpoints, descriptors
-from tfrecordd.boundary import PipelineClosedError
 from tfrecordd.config import DaemonConfig
 from tfrecordd.endpoints import split_host_port
 from tfrecordd.errors import DurabilityError
@@ -46,16 +45,14 @@ from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import recover
 from tfrecordd.pipeline.reload import Reloader
 from tfrecordd.pipeline.routing import plan_encoding
+from tfrecordd.pipeline.sourcerun import SourceRun
 from tfrecordd.pipeline.write import WriteStage
-from tfrecordd.plugin import RawBatch, Registry, Source, SourceContext, SourceState
+from tfrecordd.plugin import RawBatch, Registry, Source, SourceState
 from tfrecordd.state import statelock
 from tfrecordd.state.deadletter import DeadLetters
 from tfrecordd.state.journal import Journal
 
 log = logging.getLogger("tfrecordd")
-
-PAUSE_LOG_AFTER = 5.0
-"""A source held back longer than this by a full pipeline is logged as paused (and resumed)."""
 
 STATE_CHECK_INTERVAL = 1.0
 """Seconds between checks that the journal and checkpoint are still the files this daemon writes:
@@ -70,85 +67,6 @@ hanging on a lost network file system, say)."""
 ACKS_STUCK_AFTER = 120.0
 """``/healthz`` answers 503 once a source has failed to acknowledge for this long: every later
 commit, of every source, waits behind those acks (as with a writer stuck that long)."""
-
-
-class _SourceContext(SourceContext):
-    def __init__(self, daemon: Daemon, name: str) -> None:
-        cfg = daemon.config
-        self.fs = daemon.fs
-        self.name = name
-        self.node_id = cfg.daemon.node_id
-        self.state_dir = os.path.join(str(cfg.daemon.state_dir), "sources", name)
-        source = next(s for s in cfg.sources if s.name == name)
-        fed = [cfg.datasets[d] for d in cfg.fed_datasets(source)]
-        self.max_batch_events = min(
-            [
-                cfg.daemon.max_batch_events,
-                *(d.max_shard_records for d in fed if d.max_shard_records),
-            ]
-        )
-        self.max_batch_bytes = min(
-            [cfg.daemon.max_batch_bytes, *(d.max_shard_bytes // 4 for d in fed)]
-        )
-        self.sent = 0  # batches sent into the pipeline: a reload waits for them to be acked
-        self._send: MemoryObjectSendStream[RawBatch] | None = None
-        """The pipeline's stream, set when the source starts running."""
-        self._m = daemon.metrics
-        self._received = daemon.metrics.events_received.labels(name)
-        self._backpressure = daemon.metrics.backpressure.labels(name)
-        self._state = SourceState(name, on_change=daemon.metrics.show_source)
-
-    def connect(self, send: MemoryObjectSendStream[RawBatch]) -> None:
-        """Send into ``send`` from now on (the source's own clone of the pipeline's stream)."""
-        self._send = send
-        self._m.show_source(self.source_state)  # running: up unless it says otherwise
-
-    async def send(self, batch: RawBatch) -> None:
-        assert self._send is not None, "send before run"
-        # A source cancelled since its last send stops here, before the pipeline (which may be
-        # closing) is touched: its previous send returned without raising it (below).
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        try:
-            try:
-                self._send.send_nowait(batch)
-            except anyio.WouldBlock:
-                await self._send_when_room(batch, self._send)
-                waited = True
-            else:
-                waited = False
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as e:
-            # The daemon is stopping: no input boundary may take this for its input's fault.
-            raise PipelineClosedError(f"source {self.name}: the pipeline is closed") from e
-        self.sent += 1
-        self._received.inc(len(batch.events))
-        # A source that finds room keeps making batches without waiting: let the other stages
-        # run between two batches (the workers' results, the writer's trips to its thread), or a
-        # source with a big chunk of input holds the event loop for all of it. Shielded: the
-        # batch is the pipeline's now, and a cancellation raised here would tell the source it
-        # was not sent (the UDP source counted such events as dropped at shutdown, yet they
-        # were written). The source meets the cancellation at its next send or wait.
-        if not waited:
-            await anyio.lowlevel.cancel_shielded_checkpoint()
-
-    async def _send_when_room(
-        self, batch: RawBatch, stream: MemoryObjectSendStream[RawBatch]
-    ) -> None:
-        t0 = time.monotonic()
-        try:
-            with anyio.move_on_after(PAUSE_LOG_AFTER) as scope:
-                await stream.send(batch)
-            if scope.cancelled_caught:
-                log.info("source %s: paused by backpressure (the output is behind)", self.name)
-                await stream.send(batch)
-                log.info("source %s: resumed after %.1fs", self.name, time.monotonic() - t0)
-        finally:
-            self._backpressure.inc(time.monotonic() - t0)
-
-    def count_dropped(self, reason: str, n: int = 1) -> None:
-        self._m.events_dropped.labels(self.name, reason).inc(n)
-
-    def count_refused(self, reason: str, n: int = 1) -> None:
-        self._m.inputs_refused.labels(self.name, reason).inc(n)
 
 
 class Daemon:
@@ -180,7 +98,7 @@ class Daemon:
         if crashpoints.armed() is not None:
             declared = [p for s in config.sources for p in type(s).crash_points]
             crashpoints.check_armed([*Registry.from_entry_points().crash_points(), *declared])
-        self.contexts: dict[str, _SourceContext] = {}
+        self.contexts: dict[str, SourceRun] = {}
         for name, src in list(self.sources.items()):
             self.attach(name, src)
         self.encode = EncodeStage(
@@ -233,7 +151,7 @@ class Daemon:
     def attach(self, name: str, src: Source) -> None:
         """Make ``src`` the source ``name``, with a context of its own (made of :attr:`config`)."""
         self.sources[name] = src
-        self.contexts[name] = ctx = _SourceContext(self, name)
+        self.contexts[name] = ctx = SourceRun(self, name)
         src.attach(ctx)
 
     # -- control ---------------------------------------------------------------------------
@@ -327,6 +245,8 @@ class Daemon:
             self.config.daemon.queue_batches
         )
         try:
+            for ctx in self.contexts.values():
+                await anyio.to_thread.run_sync(ctx.make_state_dir)
             await recover(
                 self.journal,
                 self.outputs,

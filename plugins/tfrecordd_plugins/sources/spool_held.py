@@ -28,7 +28,6 @@ from tfrecordd.plugin import (
     FileSystem,
     SourceContext,
     StateInUseError,
-    sync_folders,
     try_lock,
     write_atomically,
 )
@@ -220,7 +219,7 @@ class HeldFolders:
             return
         try:
             # Written by a process killed before its folder's fsync, it is not durable yet.
-            sync_folders(self.fs, _state_root(path), path)
+            self.fs.fsync_dir(os.path.dirname(path))
             with open(path, "rb") as f:
                 names = json.loads(f.read())
         except FileNotFoundError:
@@ -237,8 +236,6 @@ class HeldFolders:
         if path is None:
             return
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            sync_folders(self.fs, _state_root(path), path)
             write_atomically(self.fs, path, json.dumps(sorted(self.left)).encode())
         except OSError as e:
             raise DurabilityError(f"{path}: cannot record the claims left: {e}") from e
@@ -421,10 +418,3 @@ def _find_folder(spool: int, ident: tuple[int, int]) -> list[str] | None:
         finally:
             os.close(fd)
     return None
-
-
-def _state_root(path: str) -> str:
-    """The daemon's ``state_dir``, of a file in a source's state folder
-    (``<state_dir>/sources/<name>/``): the folders made for it are made durable from there,
-    ``sources/`` itself included (made by the first source to keep a file)."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(path)))
