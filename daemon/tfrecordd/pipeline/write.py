@@ -13,18 +13,17 @@ write per shard (:class:`~tfrecordd.pipeline.shardrun.MergedRun`). Failures go t
 letters first. While an output's file system lacks room above its ``min_free_bytes``, the stage
 waits (and so, by backpressure, do the sources).
 
-A commit is *cut* between two batches: when a shard was closed, when the oldest open shard is
-older than its dataset's ``max_shard_age``, when a flush is asked for, when the stream pauses
-with positions but no shard open, and at the end. The cut covers every batch since the last
-one: the closed shards and those past their age are finished and published; every other open
-shard that took records since the last cut is made durable where it is
-(:meth:`OpenShard.mark <tfrecordd.outputs.shards.OpenShard.mark>`), and stays open: the journal
-holds that prefix, and after a crash the next start finishes the shard there and publishes it.
-So every record of the cut's batches is published or durable before any of their positions is
-acknowledged, whatever number of shards they went to, and no shard is published small only
-because another one filled.
-The commit runs in a task of its own while the next batches are written; commits run one at a
-time, in order (:meth:`WriteStage.commit`).
+A commit is *cut* between two batches: when a shard was closed, when the oldest open shard is older
+than its dataset's ``max_shard_age``, when a flush is asked for, when the stream pauses with
+positions but no shard open, and at the end. The cut covers every batch since the last one: the
+closed shards and those past their age are finished and published; every other open shard that took
+records since the last cut is made durable where it is (:meth:`OpenShard.mark
+<tfrecordd.outputs.shards.OpenShard.mark>`), and stays open: the journal holds that prefix, and
+after a crash the next start finishes the shard there and publishes it. So every record of the
+cut's batches is published or durable before any of their positions is acknowledged, whatever
+number of shards they went to, and no shard is published small only because another one filled. The
+commit runs in a task of its own while the next batches are written; commits run one at a time, in
+order (:meth:`WriteStage.commit`).
 """
 
 from __future__ import annotations
@@ -226,10 +225,10 @@ class WriteStage:
                 if not written:
                     await self.commit()
                     written = await anyio.to_thread.run_sync(self.write_run, run)
+            elif any(b.failures for b in run):  # dead letters: one trip to a thread for all
+                written = await anyio.to_thread.run_sync(self._add, *run)
             else:
-                for batch in run:  # dead letters, if any, are written in a worker thread
-                    await anyio.to_thread.run_sync(self._add, batch)
-                written = len(run)
+                written = self._add(*run)
             at += written
             if self.unit.first_at is None:
                 self.unit.first_at = time.monotonic()
@@ -243,16 +242,18 @@ class WriteStage:
     def _alive(self) -> None:
         self.beat = time.monotonic()
 
-    def _add(self, batch: EncodedBatch) -> None:
-        """Take a batch into the unit, its dead letters first: so a cut's
+    def _add(self, *batches: EncodedBatch) -> int:
+        """Take batches into the unit, each one's dead letters first: so a cut's
         :meth:`DeadLetters.end <tfrecordd.state.deadletter.DeadLetters.end>` falls between the
-        dead letters of its batches and those of the next ones. Blocking."""
-        if batch.failures:
-            self._dead_letter(batch)
-        if batch.parts:  # its records written, the commit to come
-            crashpoints.reached("mid-write")
-        self.taken[batch.source] = self.taken.get(batch.source, 0) + 1
-        self.unit.add(batch, self.committer.sources[batch.source].compact)
+        dead letters of its batches and those of the next ones; the count. Blocking."""
+        for batch in batches:
+            if batch.failures:
+                self._dead_letter(batch)
+            if batch.parts:  # its records written, the commit to come
+                crashpoints.reached("mid-write")
+            self.taken[batch.source] = self.taken.get(batch.source, 0) + 1
+            self.unit.add(batch, self.committer.sources[batch.source].compact)
+        return len(batches)
 
     def _dead_letter(self, batch: EncodedBatch) -> None:
         discarded = 0
