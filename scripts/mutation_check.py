@@ -123,6 +123,7 @@ MUTATIONS = (
         r"watermark, closed = self\._durable",
         r"watermark, closed = self.watermark, self.closed_through",
         (
+            "tests/adversarial/test_completion_model.py",
             "tests/reliability/test_dataset_edges.py::"
             "test_a_watermark_moved_by_records_no_commit_covers_closes_nothing_after_a_crash",
         ),
