@@ -569,12 +569,14 @@ Place = tuple[str, str, int]
 """Where a record belongs: its dataset, its partition folder, and its ``ts`` as written (ms)."""
 
 
-def dataset_event(i: int, step: float = EVENT_STEP) -> dict[str, Any]:
-    """Event ``i`` of a datasets run (``ts``: seconds since the epoch, written as ms)."""
+def dataset_event(i: int, step: float = EVENT_STEP, disorder: int = 0) -> dict[str, Any]:
+    """Event ``i`` of a datasets run (``ts``: seconds since the epoch, written as ms), dated up
+    to ``disorder`` seconds before its place in the sequence (scattered, not random: a rerun
+    makes the same events)."""
     return {
         "id": i,
         "type": TYPES[i % 3],
-        "ts": DATASETS_T0 + int(i * step),
+        "ts": DATASETS_T0 + int(i * step) - i * 2654435761 % (disorder + 1),
         "country": COUNTRIES[i // 3 % 3],
         "url": f"https://example.com/{i}",
         "slot": i % 7,
@@ -660,10 +662,12 @@ class DatasetProducer(SpoolProducer):
         batch: int = 100,
         interval: float = 0.05,
         step: float = EVENT_STEP,
+        disorder: int = 0,
         **kw: Any,
     ) -> None:
         super().__init__(spool, batch, interval, **kw)
         self.step = step
+        self.disorder = disorder
         self.places: dict[int, Place] = {}
         """Each id a shard must hold, and where."""
         self.unrouted: set[str] = set()
@@ -680,7 +684,7 @@ class DatasetProducer(SpoolProducer):
         for _ in range(self.batch):
             i = self.next_id
             self.next_id += 1
-            event = dataset_event(i, self.step)
+            event = dataset_event(i, self.step, self.disorder)
             line = orjson.dumps(event)
             place = expected_place(event)
             if place is None:
@@ -995,19 +999,26 @@ def run_dataset_trials(
     max_seconds: float | None = None,
     tf_globs: bool = False,
     reloads: bool = False,
+    step: float = EVENT_STEP,
+    disorder: int = 0,
+    datasets: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Figures:
     """:func:`run_crash_trials` with two datasets (:func:`datasets_config`): after every kill,
     besides the reader globs, every acknowledged spool file's records must be published
     (:class:`AckAudit`); at the end a clean daemon drains the spool, another closes every
     partition, and the audit adds where each record is and the markers
-    (:func:`audit_datasets`)."""
+    (:func:`audit_datasets`). Events are ``step`` seconds apart, each dated up to ``disorder``
+    seconds early (:func:`dataset_event`); the allowed lateness is then ``disorder`` seconds,
+    so that no event is late when first read, and none may be after any kill (else 20
+    minutes). ``datasets``: keys to change in each dataset's table, for the killed runs."""
     rng = random.Random(seed)
     t0 = time.monotonic()
-    cfg = datasets_config(root, compression)
+    lateness = f"{disorder}s" if disorder else "20m"
+    cfg = datasets_config(root, compression, lateness=lateness, datasets=datasets)
     figs = Figures("datasets", compression)
     figs.phases = dict.fromkeys(CRASH_PHASES["datasets"] if phases is None else phases, 0)
     spool = root / "spool"
-    producer = DatasetProducer(spool, batch=100, interval=0.05)
+    producer = DatasetProducer(spool, batch=100, interval=0.05, step=step, disorder=disorder)
     index = ShardIndex({d: root / d for d in DATASETS})
     acks = AckAudit(root / "state")
     tf = TfGlobber() if tf_globs else None
@@ -1030,11 +1041,13 @@ def run_dataset_trials(
         finally:
             producer.stop()
         clean_run(
-            datasets_config(root, compression, drain=True), figs, lambda: spool_drained(spool)
+            datasets_config(root, compression, drain=True, lateness=lateness),
+            figs,
+            lambda: spool_drained(spool),
         )
         hours = producer.click_hours()
         clean_run(
-            datasets_config(root, compression, drain=True, closing=True),
+            datasets_config(root, compression, drain=True, closing=True, lateness=lateness),
             figs,
             lambda: hours <= markers_present(root / "clicks"),
             timeout=60,
