@@ -253,8 +253,9 @@ def write_datasets_config(
         lines.append(f"[datasets.{name}]")
         lines += [f"{k} = {_toml(v)}" for k, v in (defaults | dict(dataset)).items()]
     for source in sources:
-        src = {"type": "directory", "poll_interval": "100ms"} | dict(source)
+        src = {"type": "directory"} | dict(source)
         if src["type"] == "directory":
+            src.setdefault("poll_interval", "100ms")
             src.setdefault("path", root / str(src["name"]))
             Path(src["path"]).mkdir(parents=True, exist_ok=True)
         lines.append("[[sources]]")

@@ -116,6 +116,22 @@ def test_a_renamed_source_refuses_to_start_then_resumes_after_rename_source(
     _assert_once(tmp_path, expected)
 
 
+def test_a_forgotten_source_with_only_its_empty_folder_has_nothing_to_move(
+    tmp_path: Path,
+) -> None:
+    """The daemon makes every source's state folder; once the source is forgotten, its empty
+    folder is no state: renaming it finds nothing to move."""
+    cfg = write_config(tmp_path)
+    run_clean_until(cfg, lambda: True)
+    assert (tmp_path / "state" / "sources" / "spool").is_dir()
+    cfg.write_text(cfg.read_text().replace('name = "spool"', 'name = "inbox"'))
+    assert _state(cfg, "forget-source", "spool")[0] == 0
+    rc, out = _state(cfg, "rename-source", "spool", "other")
+    assert rc == 0, out
+    assert "nothing to move" in out
+    assert not (tmp_path / "state" / "sources" / "other").exists()
+
+
 @pytest.mark.parametrize("keep", [0, 7, -3])
 def test_a_truncated_checkpoint_is_a_clear_error_and_state_repair_fixes_it(
     tmp_path: Path, keep: int

@@ -323,8 +323,10 @@ def _rewrite_source(state_dir: str, command: list[str], old: str, new: str | Non
     if scan.damage is not None:
         raise StateError(journal_path, "is damaged", "run `state repair`")
     own, new_own = f"sources/{old}", f"sources/{new}"
-    # A forgotten source's own folder stays (as its name's files outside the journal do).
-    has_own = new is not None and os.path.isdir(os.path.join(state_dir, own))
+    # A forgotten source's own folder stays (as its name's files outside the journal do); an
+    # empty one (the daemon makes one for every source) is no state to move.
+    own_path = os.path.join(state_dir, own)
+    has_own = new is not None and os.path.isdir(own_path) and _not_empty(own_path)
     if old not in _holders(ckpt, scan.records) and not has_own:
         return False
     if new is not None:

@@ -43,6 +43,7 @@ from tfrecordd.outputs.shards import (
     staged_path,
 )
 from tfrecordd.pipeline.commit import Manifests
+from tfrecordd.pipeline.sourcerun import SourceRun
 from tfrecordd.plugin import Source, Token
 from tfrecordd.state.deadletter import cut_uncommitted, file_end
 from tfrecordd.state.journal import Journal
@@ -74,13 +75,16 @@ async def recover(
     outputs: Mapping[str, Output],
     sources: Mapping[str, Source],
     *,
+    contexts: Mapping[str, SourceRun] | None = None,
     fs: FileSystem,
     node_id: str,
     manifests: Mapping[str, Manifests],
     metrics: Metrics,
 ) -> RecoveryReport:
     """Recover from ``journal`` (see the module's docstring) into the datasets' ``outputs``;
-    ``manifests`` of the datasets that publish them."""
+    ``manifests`` of the datasets that publish them; the sources' ``contexts`` make their
+    state folders once the journal's recovery has finished any interrupted ``state`` command
+    (which may rename one), before any source recovers."""
     rec = await anyio.to_thread.run_sync(journal.recover)
     roller = _Roller(journal, dict(outputs), fs, node_id, dict(manifests))
     redo, dropped = await anyio.to_thread.run_sync(
@@ -97,6 +101,8 @@ async def recover(
     for intent in redo:
         for source, tokens in intent.positions.items():
             pending.setdefault(source, []).extend(tokens)
+    for ctx in (contexts or {}).values():
+        await anyio.to_thread.run_sync(ctx.make_state_dir)
     for name, src in sources.items():
         await src.recover(rec.states.get(name), pending.get(name, []))
     for intent in redo:

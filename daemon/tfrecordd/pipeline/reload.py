@@ -41,7 +41,7 @@ import anyio
 from pydantic import BaseModel
 
 from tfrecordd.config import DaemonConfig, load_config
-from tfrecordd.errors import ConfigError
+from tfrecordd.errors import ConfigError, DurabilityError
 from tfrecordd.pipeline.datasets import manifest_writers
 from tfrecordd.pipeline.routing import EncodePlan, plan_encoding
 from tfrecordd.plugin import Source
@@ -338,6 +338,8 @@ class Reloader:
             try:
                 await anyio.to_thread.run_sync(d.contexts[name].make_state_dir)
                 await src.recover(states.get(name), [])
+            except DurabilityError:
+                raise  # a failed fsync is never retried: it stops the daemon
             except Exception as e:
                 failed.append(f"source {name}: cannot start: {e}")
                 del d.sources[name], d.contexts[name]

@@ -245,12 +245,11 @@ class Daemon:
             self.config.daemon.queue_batches
         )
         try:
-            for ctx in self.contexts.values():
-                await anyio.to_thread.run_sync(ctx.make_state_dir)
             await recover(
                 self.journal,
                 self.outputs,
                 self.sources,
+                contexts=self.contexts,
                 fs=self.fs,
                 node_id=self.config.daemon.node_id,
                 manifests=self.committer.manifests,

@@ -12,7 +12,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from tfrecordd.boundary import PipelineClosedError
-from tfrecordd.errors import DurabilityError
+from tfrecordd.errors import DurabilityError, StateError
 from tfrecordd.fsys import sync_folders
 from tfrecordd.plugin import RawBatch, SourceContext, SourceState
 
@@ -37,6 +37,7 @@ class SourceRun(SourceContext):
         self.name = name
         self.node_id = cfg.daemon.node_id
         self.state_root = str(cfg.daemon.state_dir)
+        self.fsync = daemon.fsync
         self.state_dir = os.path.join(self.state_root, "sources", name)
         source = next(s for s in cfg.sources if s.name == name)
         fed = [cfg.datasets[d] for d in cfg.fed_datasets(source)]
@@ -60,13 +61,26 @@ class SourceRun(SourceContext):
     def make_state_dir(self) -> None:
         """Make :attr:`state_dir`, durable in its parents down from the daemon's ``state_dir``
         (found or made: a folder left by a process killed before its parent's fsync is not
-        durable yet), as :attr:`SourceContext.state_dir` promises: before the source recovers."""
+        durable yet), as :attr:`SourceContext.state_dir` promises: after recovery's journal, before
+        the source recovers. Raises :class:`StateError` if a folder cannot be made or is a
+        symbolic link (never followed in ``state_dir``), :class:`DurabilityError` if an fsync
+        fails (never retried: a failed fsync may have lost what it was to keep)."""
         try:
             os.makedirs(self.state_dir, exist_ok=True)
+        except OSError as e:
+            raise StateError(self.state_dir, f"cannot be made: {e.strerror or e}") from e
+        for folder in (os.path.dirname(self.state_dir), self.state_dir):
+            if os.path.islink(folder):
+                raise StateError(
+                    folder, "is a symbolic link: tfrecordd never follows one in state_dir"
+                )
+        if not self.fsync:
+            return
+        try:
             sync_folders(self.fs, self.state_root, os.path.join(self.state_dir, "-"))
         except OSError as e:
             raise DurabilityError(
-                f"source {self.name}: cannot make its state folder {self.state_dir}: {e}"
+                f"source {self.name}: fsync of its state folder {self.state_dir}: {e.strerror or e}"
             ) from e
 
     def connect(self, send: MemoryObjectSendStream[RawBatch]) -> None:
