@@ -230,6 +230,8 @@ def parse_config(
             continue
         if common.name in seen:
             errors.append(f"sources[{i}].name: duplicate source name {common.name!r}")
+        if common.name in (".", ".."):  # it names the source's folder in state_dir/sources/
+            errors.append(f"sources[{i}].name: must not be {common.name!r}")
         seen.add(common.name)
         try:
             source = model.model_validate(raw)

@@ -37,7 +37,7 @@ from tests.support import (
     write_datasets_config,
 )
 from tfrecordd.config import load_config
-from tfrecordd.errors import DurabilityError, find_error
+from tfrecordd.errors import DurabilityError, StateError, find_error
 from tfrecordd.events import RawEvent
 from tfrecordd.fsys import FileSystem
 from tfrecordd.pipeline.routing import route_value
@@ -489,6 +489,70 @@ def test_each_source_state_folder_is_made_durably_before_the_source_recovers(
         assert sorted(set(synced), key=wanted.index) == wanted, (name, fs.folders)
 
 
+class _NoDirFsync(FileSystem):
+    """A file system whose folders (those under ``only``, if given) cannot be fsynced (some
+    FUSE and shared-folder mounts)."""
+
+    def __init__(self, only: str = "") -> None:
+        self.only = only
+
+    def fsync_dir(self, path: str) -> None:
+        if self.only not in path:
+            return super().fsync_dir(path)
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+
+
+async def _stop_after(daemon: Daemon, seconds: float) -> None:
+    await anyio.sleep(seconds)
+    daemon.request_stop()
+
+
+def _net_daemon(tmp_path: Path, fs: FileSystem, **dataset: object) -> Daemon:
+    cfg = write_datasets_config(
+        tmp_path,
+        {"ev": {"encoder": "ev", **dataset}},
+        encoders={"ev": EVENTS},
+        sources=[{"name": "net", "type": "udp", "listen": "127.0.0.1:0", "dataset": "ev"}],
+    )
+    return Daemon(load_config(cfg), fs=fs, handle_signals=False)
+
+
+def test_without_fsync_a_source_state_folder_is_made_and_not_fsynced(tmp_path: Path) -> None:
+    """With ``fsync = false`` the daemon fsyncs nothing, a source's state folder included: it
+    starts on a file system that cannot fsync a folder."""
+    daemon = _net_daemon(tmp_path, _NoDirFsync(), fsync=False)
+
+    async def body() -> None:
+        daemon.request_stop()
+
+    assert run_daemon_with(daemon, body) is None
+    assert (tmp_path / "state" / "sources" / "net").is_dir()
+
+
+def test_a_failed_fsync_of_a_source_state_folder_stops_the_daemon(tmp_path: Path) -> None:
+    daemon = _net_daemon(tmp_path, _NoDirFsync(only="/sources"))
+    raised = run_daemon_with(daemon, lambda: _stop_after(daemon, 10))
+    assert raised is not None
+    error = find_error(raised)
+    assert isinstance(error, DurabilityError), error
+    assert "source net: fsync of its state folder" in str(error)
+
+
+def test_a_source_state_folder_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    """A symbolic link planted in ``state_dir/sources/`` is never followed."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "state" / "sources").mkdir(parents=True)
+    (tmp_path / "state" / "sources" / "net").symlink_to(elsewhere)
+    daemon = _net_daemon(tmp_path, FileSystem())
+    raised = run_daemon_with(daemon, lambda: _stop_after(daemon, 10))
+    assert raised is not None
+    error = find_error(raised)
+    assert isinstance(error, StateError), error
+    assert "is a symbolic link" in str(error)
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_claim_left_for_good_is_recorded_durably(tmp_path: Path) -> None:
     """A claim left for good (read and published, and it could be neither deleted, moved, set
     aside nor renamed) is recorded in ``left.json``, its folder fsynced: or a power cut could
@@ -503,7 +567,24 @@ def test_a_claim_left_for_good_is_recorded_durably(tmp_path: Path) -> None:
     claims.attach(RecordingContext(name="in", state_dir=str(state), fs=fs))
     claims.leave("a.jsonl")
     assert json.loads((state / "left.json").read_text()) == ["a.jsonl"]
-    assert fs.folders == [str(state.resolve())]
+    assert set(fs.folders) == {str(state.resolve())}
+
+
+def test_a_claim_left_during_recovery_keeps_the_claims_left_before(tmp_path: Path) -> None:
+    """A claim can be left while the source recovers (finishing a file its journal says was
+    read to the end), before ``left.json`` is read with the claim folder: the record then
+    keeps the claims it already named, or they would be read again."""
+    (tmp_path / "in").mkdir()
+    config = DirectorySourceConfig.model_validate(
+        {"name": "in", "encoder": "e", "path": tmp_path / "in"}
+    )
+    state = tmp_path / "state" / "sources" / "in"
+    state.mkdir(parents=True)
+    (state / "left.json").write_text('["a.jsonl"]')
+    claims = Claims(config)
+    claims.attach(RecordingContext(name="in", state_dir=str(state), fs=DirSyncs()))
+    claims.leave("b.jsonl")
+    assert json.loads((state / "left.json").read_text()) == ["a.jsonl", "b.jsonl"]
 
 
 def test_a_watermark_moved_by_records_no_commit_covers_closes_nothing_after_a_crash(

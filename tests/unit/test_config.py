@@ -132,3 +132,27 @@ def test_listeners_default_to_loopback() -> None:
         UdpSourceConfig(name="u", encoder="e").listen,
     ]
     assert [split_host_port(d)[0] for d in defaults] == ["127.0.0.1"] * 3
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_source_named_dot_or_dot_dot_is_refused(tmp_path: Path, name: str) -> None:
+    """A source's name names its state folder, ``state_dir/sources/<name>/``: ``..`` would be
+    ``state_dir`` itself."""
+    path = tmp_path / "c.toml"
+    path.write_text(
+        f"""
+[output]
+dir = "{tmp_path / "out"}"
+[[sources]]
+name = "{name}"
+type = "udp"
+listen = "127.0.0.1:0"
+encoder = "m"
+[encoders.m]
+type = "example"
+features = {{ a = "int64" }}
+"""
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"sources[0].name: must not be {name!r}" in info.value.errors

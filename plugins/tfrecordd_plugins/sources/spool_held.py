@@ -89,6 +89,7 @@ class HeldFolders:
         """Claim names that could neither be read nor moved aside: not tried again by this
         process."""
         self.left: set[str] = set()
+        self._left_read = False
         """Claims read and published that could not be finished in any way (:meth:`leave`)."""
         self._waiting: set[str] = set()
         """Claims read to their end that a writer still holds open (logged once)."""
@@ -205,6 +206,8 @@ class HeldFolders:
         """Record that ``claim``, read and published, could not be finished in any way and is
         left in the claim folder: :meth:`pending` never offers it again, in this process or the
         next (``left.json`` in the source's own state folder)."""
+        if not self._left_read:  # left during recovery, before open_claims read the record
+            self.left |= set(self._read_left())
         self.left.add(claim)
         self._save_left()
 
@@ -213,19 +216,26 @@ class HeldFolders:
             return None
         return os.path.join(self._ctx.state_dir, LEFT)
 
-    def _load_left(self) -> None:
+    def _read_left(self) -> list[str]:
+        """The claims ``left.json`` names (none without it), its folder made durable first."""
+        self._left_read = True
         path = self._left_path()
         if path is None:
-            return
+            return []
         try:
             # Written by a process killed before its folder's fsync, it is not durable yet.
             self.fs.fsync_dir(os.path.dirname(path))
             with open(path, "rb") as f:
-                names = json.loads(f.read())
+                return [str(n) for n in json.loads(f.read())]
         except FileNotFoundError:
-            return
-        except (OSError, ValueError) as e:
+            return []
+        except (OSError, ValueError, TypeError) as e:
             raise SpoolError(f"{path}: cannot be read ({e}); move it aside and restart") from e
+
+    def _load_left(self) -> None:
+        names = self._read_left()
+        if not names:
+            return
         present = set(os.listdir(self._fds["claims"]))
         self.left = {str(n) for n in names if n in present}
         if len(self.left) != len(names):
