@@ -15,14 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.support import CI_DERANDOMIZED, examples, write_datasets_config
+from tests.support import CI_DERANDOMIZED, examples, hour_folder, write_datasets_config
 from tfrecordd.config import load_config
 from tfrecordd.fsys import LOCAL
 from tfrecordd.metrics import Metrics
@@ -53,6 +52,8 @@ class CompletionMachine(RuleBasedStateMachine):
         self.durable: Line = (None, float("-inf"))
         self.opened: set[str] = set()
         """Every time partition opened and not yet marked."""
+        self.ends: dict[str, float] = {}
+        """Each partition's end."""
 
     def teardown(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -87,7 +88,8 @@ class CompletionMachine(RuleBasedStateMachine):
         c = self.completion
         assert c is not None
         t = float(T0 + hour * 3600 + second)
-        folder = _prefix(hour)
+        folder = hour_folder(t, "UTC")
+        self.ends[folder] = float(T0 + (hour + 1) * 3600)
         if c.late(folder):
             return
         c.opening(folder)
@@ -122,7 +124,7 @@ class CompletionMachine(RuleBasedStateMachine):
         c.committed(at)
         self.durable = at
         for prefix in sorted(c.scheduled):
-            if _end(prefix) <= at[1]:
+            if self.ends[prefix] <= at[1]:
                 c.mark(prefix)
                 self.opened.discard(prefix)
 
@@ -140,15 +142,6 @@ class CompletionMachine(RuleBasedStateMachine):
         state = (again.watermark, again.closed_through)
         assert _no_later(state, self.durable), (state, self.durable)
         assert self.opened <= again.pending, self.opened - again.pending
-
-
-def _prefix(hour: int) -> str:
-    return time.strftime("dt=%Y-%m-%d/hour=%H", time.gmtime(T0 + hour * 3600))
-
-
-def _end(prefix: str) -> float:
-    hours = {_prefix(h): h for h in range(9)}
-    return float(T0 + (hours[prefix] + 1) * 3600)
 
 
 CompletionMachine.TestCase.settings = settings(
