@@ -682,11 +682,42 @@ static inline size_t entry_inner_size(const Feature *f, size_t n, size_t *featur
     return (size_t)f->head_len + (size_t)f->key_len + 1 + varint_size(fl) + fl;
 }
 
-/* Parse one payload; on success append the serialized Example to `out`. */
+/* What encode_record notes of one top-level key besides encoding (a route's field): whether
+ * the payload holds it, and its value where that is a plain string (no escapes). */
+enum { CAP_MISSING = 0, CAP_STRING = 1, CAP_OTHER = 2 };
+
+typedef struct {
+    const unsigned char *key;
+    size_t key_len;
+    int state;
+    const unsigned char *start, *stop;
+} Capture;
+
+static void capture_value(Parser *ps, Capture *cap) {
+    if (cap->state != CAP_MISSING || ps->p >= ps->end || *ps->p != '"') {
+        cap->state = CAP_OTHER; /* repeated, or no string: Python reads it */
+        return;
+    }
+    const unsigned char *at = ps->p, *s, *e;
+    int esc;
+    if (scan_string(ps, &s, &e, &esc) == ENC_OK && !esc) {
+        cap->state = CAP_STRING;
+        cap->start = s;
+        cap->stop = e;
+    } else {
+        cap->state = CAP_OTHER;
+    }
+    ps->p = at;
+}
+
+/* Parse one payload; on success append the serialized Example to `out`. With `cap`, note its
+ * key's value as well. */
 static int encode_record(const PlanObject *plan, Parser *ps, const unsigned char *data,
-                         Py_ssize_t size, Buf *out, size_t *rec_off, size_t *rec_len) {
+                         Py_ssize_t size, Buf *out, size_t *rec_off, size_t *rec_len,
+                         Capture *cap) {
     Py_ssize_t count = plan->count;
     int r;
+    if (cap != NULL) cap->state = CAP_MISSING;
     ps->p = data;
     ps->end = data + size;
     ps->payload.len = 0;
@@ -705,17 +736,21 @@ static int encode_record(const PlanObject *plan, Parser *ps, const unsigned char
             int esc;
             if ((r = scan_string(ps, &s, &e, &esc)) != ENC_OK) return r;
             Py_ssize_t i;
-            if (!esc) {
-                i = lookup(plan, s, (size_t)(e - s));
-            } else {
+            const unsigned char *k = s;
+            size_t k_len = (size_t)(e - s);
+            if (esc) {
                 ps->text.len = 0;
                 if ((r = decode_escaped(s, e, &ps->text)) != ENC_OK) return r;
-                i = lookup(plan, ps->text.data, ps->text.len);
+                k = ps->text.data;
+                k_len = ps->text.len;
             }
+            i = lookup(plan, k, k_len);
+            int captured = cap != NULL && k_len == cap->key_len && memcmp(k, cap->key, k_len) == 0;
             skip_ws(ps);
             if (ps->p >= ps->end || *ps->p != ':') return ENC_FALLBACK;
             ps->p++;
             skip_ws(ps);
+            if (captured) capture_value(ps, cap);
             if (i >= 0) {
                 if (ps->slot[i] != SLOT_ABSENT) return ENC_FALLBACK; /* a duplicate key */
                 r = encode_feature(ps, &plan->features[i], i);
@@ -935,7 +970,52 @@ static int plan_init(PlanObject *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static PyObject *plan_encode_batch(PlanObject *self, PyObject *payloads) {
+/* The first value of an int64 feature's payload (packed varints), or TIME_UNKNOWN. */
+#define TIME_UNKNOWN INT64_MIN
+
+static int64_t first_int64(const Parser *ps, Py_ssize_t i) {
+    if (ps->slot[i] != SLOT_VALUE || ps->len[i] == 0) return TIME_UNKNOWN;
+    const unsigned char *b = ps->payload.data + ps->off[i];
+    uint64_t v = 0;
+    for (size_t k = 0, shift = 0; k < ps->len[i] && k < 10; k++, shift += 7) {
+        v |= (uint64_t)(b[k] & 0x7F) << shift;
+        if (!(b[k] & 0x80)) return (int64_t)v;
+    }
+    return TIME_UNKNOWN;
+}
+
+/* What plan_encode notes of a payload encoded in C: its class and its time. The values are
+ * compared as bytes, with the GIL released: `values` is a tuple of bytes, which nothing
+ * changes. */
+static void note(const Parser *ps, const Capture *cap, PyObject *values, Py_ssize_t k,
+                 Py_ssize_t time_index, unsigned char *classes, int64_t *times, Py_ssize_t i) {
+    if (cap != NULL) {
+        unsigned char c = (unsigned char)k;
+        if (cap->state == CAP_OTHER) {
+            c = 255;
+        } else if (cap->state == CAP_STRING) {
+            size_t len = (size_t)(cap->stop - cap->start);
+            for (Py_ssize_t j = 0; j < k; j++) {
+                PyObject *v = PyTuple_GET_ITEM(values, j);
+                if ((size_t)PyBytes_GET_SIZE(v) == len &&
+                    memcmp(PyBytes_AS_STRING(v), cap->start, len) == 0) {
+                    c = (unsigned char)j;
+                    break;
+                }
+            }
+        }
+        classes[i] = c;
+    }
+    if (time_index >= 0) times[i] = first_int64(ps, time_index);
+}
+
+/* encode_batch, and with `cap` each payload's class by its captured value (as string_groups
+ * classes them: the index of the value in `values`, k for another string or none, 255 for
+ * Python to read) into *classes_out, and with time_index >= 0 the first value of that int64
+ * feature (TIME_UNKNOWN where the record must be read) into *times_out. */
+static PyObject *plan_encode(PlanObject *self, PyObject *payloads, Capture *cap,
+                             PyObject *values, Py_ssize_t time_index, PyObject **classes_out,
+                             PyObject **times_out) {
     if (self->features == NULL) {
         PyErr_SetString(PyExc_ValueError, "ExamplePlan is not initialized");
         return NULL;
@@ -949,6 +1029,9 @@ static PyObject *plan_encode_batch(PlanObject *self, PyObject *payloads) {
     size_t *rec_off = PyMem_Malloc(((size_t)n + 1) * sizeof(size_t));
     size_t *rec_len = PyMem_Malloc(((size_t)n + 1) * sizeof(size_t));
     unsigned char *status = PyMem_Malloc((size_t)n + 1);
+    unsigned char *classes = NULL;
+    int64_t *times = NULL;
+    Py_ssize_t k = values == NULL ? 0 : PyTuple_GET_SIZE(values);
     Parser ps = {0};
     Buf out = {0};
     ps.slot = PyMem_Malloc((size_t)count);
@@ -958,6 +1041,19 @@ static PyObject *plan_encode_batch(PlanObject *self, PyObject *payloads) {
         ps.off == NULL || ps.len == NULL) {
         PyErr_NoMemory();
         goto done;
+    }
+    /* Unset for the Python path: class 255, time unknown. */
+    if (cap != NULL) {
+        *classes_out = PyBytes_FromStringAndSize(NULL, n);
+        if (*classes_out == NULL) goto done;
+        classes = (unsigned char *)PyBytes_AS_STRING(*classes_out);
+        memset(classes, 255, (size_t)n);
+    }
+    if (time_index >= 0) {
+        *times_out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+        if (*times_out == NULL) goto done;
+        times = (int64_t *)PyBytes_AS_STRING(*times_out);
+        for (Py_ssize_t i = 0; i < n; i++) times[i] = TIME_UNKNOWN;
     }
     /* Hold each payload: the sequence may change while the GIL is released; bytes do not. */
     PyObject **items = PySequence_Fast_ITEMS(seq);
@@ -974,8 +1070,9 @@ static PyObject *plan_encode_batch(PlanObject *self, PyObject *payloads) {
     for (Py_ssize_t i = 0; i < n && !nomem; i++) {
         if (held[i] == NULL) continue;
         int r = encode_record(self, &ps, (const unsigned char *)PyBytes_AS_STRING(held[i]),
-                              PyBytes_GET_SIZE(held[i]), &out, &rec_off[i], &rec_len[i]);
+                              PyBytes_GET_SIZE(held[i]), &out, &rec_off[i], &rec_len[i], cap);
         status[i] = (unsigned char)r;
+        if (r == ENC_OK) note(&ps, cap, values, k, time_index, classes, times, i);
         if (r == ENC_NOMEM) nomem = 1;
         if (r == ENC_RETRY) retry = 1;
     }
@@ -985,8 +1082,9 @@ static PyObject *plan_encode_batch(PlanObject *self, PyObject *payloads) {
         for (Py_ssize_t i = 0; i < n && !nomem; i++) {
             if (status[i] != ENC_RETRY) continue;
             int r = encode_record(self, &ps, (const unsigned char *)PyBytes_AS_STRING(held[i]),
-                                  PyBytes_GET_SIZE(held[i]), &out, &rec_off[i], &rec_len[i]);
+                                  PyBytes_GET_SIZE(held[i]), &out, &rec_off[i], &rec_len[i], cap);
             status[i] = (unsigned char)(r == ENC_RETRY ? ENC_FALLBACK : r);
+            if (r == ENC_OK) note(&ps, cap, values, k, time_index, classes, times, i);
             if (r == ENC_NOMEM) nomem = 1;
         }
     }
@@ -1011,6 +1109,8 @@ static PyObject *plan_encode_batch(PlanObject *self, PyObject *payloads) {
         PyList_SET_ITEM(result, i, item);
     }
 done:
+    if (result == NULL && cap != NULL) Py_CLEAR(*classes_out);
+    if (result == NULL && time_index >= 0) Py_CLEAR(*times_out);
     if (held != NULL) {
         for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(held[i]);
     }
@@ -1025,6 +1125,117 @@ done:
     PyMem_RawFree(ps.text.data);
     PyMem_RawFree(out.data);
     Py_DECREF(seq);
+    return result;
+}
+
+/* encode_routed's answer from plan_encode's: per class (each value, then another string or
+ * none) its indexes, its records and their times (int64s, or None), and the indexes left to
+ * Python. */
+static PyObject *routed_groups(PyObject *records, PyObject *classes, PyObject *times,
+                               Py_ssize_t k) {
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    const unsigned char *cls = (const unsigned char *)PyBytes_AS_STRING(classes);
+    const int64_t *at = times == NULL ? NULL : (const int64_t *)PyBytes_AS_STRING(times);
+    Py_ssize_t *counts = PyMem_Calloc((size_t)k + 1, sizeof(Py_ssize_t));
+    PyObject *groups = PyList_New(k + 1), *rest = PyList_New(0), *result = NULL;
+    if (counts == NULL || groups == NULL || rest == NULL) {
+        if (counts == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_GET_ITEM(records, i) != Py_None && cls[i] <= k) counts[cls[i]]++;
+    }
+    for (Py_ssize_t c = 0; c <= k; c++) {
+        PyObject *idx = PyList_New(counts[c]), *recs = PyList_New(counts[c]), *ts = Py_None;
+        if (idx != NULL && recs != NULL && at != NULL)
+            ts = PyBytes_FromStringAndSize(NULL, counts[c] * (Py_ssize_t)sizeof(int64_t));
+        else
+            Py_INCREF(ts);
+        PyObject *item = (idx && recs && ts) ? PyTuple_Pack(3, idx, recs, ts) : NULL;
+        Py_XDECREF(idx);
+        Py_XDECREF(recs);
+        Py_XDECREF(ts);
+        if (item == NULL) goto done;
+        PyList_SET_ITEM(groups, c, item);
+    }
+    memset(counts, 0, ((size_t)k + 1) * sizeof(Py_ssize_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        PyObject *index = PyLong_FromSsize_t(i);
+        if (index == NULL) goto done;
+        if (record == Py_None || cls[i] > k) {
+            int failed = PyList_Append(rest, index);
+            Py_DECREF(index);
+            if (failed < 0) goto done;
+            continue;
+        }
+        PyObject *group = PyList_GET_ITEM(groups, cls[i]);
+        Py_ssize_t j = counts[cls[i]]++;
+        PyList_SET_ITEM(PyTuple_GET_ITEM(group, 0), j, index);
+        PyList_SET_ITEM(PyTuple_GET_ITEM(group, 1), j, Py_NewRef(record));
+        if (at != NULL) ((int64_t *)PyBytes_AS_STRING(PyTuple_GET_ITEM(group, 2)))[j] = at[i];
+    }
+    result = PyTuple_Pack(2, groups, rest);
+done:
+    PyMem_Free(counts);
+    Py_XDECREF(groups);
+    Py_XDECREF(rest);
+    return result;
+}
+
+static PyObject *plan_encode_batch(PlanObject *self, PyObject *payloads) {
+    return plan_encode(self, payloads, NULL, NULL, -1, NULL, NULL);
+}
+
+static PyObject *plan_encode_routed(PlanObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_routed(payloads, key, values, time_feature) takes 4 arguments");
+        return NULL;
+    }
+    if (self->features == NULL) {
+        PyErr_SetString(PyExc_ValueError, "ExamplePlan is not initialized");
+        return NULL;
+    }
+    PyObject *key = args[1], *values = args[2], *time_name = args[3];
+    if (!PyBytes_Check(key) || !PyTuple_Check(values) ||
+        (time_name != Py_None && !PyBytes_Check(time_name))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "key must be bytes, values a tuple of bytes, time_feature bytes or None");
+        return NULL;
+    }
+    Py_ssize_t k = PyTuple_GET_SIZE(values);
+    if (k > 250) {
+        PyErr_SetString(PyExc_ValueError, "at most 250 values");
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(values, j))) {
+            PyErr_SetString(PyExc_TypeError, "values must be bytes");
+            return NULL;
+        }
+    }
+    Py_ssize_t time_index = -1;
+    if (time_name != Py_None) {
+        for (Py_ssize_t i = 0; i < self->count; i++) {
+            const Feature *f = &self->features[i];
+            if (f->kind == KIND_INT64 && f->key_len == PyBytes_GET_SIZE(time_name) &&
+                memcmp(f->key, PyBytes_AS_STRING(time_name), (size_t)f->key_len) == 0) {
+                time_index = i;
+                break;
+            }
+        }
+    }
+    Capture cap = {(const unsigned char *)PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key),
+                   CAP_MISSING, NULL, NULL};
+    PyObject *classes = NULL, *times = NULL;
+    PyObject *records = plan_encode(self, args[0], &cap, values, time_index, &classes,
+                                    time_index >= 0 ? &times : NULL);
+    if (records == NULL) return NULL;
+    PyObject *result = routed_groups(records, classes, times, k);
+    Py_DECREF(records);
+    Py_DECREF(classes);
+    Py_XDECREF(times);
     return result;
 }
 
@@ -1045,6 +1256,10 @@ static PyMethodDef plan_methods[] = {
     {"encode_batch", (PyCFunction)plan_encode_batch, METH_O,
      "encode_batch(payloads, /)\n--\n\n"
      "For each JSON payload, its serialized Example, or None: encode it the Python way."},
+    {"encode_routed", (PyCFunction)(void (*)(void))plan_encode_routed, METH_FASTCALL,
+     "encode_routed(payloads, key, values, time_feature, /)\n--\n\n"
+     "encode_batch's records grouped by the string at a top-level key, with the first value "
+     "of an int64 feature of each."},
     {"__reduce__", (PyCFunction)plan_reduce, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -1734,8 +1949,14 @@ static Py_ssize_t hour_group(HourGroup **groups, Py_ssize_t *used, Py_ssize_t *c
 
 static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
                              Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "time_groups(records, name, per_second) takes 3 arguments");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "time_groups(records, name, per_second, known=None) takes 3 or 4 arguments");
+        return NULL;
+    }
+    PyObject *known = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+    if (known != NULL && !PyBytes_Check(known)) {
+        PyErr_SetString(PyExc_TypeError, "known must be bytes or None");
         return NULL;
     }
     if (!PyBytes_Check(args[1])) {
@@ -1768,9 +1989,19 @@ static PyObject *time_groups(PyObject *Py_UNUSED(module), PyObject *const *args,
             goto done;
         }
     }
+    if (known != NULL && PyBytes_GET_SIZE(known) != total * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "known must hold one int64 per record");
+        goto done;
+    }
+    const int64_t *given = known == NULL ? NULL : (const int64_t *)PyBytes_AS_STRING(known);
     /* Each record's time is read with the GIL released; the groups are made after. */
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < total; r++) {
+        if (given != NULL && given[r] != TIME_UNKNOWN) {
+            fast[r] = 1;
+            values[r] = given[r];
+            continue;
+        }
         PyObject *record = PyTuple_GET_ITEM(records, r);
         const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(record);
         size_t found[1][2];

@@ -31,6 +31,23 @@ class ExamplePlan:
         Payloads that are not ``bytes`` get ``None``. The parsing runs with the GIL released.
         """
 
+    def encode_routed(
+        self,
+        payloads: Sequence[bytes],
+        key: bytes,
+        values: tuple[bytes, ...],
+        time_feature: bytes | None,
+        /,
+    ) -> tuple[list[tuple[list[int], list[bytes], bytes | None]], list[int]]:
+        """:meth:`encode_batch`, with the records grouped by the string at the top-level ``key``
+        of each payload, noted as it is parsed: one group for each of ``values`` (at most 250),
+        then one for another string or none, each ``(indexes, records, times)`` in order; and
+        the indexes of the payloads left to Python: those :meth:`encode_batch` gives ``None``,
+        and those whose value is no string, holds escapes or whose key is repeated. ``times``:
+        with an ``int64`` feature ``time_feature`` (its name, UTF-8), the first value of that
+        feature in each record as native ``int64``s, the lowest ``int64`` where the record holds
+        none (empty, or a default written for it); else ``None``."""
+
 def first_values(
     records: Sequence[bytes], names: Sequence[bytes], /
 ) -> list[tuple[int | float | bytes | None, ...] | None]:
@@ -52,12 +69,15 @@ def string_groups(
     with the GIL released. Raises ``TypeError`` for a key or a value that is not ``bytes``."""
 
 def time_groups(
-    records: Sequence[bytes], name: bytes, per_second: int, /
+    records: Sequence[bytes], name: bytes, per_second: int, known: bytes | None = None, /
 ) -> tuple[list[tuple[int, list[int], int, int]], list[int]]:
     """Serialized Examples grouped by the UTC hour (``value // per_second // 3600``, floored) of
     the first value of their ``int64`` feature ``name``, as
     :class:`tfrecordd.format.features.FeatureReader` reads it: ``(hour, indexes, lowest value,
     highest value)`` per hour in order of first appearance, and the indexes of the records
     whose first value is no ``int64`` (missing, empty, of another kind, or the record not
-    well-formed). Raises ``TypeError`` for a record or a name that is not ``bytes``, and
-    ``ValueError`` unless ``per_second`` is positive."""
+    well-formed). ``known``: each record's value where it is known already (native ``int64``s,
+    one per record; the lowest ``int64`` where the record must be read), as
+    :meth:`ExamplePlan.encode_routed` notes them. Raises ``TypeError`` for a record or a name
+    that is not ``bytes``, and ``ValueError`` unless ``per_second`` is positive or for a
+    ``known`` of another length."""

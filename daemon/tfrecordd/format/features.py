@@ -278,7 +278,7 @@ class FeatureReader:
 
 
 def hour_groups(
-    records: Sequence[bytes], name: str, per_second: int
+    records: Sequence[bytes], name: str, per_second: int, known: bytes | None = None
 ) -> tuple[list[HourGroup], list[int]] | None:
     """``records`` grouped by the UTC hour of the first value of their ``int64`` feature
     ``name``, a time in ``1/per_second`` seconds, in one pass in C: the groups in order of first
@@ -288,6 +288,6 @@ def hour_groups(
     if not COMPILED:
         return None
     groups: tuple[list[HourGroup], list[int]] = _cexample.time_groups(
-        records, name.encode(), per_second
+        records, name.encode(), per_second, known
     )
     return groups

@@ -332,9 +332,13 @@ class Partitioner:
         self._clock = _clock_of(spec) if spec.time != "none" else None
         self._texts: list[dict[int | bytes, tuple[str, str | None]]] = [{} for _ in spec.fields]
 
-    def assign(self, records: Sequence[bytes], arrival: float) -> Assigned:
+    def assign(
+        self, records: Sequence[bytes], arrival: float, times: bytes | None = None
+    ) -> Assigned:
         """Each record's folder. ``arrival``: when the batch was read (epoch seconds), the time
-        of every record for ``time = "arrival"``."""
+        of every record for ``time = "arrival"``. ``times``: the first value of each record's
+        int64 ``time_field`` where the encoder noted it as it wrote the record (native
+        ``int64``s, the lowest one where it did not), read from the records otherwise."""
         out = Assigned()
         if not records:
             return out
@@ -350,7 +354,7 @@ class Partitioner:
         indexes: Sequence[int] = range(len(records))
         unsorted = False
         if event and per_second and not width:
-            indexes, unsorted = self._by_hour(records, groups, spans)
+            indexes, unsorted = self._by_hour(records, groups, spans, times)
         rows: Iterable[Row | None] = repeat(None)
         if self._reader is not None and indexes:
             some = records if len(indexes) == len(records) else [records[i] for i in indexes]
@@ -401,7 +405,11 @@ class Partitioner:
         return out
 
     def _by_hour(
-        self, records: Sequence[bytes], groups: dict[str, list[int]], spans: dict[str, list[float]]
+        self,
+        records: Sequence[bytes],
+        groups: dict[str, list[int]],
+        spans: dict[str, list[float]],
+        times: bytes | None = None,
     ) -> tuple[Sequence[int], bool]:
         """Place in ``groups`` (with their ``spans``) the records whose int64 time lies in a UTC
         hour of one folder, grouped by hour in C (:func:`hour_groups`); the indexes of the rest,
@@ -409,7 +417,7 @@ class Partitioner:
         whether any folder's indexes are out of order."""
         assert self._clock is not None
         assert self.spec.time_field is not None
-        by_hour = hour_groups(records, self.spec.time_field, self._per_second)
+        by_hour = hour_groups(records, self.spec.time_field, self._per_second, times)
         if by_hour is None:
             return range(len(records)), False
         found, rest = by_hour

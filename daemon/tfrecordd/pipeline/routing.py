@@ -17,7 +17,9 @@ value is a plain string, the rest parsed in Python; the price of routing, paid i
 workers, in parallel. Where every dataset's encoder parses its payloads whole
 (:attr:`~tfrecordd.plugin.Encoder.parses_json`), that pass skips the rest of each event without
 checking it (``lax``), and an event that is not JSON fails as ``malformed`` wherever it goes:
-in its encoder, or here when it reaches no dataset (:meth:`Target._groups`).
+in its encoder, or here when it reaches no dataset (:meth:`Target._groups`). Where the route's
+datasets share one encoder with a compiled plan, a batch's lines skip that pass: the plan notes
+each line's value as it encodes it (:mod:`~tfrecordd.pipeline.fused`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from tfrecordd.pipeline.encoding import (
     packed,
     packed_framed,
 )
+from tfrecordd.pipeline.fused import fused_route
 from tfrecordd.plugin import Encoder, EncoderConfig, Failure
 from tfrecordd.schema import FeatureSpec, string_groups
 from tfrecordd.schema.json_values import load_event
@@ -161,6 +164,17 @@ class Target:
         """Whether every dataset's encoder parses its JSON payloads whole: the route then reads
         its field without checking the rest (the encoder does), and a payload that is not JSON
         fails as ``malformed`` wherever it would have gone (see :meth:`_groups`)."""
+        self.fused = (
+            fused_route(
+                self.encoders,
+                [p.encoder for p in config.datasets.values()],
+                config.route,
+                [p.partition.time_field for p in config.datasets.values() if _int64_time(p)],
+            )
+            if self.lax
+            else None
+        )
+        """The route read in the shared encoder's parse, where it can be (a batch's lines)."""
 
     def encode(self, request: EncodeRequest) -> Outcome:
         """Encode ``request``'s events (then its lines' events) into parts."""
@@ -183,9 +197,36 @@ class Target:
                 offsets = lines.offsets()
             return RawEvent(payloads[j], lines.at(offsets[j]))
 
-        groups = self._groups(events, payloads, failures, line_failures, line_event)
         parts: list[Part] = []
         fallbacks: dict[tuple[str, str], int] = {}
+        if self.fused is not None and not events and payloads:
+            route = self.config.route
+            assert route is not None
+            routed = self.fused.groups(
+                payloads,
+                lambda payload: _json_value(payload, route.field),
+                line_failures,
+                line_event,
+                lambda value: _no_route(route.field, value),
+            )
+            for name, share in routed.items():
+                times = share.times if self.fused.time == self._time_field(name) else None
+                parts.extend(
+                    self._parts(
+                        name,
+                        share.records,
+                        share.origins,
+                        request,
+                        failures,
+                        line_failures,
+                        line_event,
+                        fallbacks,
+                        times,
+                    )
+                )
+            lines_sent = len(payloads) + len(refused)
+            return Outcome(frame([]), failures, line_failures, lines_sent, parts, fallbacks)
+        groups = self._groups(events, payloads, failures, line_failures, line_event)
         for name, group in groups.items():
             records, origins = self._encode_group(
                 name, group, events, payloads, failures, line_failures, line_event
@@ -197,6 +238,11 @@ class Target:
             )
         lines_sent = len(payloads) + len(refused)
         return Outcome(frame([]), failures, line_failures, lines_sent, parts, fallbacks)
+
+    def _time_field(self, name: str) -> str | None:
+        """The int64 time feature dataset ``name``'s partitions read, if any."""
+        plan = self.config.datasets[name]
+        return plan.partition.time_field if _int64_time(plan) else None
 
     def _groups(
         self,
@@ -332,6 +378,7 @@ class Target:
         line_failures: list[EventFailure],
         line_event: Callable[[int], RawEvent],
         fallbacks: dict[tuple[str, str], int],
+        times: bytes | None = None,
     ) -> list[Part]:
         if not records:
             return []
@@ -339,7 +386,7 @@ class Target:
         plan = self.config.datasets[name]
         if partitioner is None:
             return [Part(name, "", packed(records, plan.compression, plan.level))]
-        assigned = partitioner.assign(records, request.arrival)
+        assigned = partitioner.assign(records, request.arrival, times)
         origins = origins_of() if assigned.refused else []
         for k, detail in assigned.refused.items():
             origin = origins[k]
@@ -359,6 +406,13 @@ class Target:
             )
             for folder, (data, lengths) in zip(assigned.groups, framed, strict=True)
         ]
+
+
+def _int64_time(plan: DatasetPlan) -> bool:
+    """Whether a dataset's partitions read an int64 event time (one with a ``time_unit``)."""
+    p = plan.partition
+    spec = plan.features.get(p.time_field or "")
+    return p.time == "event" and spec is not None and spec.type == "int64"
 
 
 def _plain(value: Any, lax: bool) -> bool:
