@@ -19,8 +19,9 @@ from tfrecordd import speedups
 from tfrecordd.config import parse_config
 from tfrecordd.events import Lines
 from tfrecordd.format.writer import unpack
+from tfrecordd.pipeline.encodeplan import plan_encoding
 from tfrecordd.pipeline.encoding import EncodeRequest, Outcome
-from tfrecordd.pipeline.routing import Target, encode_with, plan_encoding
+from tfrecordd.pipeline.routing import Target, encode_with
 from tfrecordd.plugin import Registry
 
 CONFIG = """

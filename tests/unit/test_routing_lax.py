@@ -18,8 +18,9 @@ from tfrecordd.config import parse_config
 from tfrecordd.events import FailureReason, Lines, RawEvent
 from tfrecordd.format.writer import unpack
 from tfrecordd.pipeline import routing
+from tfrecordd.pipeline.encodeplan import plan_encoding
 from tfrecordd.pipeline.encoding import EncodeRequest, Outcome
-from tfrecordd.pipeline.routing import Target, encode_with, plan_encoding
+from tfrecordd.pipeline.routing import Target, encode_with
 from tfrecordd.plugin import Registry
 
 CONFIG = """

@@ -18,8 +18,9 @@ from tfrecordd.format.features import FeatureReader
 from tfrecordd.format.writer import Packed, unpack
 from tfrecordd.outputs import partitions
 from tfrecordd.pipeline import routing
+from tfrecordd.pipeline.encodeplan import plan_encoding
 from tfrecordd.pipeline.encoding import EncodeRequest, Part
-from tfrecordd.pipeline.routing import Target, encode_with, plan_encoding
+from tfrecordd.pipeline.routing import Target, encode_with
 from tfrecordd.plugin import Registry
 
 CONFIG = """

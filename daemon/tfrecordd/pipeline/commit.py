@@ -125,6 +125,11 @@ class Positions:
             tokens = self.tokens[source] = compact(tokens)
             self.compacted[source] = max(1, len(tokens))
 
+    def extend(self, source: str, tokens: Sequence[Token], compact: Compact | None) -> None:
+        """:meth:`add` each of ``tokens``, in order."""
+        for token in tokens:
+            self.add(source, token, compact)
+
 
 @dataclass(slots=True)
 class Kept:
@@ -185,7 +190,7 @@ class CommitUnit:
     def add(self, batch: EncodedBatch, compact: Compact | None = None) -> None:
         """Take a batch's position (its records are in shards already); ``compact`` is the
         source's :meth:`~tfrecordd.plugin.Source.compact`."""
-        self.positions.add(batch.source, batch.token, compact)
+        self.positions.extend(batch.source, batch.tokens, compact)
         self.events[batch.source] = self.events.get(batch.source, 0) + batch.events
 
 

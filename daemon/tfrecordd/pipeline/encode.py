@@ -23,6 +23,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tfrecordd.metrics import Metrics
+from tfrecordd.pipeline.encodeplan import EncodePlan
 from tfrecordd.pipeline.encoding import (
     EncodedBatch,
     EncodeRequest,
@@ -30,7 +31,8 @@ from tfrecordd.pipeline.encoding import (
     Outcome,
     Part,
 )
-from tfrecordd.pipeline.routing import EncodePlan, Target, encode_with
+from tfrecordd.pipeline.joining import encode_all
+from tfrecordd.pipeline.routing import Target
 from tfrecordd.pipeline.workerio import DEPTH
 from tfrecordd.pipeline.workers import EncodeWorkers
 from tfrecordd.plugin import Encoder, FailureReason, RawBatch, RawEvent
@@ -184,7 +186,7 @@ class EncodeStage:
 
     def encode_requests(self, requests: list[EncodeRequest]) -> list[Outcome]:
         """The daemon's own encoder: requests as a worker process takes them."""
-        return [encode_with(self.built[r.encoder], r) for r in requests]
+        return encode_all(self.built.__getitem__, requests)
 
     def _group(self, batches: list[RawBatch]) -> _Group:
         splits = [_split_rejected(b.events) for b in batches]
@@ -210,14 +212,23 @@ class EncodeStage:
 
     def _encoded(self, group: _Group, outcomes: list[Outcome]) -> list[EncodedBatch]:
         by_batch: list[Outcome | None] = [None] * len(group.batches)
-        for i, outcome in zip(group.sent, outcomes, strict=True):
-            by_batch[i] = outcome
-        return [
-            self._batch(b, good, rejected, outcome)
-            for b, (good, rejected), outcome in zip(
-                group.batches, group.splits, by_batch, strict=True
-            )
-        ]
+        for i, sent in zip(group.sent, outcomes, strict=True):
+            by_batch[i] = sent
+        out: list[EncodedBatch] = []
+        lead = -1  # in out: the batch the next joined ones join
+        for batch, (good, rejected), outcome in zip(
+            group.batches, group.splits, by_batch, strict=True
+        ):
+            encoded = self._batch(batch, good, rejected, outcome)
+            if outcome is not None and outcome.joined:
+                # The batches between (none sent: blank, or only rejected events) join as well.
+                out[lead] = _join([*out[lead:], encoded])
+                del out[lead + 1 :]
+                continue
+            out.append(encoded)
+            if outcome is not None:
+                lead = len(out) - 1
+        return out
 
     def _batch(
         self,
@@ -250,3 +261,17 @@ class EncodeStage:
         return EncodedBatch(
             batch.source, [p for p in parts if p.count], batch.token, events, failures
         )
+
+
+def _join(batches: list[EncodedBatch]) -> EncodedBatch:
+    """Batches of one source as one: the first one's parts (which hold every one's records),
+    every one's positions, events and failures in order."""
+    first = batches[0]
+    return EncodedBatch(
+        first.source,
+        first.parts,
+        first.token,
+        sum(b.events for b in batches),
+        [f for b in batches for f in b.failures],
+        first.more + tuple(t for b in batches[1:] for t in b.tokens),
+    )

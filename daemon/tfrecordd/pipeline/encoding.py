@@ -135,6 +135,9 @@ class Outcome:
     line_events: int
     parts: list[Part] | None = None
     fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
+    joined: bool = False
+    """Whether its parts went with the outcome before it: its batch and that one are written
+    and acknowledged as one (:mod:`~tfrecordd.pipeline.joining`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,19 @@ class EncodedBatch:
     token: Token
     events: int
     failures: list[EventFailure]
+    more: tuple[Token, ...] = ()
+    """The positions of the batches of the same source joined into this one, in order, after
+    ``token`` (:mod:`~tfrecordd.pipeline.joining`): written and acknowledged with it."""
+
+    @property
+    def tokens(self) -> tuple[Token, ...]:
+        """Every position it holds, in order."""
+        return (self.token, *self.more)
+
+    @property
+    def batches(self) -> int:
+        """How many of its source's batches it holds."""
+        return 1 + len(self.more)
 
     @property
     def count(self) -> int:

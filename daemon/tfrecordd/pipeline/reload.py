@@ -43,7 +43,7 @@ from pydantic import BaseModel
 from tfrecordd.config import DaemonConfig, load_config
 from tfrecordd.errors import ConfigError, DurabilityError
 from tfrecordd.pipeline.datasets import manifest_writers
-from tfrecordd.pipeline.routing import EncodePlan, plan_encoding
+from tfrecordd.pipeline.encodeplan import EncodePlan, plan_encoding
 from tfrecordd.plugin import Source
 from tfrecordd.state.reading import read_checkpoint
 

@@ -30,12 +30,12 @@ from typing import Any
 
 import orjson
 
-from tfrecordd.config import DaemonConfig
 from tfrecordd.datasets import PartitionSection, RouteSection
 from tfrecordd.events import EncodeResult, FailureReason, RawEvent, not_json
+from tfrecordd.format.compress import Unit
 from tfrecordd.format.compression import Compression
 from tfrecordd.format.framing import frame_groups
-from tfrecordd.format.writer import frame
+from tfrecordd.format.writer import Packed, frame
 from tfrecordd.outputs.partitions import Partitioner
 from tfrecordd.pipeline.encoding import (
     EncodeRequest,
@@ -54,12 +54,9 @@ from tfrecordd.schema.json_values import load_event
 
 __all__ = [
     "DatasetPlan",
-    "EncodePlan",
-    "SourcePlan",
     "Target",
     "TargetConfig",
     "encode_with",
-    "plan_encoding",
     "route_value",
 ]
 
@@ -176,8 +173,9 @@ class Target:
         )
         """The route read in the shared encoder's parse, where it can be (a batch's lines)."""
 
-    def encode(self, request: EncodeRequest) -> Outcome:
-        """Encode ``request``'s events (then its lines' events) into parts."""
+    def encode(self, request: EncodeRequest, *, pack: bool = True) -> Outcome:
+        """Encode ``request``'s events (then its lines' events) into parts; with ``pack``
+        false, framed only (for :func:`~tfrecordd.pipeline.joining.encode_all` to join)."""
         events = request.events
         payloads: list[bytes] = []
         refused: list[RawEvent] = []
@@ -222,6 +220,7 @@ class Target:
                         line_event,
                         fallbacks,
                         times,
+                        pack,
                     )
                 )
             lines_sent = len(payloads) + len(refused)
@@ -233,7 +232,15 @@ class Target:
             )
             parts.extend(
                 self._parts(
-                    name, records, origins, request, failures, line_failures, line_event, fallbacks
+                    name,
+                    records,
+                    origins,
+                    request,
+                    failures,
+                    line_failures,
+                    line_event,
+                    fallbacks,
+                    pack=pack,
                 )
             )
         lines_sent = len(payloads) + len(refused)
@@ -379,13 +386,20 @@ class Target:
         line_event: Callable[[int], RawEvent],
         fallbacks: dict[tuple[str, str], int],
         times: bytes | None = None,
+        pack: bool = True,
     ) -> list[Part]:
         if not records:
             return []
         partitioner = self.partitioners.get(name)
         plan = self.config.datasets[name]
         if partitioner is None:
-            return [Part(name, "", packed(records, plan.compression, plan.level))]
+            return [
+                Part(
+                    name,
+                    "",
+                    packed(records, plan.compression, plan.level) if pack else frame(records),
+                )
+            ]
         assigned = partitioner.assign(records, request.arrival, times)
         origins = origins_of() if assigned.refused else []
         for k, detail in assigned.refused.items():
@@ -401,7 +415,9 @@ class Target:
             Part(
                 name,
                 folder,
-                packed_framed(data, lengths, plan.compression, plan.level),
+                packed_framed(data, lengths, plan.compression, plan.level)
+                if pack
+                else Packed(Unit(Compression.NONE, data, len(data)), lengths),
                 assigned.times.get(folder),
             )
             for folder, (data, lengths) in zip(assigned.groups, framed, strict=True)
@@ -428,60 +444,6 @@ def _no_route(field_name: str, value: str | None) -> str:
     if value is None:
         return f"no routable value in field {field_name!r} (missing, or not a scalar)"
     return f"field {field_name!r} is {value!r}, which no route names (and there is no default)"
-
-
-@dataclass(frozen=True, slots=True)
-class SourcePlan:
-    """How one source's batches are encoded."""
-
-    target: str
-    """The name of what encodes them (a key of :attr:`EncodePlan.builders`)."""
-    dataset: str | None
-    """The dataset of all its records, when one encoder makes them and they go to no partition
-    (the encoder's records become one part); ``None`` when a :class:`Target` gives parts."""
-    compression: Compression
-    level: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class EncodePlan:
-    """What the encode stage builds, and which of it each source's batches go through."""
-
-    builders: dict[str, EncoderConfig | TargetConfig]
-    """Encoders (by their config's name) and targets (``@<source>``), built once per process."""
-    sources: dict[str, SourcePlan]
-
-
-def plan_encoding(config: DaemonConfig) -> EncodePlan:
-    """The encode plan of a config: a plain encoder for each source feeding one dataset without
-    partitions, a :class:`TargetConfig` for any other."""
-    builders: dict[str, EncoderConfig | TargetConfig] = {}
-    sources: dict[str, SourcePlan] = {}
-
-    def dataset_plan(name: str) -> DatasetPlan:
-        d = config.datasets[name]
-        encoder = config.encoders[d.encoder]
-        schema = encoder.declared_schema()
-        features: Mapping[str, FeatureSpec] = {}
-        if schema is not None:
-            features = getattr(schema, "features", None) or getattr(schema, "context", {})
-        return DatasetPlan(encoder, d.compression, d.level, d.partition, dict(features))
-
-    for source in config.sources:
-        fed = config.fed_datasets(source)
-        first = config.datasets[fed[0]]
-        if source.route is None and not first.partition.partitioned:
-            builders[first.encoder] = config.encoders[first.encoder]
-            sources[source.name] = SourcePlan(first.encoder, fed[0], first.compression, first.level)
-            continue
-        name = f"@{source.name}"
-        builders[name] = TargetConfig(
-            {n: dataset_plan(n) for n in fed},
-            dataset=fed[0] if source.route is None else None,
-            route=source.route,
-        )
-        sources[source.name] = SourcePlan(name, None, first.compression, first.level)
-    return EncodePlan(builders, sources)
 
 
 def encode_with(built: Encoder | Target, request: EncodeRequest) -> Outcome:

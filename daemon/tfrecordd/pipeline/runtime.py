@@ -41,10 +41,10 @@ from tfrecordd.pipeline import heldfiles
 from tfrecordd.pipeline.commit import Committer
 from tfrecordd.pipeline.datasets import completions, dataset_outputs, manifest_writers
 from tfrecordd.pipeline.encode import EncodeStage
+from tfrecordd.pipeline.encodeplan import plan_encoding
 from tfrecordd.pipeline.encoding import EncodedBatch
 from tfrecordd.pipeline.recovery import recover
 from tfrecordd.pipeline.reload import Reloader
-from tfrecordd.pipeline.routing import plan_encoding
 from tfrecordd.pipeline.sourcerun import SourceRun
 from tfrecordd.pipeline.write import WriteStage
 from tfrecordd.plugin import RawBatch, Registry, Source, SourceState

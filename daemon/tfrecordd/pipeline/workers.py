@@ -46,7 +46,8 @@ from anyio.abc import Process, TaskStatus
 from tfrecordd import heap
 from tfrecordd.errors import WorkerError
 from tfrecordd.pipeline.encoding import EncodeRequest, Outcome
-from tfrecordd.pipeline.routing import Target, TargetConfig, encode_with
+from tfrecordd.pipeline.joining import encode_all
+from tfrecordd.pipeline.routing import Target, TargetConfig
 from tfrecordd.pipeline.workerio import (
     ANSWER,
     DEPTH,
@@ -334,19 +335,20 @@ def serve() -> None:
     sys.path[:], configs = pickle.loads(init[0], buffers=init[1])
     encoders: dict[str, Encoder | Target] = {}
 
+    def built_of(name: str) -> Encoder | Target:
+        built = encoders.get(name)
+        if built is None:
+            built = encoders[name] = configs[name].build()
+        return built
+
     out.write(READY)
     out.flush()
 
     while (request := read_request(inp, area)) is not None:
         try:
-            outcomes = []
             body, buffers = request
             requests: list[EncodeRequest] = pickle.loads(body, buffers=buffers)
-            for one in requests:
-                built = encoders.get(one.encoder)
-                if built is None:
-                    built = encoders[one.encoder] = configs[one.encoder].build()
-                outcomes.append(encode_with(built, one))
+            outcomes = encode_all(built_of, requests)
             status, answer = b"R", pickle.dumps(outcomes, pickle.HIGHEST_PROTOCOL)
         except Exception as e:  # handed to the daemon, which raises it
             status, answer = b"E", pickled_error(e)

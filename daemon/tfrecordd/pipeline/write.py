@@ -251,7 +251,7 @@ class WriteStage:
                 self._dead_letter(batch)
             if batch.parts:  # its records written, the commit to come
                 crashpoints.reached("mid-write")
-            self.taken[batch.source] = self.taken.get(batch.source, 0) + 1
+            self.taken[batch.source] = self.taken.get(batch.source, 0) + batch.batches
             self.unit.add(batch, self.committer.sources[batch.source].compact)
         return len(batches)
 
@@ -294,7 +294,7 @@ class WriteStage:
             account_all(self.datasets, placed, batch.source, self.metrics, self.dead_letters)
             compact = self.committer.sources[batch.source].compact
             for part in parts:
-                self._write_part(part).positions.add(batch.source, batch.token, compact)
+                self._write_part(part).positions.extend(batch.source, batch.tokens, compact)
             self._add(batch)
             n += 1
             if self.cut_wanted:
@@ -322,7 +322,7 @@ class WriteStage:
         for batch, placed in taken:
             compact = self.committer.sources[batch.source].compact
             for key in [(p.part.dataset, p.part.folder) for p in placed if not p.refused]:
-                entries[key].positions.add(batch.source, batch.token, compact)
+                entries[key].positions.extend(batch.source, batch.tokens, compact)
                 last[key] = last.pop(key, None)
             self._add(batch)
         for key in last:  # least recently written first, as part by part
