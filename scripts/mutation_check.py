@@ -37,6 +37,7 @@ DATASET_ACKS = (
     "tests/reliability/test_datasets_crash.py::"
     "test_a_batch_is_acknowledged_only_once_every_shard_holding_it_is_published"
 )
+DATASET_KILLS = "tests/reliability/test_datasets_crash.py::test_sigkill_two_datasets_partitioned"
 COMMIT = "tests/unit/test_commit.py"
 KILLS_THEN_CUTS = "tests/reliability/test_power_loss.py::test_kills_then_power_cuts"
 GROWTH = "tests/adversarial/test_spool_growth.py"
@@ -154,6 +155,15 @@ MUTATIONS = (
         r"^(\s*)self\.unacked\.append\(_Unacked\(intent, kept_open, unit\.events\)\)\n",
         r"\1self.unacked.append(_Unacked(intent, set(), unit.events))\n",
         (DATASET_ACKS,),
+    ),
+    Mutation(
+        "joined-batch-first-position-only",
+        "batches joined in the encoder (one source's, encoded together) reach the writer with "
+        "only the first one's position",
+        "daemon/tfrecordd/pipeline/encode.py",
+        r"^(\s*)first\.more \+ tuple\(t for b in batches\[1:\] for t in b\.tokens\),\n",
+        r"\1first.more,\n",
+        (DATASET_KILLS, "tests/unit/test_joining.py"),
     ),
     Mutation(
         "visible-inprogress-name",
