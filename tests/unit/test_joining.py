@@ -63,7 +63,9 @@ STAGE = EncodeStage(
 
 # A batch: its source, and per line (kind, hour, pad length); "x" is a line no route names.
 LINE = st.tuples(st.sampled_from(["h", "h", "f", "x", "bad"]), st.integers(0, 2), st.integers(0, 3))
-BATCH = st.tuples(st.sampled_from(["s", "s", "s", "plain", "blank"]), st.lists(LINE, max_size=30))
+BATCH = st.tuples(
+    st.sampled_from(["s", "s", "s", "plain", "blank", "plain-blank"]), st.lists(LINE, max_size=30)
+)
 
 
 def _batch(n: int, source: str, lines: list[tuple[str, int, int]], pad: int) -> RawBatch:
@@ -76,8 +78,9 @@ def _batch(n: int, source: str, lines: list[tuple[str, int, int]], pad: int) -> 
         event["pad"] = "p" * (pad * size)
         out.append(json.dumps(event).encode())
     text = b"".join(line + b"\n" for line in out)
-    if source == "blank":
-        return RawBatch("s", [], ("token", n), Lines(b"\n  \n", f"b{n}", 0, 1 << 20))
+    if source.endswith("blank"):
+        name = "plain" if source == "plain-blank" else "s"
+        return RawBatch(name, [], ("token", n), Lines(b"\n  \n", f"b{n}", 0, 1 << 20))
     return RawBatch(source, [], ("token", n), Lines(text, f"b{n}", 0, 1 << 20))
 
 

@@ -197,17 +197,22 @@ class EncodeStage:
         ]
         plans = self.plan.sources
         arrival = time.time()
-        requests = [
-            EncodeRequest(
-                (plan := plans[batches[i].source]).target,
-                splits[i][0],
-                batches[i].lines,
-                plan.compression,
-                plan.level,
-                arrival,
+        requests = []
+        for k, i in enumerate(sent):
+            plan = plans[batches[i].source]
+            # Joined batches become one (_join): none of another source may lie between.
+            joins = k > 0 and all(b.source == batches[i].source for b in batches[sent[k - 1] : i])
+            requests.append(
+                EncodeRequest(
+                    plan.target,
+                    splits[i][0],
+                    batches[i].lines,
+                    plan.compression,
+                    plan.level,
+                    arrival,
+                    joins,
+                )
             )
-            for i in sent
-        ]
         return _Group(batches, splits, sent, requests)
 
     def _encoded(self, group: _Group, outcomes: list[Outcome]) -> list[EncodedBatch]:

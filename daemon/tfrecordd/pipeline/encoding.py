@@ -60,6 +60,9 @@ class EncodeRequest:
     arrival: float = 0.0
     """When the batch reached the encode stage (``time.time()``): the arrival time that
     ``partition.time = "arrival"`` files it by."""
+    joins: bool = False
+    """Whether it may be joined to the request before it (:mod:`~tfrecordd.pipeline.joining`):
+    both of one source, with no other source's batch between them."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The main process is the pipeline's narrow part, and pickling one joined payload costs
@@ -74,7 +77,15 @@ class EncodeRequest:
         shipment = (b"".join(payloads), array("Q", map(len, payloads)), extras)
         return (
             _received,
-            (self.encoder, shipment, self.lines, self.compression, self.level, self.arrival),
+            (
+                self.encoder,
+                shipment,
+                self.lines,
+                self.compression,
+                self.level,
+                self.arrival,
+                self.joins,
+            ),
         )
 
 
@@ -85,6 +96,7 @@ def _received(
     compression: Compression,
     level: int | None,
     arrival: float = 0.0,
+    joins: bool = False,
 ) -> EncodeRequest:
     blob, lengths, extras = shipment
     events = []
@@ -94,7 +106,7 @@ def _received(
         at += n
     for i, value, fmt in extras:
         events[i].value, events[i].format = value, fmt
-    return EncodeRequest(encoder, events, lines, compression, level, arrival)
+    return EncodeRequest(encoder, events, lines, compression, level, arrival, joins)
 
 
 @dataclass(frozen=True, slots=True)

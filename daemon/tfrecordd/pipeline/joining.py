@@ -37,8 +37,9 @@ __all__ = ["encode_all", "joined_parts"]
 def encode_all(
     built_of: Callable[[str], Encoder | Target], requests: list[EncodeRequest]
 ) -> list[Outcome]:
-    """Each request's outcome, in order; consecutive requests of one target joined (see the
-    module's docstring). ``built_of`` gives what was built of a request's
+    """Each request's outcome, in order; consecutive requests of one target joined where each
+    :attr:`~tfrecordd.pipeline.encoding.EncodeRequest.joins` the one before (see the module's
+    docstring). ``built_of`` gives what was built of a request's
     :attr:`~tfrecordd.pipeline.encoding.EncodeRequest.encoder`."""
     out: list[Outcome] = []
     i = 0
@@ -46,7 +47,11 @@ def encode_all(
         built = built_of(requests[i].encoder)
         j = i + 1
         if isinstance(built, Target):
-            while j < len(requests) and requests[j].encoder == requests[i].encoder:
+            while (
+                j < len(requests)
+                and requests[j].joins
+                and requests[j].encoder == requests[i].encoder
+            ):
                 j += 1
         if j - i == 1:
             out.append(encode_with(built, requests[i]))
