@@ -422,9 +422,10 @@ def _requests_counted(monkeypatch: pytest.MonkeyPatch, method: str) -> list[int]
     sizes: list[int] = []
     original = getattr(EncodeWorkers, method)
 
-    async def counted(pool: EncodeWorkers, requests: list[EncodeRequest]) -> list[Any]:
+    async def counted(pool: EncodeWorkers, *args: Any) -> list[Any]:
+        requests: list[EncodeRequest] = args[-1]
         sizes.append(len(requests))
-        result: list[Any] = await original(pool, requests)
+        result: list[Any] = await original(pool, *args)
         return result
 
     monkeypatch.setattr(EncodeWorkers, method, counted)
@@ -434,7 +435,7 @@ def _requests_counted(monkeypatch: pytest.MonkeyPatch, method: str) -> list[int]
 async def test_encode_workers_keep_order_and_exactly_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sizes = _requests_counted(monkeypatch, "call_many")
+    sizes = _requests_counted(monkeypatch, "call_on")
     local = _requests_counted(monkeypatch, "_call_local")
     cfg = write_config(
         tmp_path,

@@ -144,6 +144,58 @@ async def test_each_worker_is_fed_ahead() -> None:
         tg.cancel_scope.cancel()
 
 
+async def test_a_place_is_reserved_before_the_requests_are_made_and_freed_unused() -> None:
+    # The encode stage reserves a place, then takes the batches waiting: while every place is
+    # taken it waits (and batches gather), and a place given back unused is one again.
+    started = threading.Event()
+    go = threading.Event()
+
+    def local(requests: list[EncodeRequest]) -> list[Outcome]:
+        started.set()
+        go.wait(10)
+        return [encode(r, CONFIG.build()) for r in requests]
+
+    pool = EncodeWorkers(1, {"e": CONFIG}, local=local)
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        (worker,) = pool.workers
+        os.kill(worker.process.pid, signal.SIGSTOP)
+        try:
+            places = [await pool.reserve() for _ in range(1 + DEPTH)]
+            assert places == [None] + [worker] * DEPTH
+            assert worker.reserved == DEPTH
+            with anyio.move_on_after(0.2) as waited:
+                await pool.reserve()
+            assert waited.cancelled_caught  # every place taken: it waits
+            await pool.release(places[1])
+            with anyio.fail_after(5):
+                assert await pool.reserve() is worker  # the place given back
+            calls = [pool.call_on(p, [_request(_lines(10 * k, 2))]) for k, p in enumerate(places)]
+            results: list[list[Outcome]] = []
+
+            async def call(k: int) -> None:
+                results.append(await calls[k])
+
+            async with anyio.create_task_group() as running:
+                for k in range(len(calls)):
+                    running.start_soon(call, k)
+                with anyio.fail_after(10):
+                    while not started.is_set() or len(worker.pending) < DEPTH:
+                        await anyio.sleep(0.001)
+                assert worker.reserved == 0
+                os.kill(worker.process.pid, signal.SIGCONT)
+                go.set()
+        finally:
+            os.kill(worker.process.pid, signal.SIGCONT)
+            go.set()
+        assert sorted(_ids(r[0]) for r in results) == sorted(
+            _ids(encode(_request(_lines(10 * k, 2)), CONFIG.build())) for k in range(len(calls))
+        )
+        with anyio.fail_after(5):
+            assert await pool.reserve() is None  # the local thread free again
+        tg.cancel_scope.cancel()
+
+
 async def test_an_encoder_error_is_raised_in_the_daemon() -> None:
     pool = EncodeWorkers(1, {"e": CONFIG})
     async with anyio.create_task_group() as tg:

@@ -34,7 +34,7 @@ from tfrecordd.pipeline.encoding import (
 from tfrecordd.pipeline.joining import encode_all
 from tfrecordd.pipeline.routing import Target
 from tfrecordd.pipeline.workerio import DEPTH
-from tfrecordd.pipeline.workers import EncodeWorkers
+from tfrecordd.pipeline.workers import EncodeWorkers, Worker
 from tfrecordd.plugin import Encoder, FailureReason, RawBatch, RawEvent
 
 GROUP_BATCHES = 4
@@ -153,9 +153,15 @@ class EncodeStage:
             pool = EncodeWorkers(self.workers - 1, self.plan.builders, local=self.encode_requests)
             order_send, order_recv = anyio.create_memory_object_stream[_Slot](self.workers * DEPTH)
 
-            async def encode_group(batches: list[RawBatch], slot: _Slot) -> None:
+            async def encode_group(
+                batches: list[RawBatch], slot: _Slot, place: Worker | None
+            ) -> None:
                 group = self._group(batches)
-                outcomes = await pool.call_many(group.requests) if group.requests else []
+                if group.requests:
+                    outcomes = await pool.call_on(place, group.requests)
+                else:
+                    outcomes = []
+                    await pool.release(place)
                 slot.results = self._encoded(group, outcomes)
                 slot.done.set()
 
@@ -172,11 +178,19 @@ class EncodeStage:
                     tg.start_soon(forward)
                     async with order_send:
                         async for batch in recv:
+                            # A place first, then the group: the batches that come while every
+                            # encoder is busy join it (GROUP_BATCHES).
+                            place = await pool.reserve()
                             batches = take_waiting(recv, batch, GROUP_BATCHES)
                             depth.set(recv.statistics().current_buffer_used)
                             slot = _Slot()
-                            await order_send.send(slot)
-                            tg.start_soon(encode_group, batches, slot)
+                            try:
+                                await order_send.send(slot)
+                            except BaseException:
+                                with anyio.CancelScope(shield=True):
+                                    await pool.release(place)
+                                raise
+                            tg.start_soon(encode_group, batches, slot, place)
                 workers_tg.cancel_scope.cancel()
 
     def encode_all(self, batches: list[RawBatch]) -> list[EncodedBatch]:

@@ -97,6 +97,8 @@ class Worker:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     pending: deque[_Pending] = field(default_factory=deque)
     """The requests sent and not yet answered, oldest first (at most :data:`DEPTH`)."""
+    reserved: int = 0
+    """Places reserved for requests not yet sent (:meth:`EncodeWorkers.reserve`)."""
     broken: BaseException | None = None
 
 
@@ -245,22 +247,49 @@ class EncodeWorkers:
         """Encode several requests together: in the local thread if it is free, else in one
         trip to one worker (one pipe write, one answer and one wake-up of the daemon for all of
         them)."""
+        return await self.call_on(await self.reserve(), requests)
+
+    async def reserve(self) -> Worker | None:
+        """A place for the next requests, waiting for one: the local thread (``None``) if it is
+        free, else the worker with the fewest requests, while every worker holds
+        :data:`DEPTH`. Hand it to :meth:`call_on`, which frees it. The encode stage reserves
+        before it takes the batches waiting: those that come meanwhile join the group."""
         async with self._room:
             while True:
                 if self._local is not None and not self._local_busy:
                     self._local_busy = True
-                    worker = None
-                    break
-                worker = min(self._workers, key=lambda w: len(w.pending), default=None)
-                if worker is not None and len(worker.pending) < DEPTH:
-                    break
+                    return None
+                worker = min(self._workers, key=lambda w: len(w.pending) + w.reserved, default=None)
+                if worker is not None and len(worker.pending) + worker.reserved < DEPTH:
+                    worker.reserved += 1
+                    return worker
                 await self._room.wait()
+
+    async def call_on(self, worker: Worker | None, requests: list[EncodeRequest]) -> list[Outcome]:
+        """Encode ``requests`` in the place :meth:`reserve` gave (freed, whatever happens)."""
         if worker is None:
             return await self._call_local(requests)
-        body, buffers = pickle_out_of_band(requests)
-        size = sum(map(len, buffers))
-        if worker.broken is not None:
-            raise WorkerError(f"encode worker {worker.process.pid}: {worker.broken}")
+        return await self._call_worker(worker, requests)
+
+    async def release(self, worker: Worker | None) -> None:
+        """Free a place :meth:`reserve` gave that no request takes."""
+        if worker is None:
+            self._local_busy = False
+        else:
+            worker.reserved -= 1
+        async with self._room:
+            self._room.notify()
+
+    async def _call_worker(self, worker: Worker, requests: list[EncodeRequest]) -> list[Outcome]:
+        try:
+            body, buffers = pickle_out_of_band(requests)
+            size = sum(map(len, buffers))
+            if worker.broken is not None:
+                raise WorkerError(f"encode worker {worker.process.pid}: {worker.broken}")
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.release(worker)
+            raise
         pending = _Pending()
         if worker.area is not None and worker.free and size <= SLOT_BYTES:
             pending.slot = worker.free.pop()
@@ -272,6 +301,7 @@ class EncodeWorkers:
         # A request cut short by a cancel would leave the worker reading half a pickle: once
         # queued, it is written whole.
         with anyio.CancelScope(shield=True):
+            worker.reserved -= 1
             worker.pending.append(pending)
             try:
                 async with worker.lock:
