@@ -196,7 +196,21 @@ def test_written_plus_bound_caps_the_size_after_sync_and_finish(compression: Com
 @pytest.mark.parametrize("compression", list(Compression))
 @given(
     plan=st.lists(
-        st.tuples(st.booleans(), st.lists(st.binary(max_size=3000), max_size=4)), max_size=6
+        st.tuples(
+            st.booleans(),
+            st.lists(
+                # Small pieces are joined before they are compressed, large ones (past 16 KiB
+                # on average) are not.
+                st.one_of(
+                    st.binary(max_size=3000),
+                    st.tuples(st.binary(min_size=1, max_size=64), st.integers(300, 700)).map(
+                        lambda t: t[0] * t[1]
+                    ),
+                ),
+                max_size=4,
+            ),
+        ),
+        max_size=6,
     ),
     level=st.sampled_from([None, 0, 1, 9]),
 )
@@ -226,6 +240,18 @@ def test_units_made_apart_join_any_stream(
         assert zlib.decompress(bytes(out)) == raw  # one stream, with a correct Adler-32
     if compression is Compression.GZIP:
         assert gzip.decompress(bytes(out)) == raw
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+@pytest.mark.parametrize("sizes", [[20_000, 30_000, 17_000], [40_000, 10], [10, 5, 70_000]])
+def test_a_unit_of_large_pieces_holds_each_in_order(
+    compression: Compression, sizes: list[int]
+) -> None:
+    # Pieces of 16 KiB or more on average are compressed one by one, not joined first.
+    pieces = [bytes([65 + k]) * n + os.urandom(64) for k, n in enumerate(sizes)]
+    c = Compressor(compression)
+    out = c.append_unit(Compressor.unit(compression, None, pieces)) + c.finish()
+    assert _decompress(out, compression) == b"".join(pieces)
 
 
 @pytest.mark.parametrize("compression", COMPRESSED)

@@ -88,6 +88,9 @@ class Unit:
         return (Unit, (self.compression, self.data, self.raw_size, self.adler32))
 
 
+_JOIN_BELOW = 16 << 10
+"""Pieces of a unit smaller than this on average are joined before they are compressed."""
+
 PROBE_MIN_BYTES = 64 << 10
 """zstd units this large are sampled for compressibility (:meth:`Compressor.unit`)."""
 
@@ -282,13 +285,16 @@ class Compressor:
         if c.compression is Compression.NONE:
             data = b"".join(pieces)
             return Unit(c.compression, data, len(data))
-        # One call on one buffer: each call releases and takes back the interpreter lock,
-        # which a compress thread shares with the daemon's event loop, and joining the pieces
-        # of a held unit (128 KiB) costs less than the calls it saves.
+        # One call on one buffer where the pieces are small: each call releases and takes
+        # back the interpreter lock, which a compress thread shares with the daemon's event
+        # loop, and joining the many small pieces of a held unit (128 KiB) costs less than the
+        # calls it saves. Large pieces (a joined group's parts) are not copied to be joined.
         given = list(pieces)
-        whole = given[0] if len(given) == 1 else b"".join(given)
-        raw = memoryview(whole).nbytes
-        data = _joined([c.compress(whole), c.sync()])
+        sizes = [memoryview(p).nbytes for p in given]
+        raw = sum(sizes)
+        if len(given) > 1 and raw < _JOIN_BELOW * len(given):
+            given = [b"".join(given)]
+        data = _joined([*map(c.compress, given), c.sync()])
         if c.compression is Compression.ZLIB and data:
             data = data[2:]  # the stream header: the shard's own stream writes it once
         # compress() kept the Adler-32 of the raw bytes (zlib only; 1, of nothing, otherwise).
