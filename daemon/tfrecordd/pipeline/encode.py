@@ -1,6 +1,9 @@
 """The encode stage: raw batches in, encoded batches out, in the order they came.
 
-Batches already waiting go to an encoder together, up to :data:`GROUP_BATCHES`. Each batch
+Batches already waiting go to an encoder together, up to :data:`GROUP_BATCHES`: a place in an
+encoder is reserved first, and the group is taken then, so that the batches that come while
+every encoder is busy join it. A routed or partitioned source's batches of one group are
+encoded together, and joined into one (:mod:`~tfrecordd.pipeline.joining`). Each batch
 becomes an :class:`~tfrecordd.pipeline.encoding.EncodeRequest` (its events known to be bad are
 kept back for the dead letters) and each outcome an
 :class:`~tfrecordd.pipeline.encoding.EncodedBatch`, by one code path whoever encodes:
