@@ -2073,11 +2073,12 @@ static PyMethodDef module_methods[] = {
      "validates, the key missing or repeated, its value no string or one with escapes). With "
      "lax, the rest of each payload is skipped, not validated."},
     {"time_groups", (PyCFunction)(void (*)(void))time_groups, METH_FASTCALL,
-     "time_groups(records, name, per_second, /)\n--\n\n"
+     "time_groups(records, name, per_second, known=None, /)\n--\n\n"
      "Serialized Examples grouped by the UTC hour of the first value of their int64 feature "
      "name (bytes), a time in 1/per_second seconds: a list of (hour, indexes, lowest value, "
      "highest value) in order of first appearance, and the indexes of the records whose value "
-     "is not an int64 (missing, of another kind, or not well-formed)."},
+     "is not an int64 (missing, of another kind, or not well-formed). known: each record's "
+     "value where it is known (native int64s, the lowest int64 where it must be read)."},
     {NULL, NULL, 0, NULL},
 };
 

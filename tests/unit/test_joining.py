@@ -149,3 +149,23 @@ def test_events_not_lines_are_joined_as_well() -> None:
     (joined,) = STAGE.encode_all(batches)
     assert joined.tokens == (("token", 0), ("token", 1))
     assert joined.count == 6
+
+
+def test_a_joined_unit_holds_no_more_than_a_shard_may() -> None:
+    capped = CONFIG.replace(
+        'partition = { time = "event"', 'max_shard_records = 500\npartition = { time = "event"'
+    )
+    stage = EncodeStage(
+        plan_encoding(parse_config(tomllib.loads(capped), Registry.from_entry_points())),
+        workers=1,
+        metrics=Metrics(),
+    )
+    lines = [("h", 0, 3)] * 200
+    batches = [_batch(n, "s", lines, 200) for n in range(4)]
+    (joined,) = stage.encode_all(batches)
+    assert [p.count for p in joined.parts] == [400, 400]  # two units, each under the cap
+    assert {p.records.unit.compression for p in joined.parts} == {Compression.GZIP}
+    alone = [e for b in batches for e in stage.encode_all([b])]
+    assert [r for p in joined.parts for r in unpack(p.records)] == [
+        r for e in alone for p in e.parts for r in unpack(p.records)
+    ]

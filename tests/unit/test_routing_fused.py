@@ -190,3 +190,25 @@ def test_a_time_the_datasets_do_not_share_is_read_from_the_records() -> None:
     payloads = [_line(i, ("a", "b")[i % 2], 1_764_000_000 + 7200 * i, "none", 0) for i in range(20)]
     fused, scanned = _both(target, payloads)
     assert _summary(fused) == _summary(scanned)
+
+
+@needs_compiled
+def test_a_plan_out_of_memory_leaves_the_batch_to_the_scan() -> None:
+    target = _target(True)
+    payloads = [
+        _line(i, ("a", "b", "c")[i % 3], 1_764_000_000 + 900 * i, "none", 0) for i in range(30)
+    ]
+    _, scanned = _both(target, payloads)
+
+    class _NoMemory:
+        def encode_routed(self, *args: object) -> None:
+            raise MemoryError
+
+    assert target.fused is not None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(target.fused, "plan", _NoMemory())
+        text = b"".join(p + b"\n" for p in payloads)
+        request = EncodeRequest(
+            "@s", [], Lines(text, "l", 0, 1 << 20), target.config.datasets["a"].compression, None
+        )
+        assert _summary(encode_with(target, request)) == _summary(scanned)

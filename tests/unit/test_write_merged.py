@@ -133,3 +133,44 @@ def test_the_least_recently_written_shard_is_closed_at_the_cap_after_a_merged_ru
     for shard in [k.shard for k in stage.unit.closing] + [e.shard for e in stage.open.values()]:
         shard.discard()
     stage.compressing.shutdown()
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_a_joined_batch_with_several_parts_for_one_shard_is_counted_once(
+    tmp_path: Path, merged: bool
+) -> None:
+    # Batches joined in an encoder (pipeline/joining.py) come as one, with every position, and
+    # may bring several framed parts for one shard: its positions go in once, a new folder
+    # counts once against max_open_shards, and a shard its second part would take past the
+    # record cap is closed as it is written, full, holding the batch's positions too.
+    stage = _stage(tmp_path, Compression.GZIP, 2, 50, 1 << 30)
+
+    def joined(first: int, folder: str, *counts: int) -> EncodedBatch:
+        parts = [
+            Part("d", folder, frame([b"%d-%d" % (first, k)] * n), None)
+            for k, n in enumerate(counts)
+        ]
+        more = tuple(("token", first + k) for k in range(1, len(counts)))
+        return EncodedBatch("s", parts, ("token", first), sum(counts), [], more)
+
+    with pytest.MonkeyPatch.context() as patch:
+        if not merged:
+            patch.setattr(shardrun.MergedRun, "take", lambda self, parts: False)
+        assert stage.write_run([joined(0, "a", 15, 15)]) == 1
+        assert stage.write_run([joined(10, "b", 5, 5, 5)]) == 1
+        assert not stage.unit.closing  # b counted once: two open, at the cap, a kept
+        assert [e.positions.tokens["s"] for e in stage.open.values()] == [
+            [("token", 0), ("token", 1)],
+            [("token", 10), ("token", 11), ("token", 12)],
+        ]
+        # a holds 30: its first part of 15 fits, the second takes it past 50.
+        assert stage.write_run([joined(20, "a", 15, 15)]) == 1
+        assert stage.cut_wanted
+        (closed,) = stage.unit.closing
+        assert (closed.shard.folder, closed.shard.records) == ("a", 45)
+        assert closed.positions.tokens["s"] == [("token", t) for t in (0, 1, 20, 21)]
+        assert stage.open["d", "a"].shard.records == 15
+        assert stage.open["d", "a"].positions.tokens["s"] == [("token", 20), ("token", 21)]
+    for shard in [k.shard for k in stage.unit.closing] + [e.shard for e in stage.open.values()]:
+        shard.discard()
+    stage.compressing.shutdown()

@@ -6,6 +6,7 @@ part of a batch is written (:meth:`DatasetOutput.place`): its folder of field va
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,8 +21,10 @@ from tfrecordd.outputs.partitioncap import PartitionCap
 from tfrecordd.outputs.shards import ShardNamer
 from tfrecordd.pipeline.commit import Manifests
 from tfrecordd.pipeline.completion import Completion
-from tfrecordd.pipeline.encoding import Part
+from tfrecordd.pipeline.encoding import EventFailure, Part
 from tfrecordd.state.deadletter import DeadLetters
+
+log = logging.getLogger("tfrecordd")
 
 __all__ = [
     "DatasetOutput",
@@ -29,6 +32,7 @@ __all__ = [
     "account_all",
     "completions",
     "dataset_outputs",
+    "dead_letter",
     "manifest_writers",
 ]
 
@@ -115,6 +119,20 @@ def account_all(
     """:meth:`DatasetOutput.account` of each placed part of one batch, by its dataset."""
     for p in placed:
         datasets[p.part.dataset].account(p, source, metrics, dead_letters)
+
+
+def dead_letter(
+    source: str, failures: Sequence[EventFailure], dead_letters: DeadLetters, metrics: Metrics
+) -> None:
+    """Write a batch's failures to the dead letters, counted. Blocking."""
+    discarded = 0
+    for ev, reason, detail in failures:
+        discarded += dead_letters.write(source, ev.where, reason, detail, ev.payload)
+        metrics.events_invalid.labels(source, reason).inc()
+    metrics.events_dead_lettered.labels(source).inc(len(failures))
+    if discarded:
+        metrics.dead_letters_discarded.inc(discarded)
+        log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
 
 
 def completions(

@@ -51,7 +51,15 @@ def plan_encoding(config: DaemonConfig) -> EncodePlan:
         features: Mapping[str, FeatureSpec] = {}
         if schema is not None:
             features = getattr(schema, "features", None) or getattr(schema, "context", {})
-        return DatasetPlan(encoder, d.compression, d.level, d.partition, dict(features))
+        return DatasetPlan(
+            encoder,
+            d.compression,
+            d.level,
+            d.partition,
+            dict(features),
+            d.max_shard_records,
+            d.max_shard_bytes,
+        )
 
     for source in config.sources:
         fed = config.fed_datasets(source)

@@ -74,17 +74,23 @@ class FusedRoute:
         time = None if self.time is None else self.time.encode()
         groups, rest = self.plan.encode_routed(payloads, self._key, self._values, time)
         out: dict[str, list[Routed]] = {}
+        unrouted: list[tuple[int, EventFailure]] = []
+        encoding: list[EventFailure] = []
         k = len(self._texts)
         for c, (lines, records, times) in enumerate(groups):
             if not lines:
                 continue
             name = route.to[self._texts[c]] if c < k else route.default
             if name is None:
-                self._unrouted(lines, payloads, read, line_failures, line_event, no_route)
+                self._unrouted(lines, payloads, read, unrouted, line_event, no_route)
                 continue
             out.setdefault(name, []).append(Routed(records, lines, times))
         if rest:
-            self._python(rest, payloads, read, line_failures, line_event, no_route, out)
+            self._python(rest, payloads, read, (unrouted, encoding), line_event, no_route, out)
+        # As the scan's path gives them: the lines that reach no dataset in order, then those
+        # their encoder refused.
+        line_failures.extend(f for _, f in sorted(unrouted, key=lambda u: u[0]))
+        line_failures.extend(encoding)
         merged = {name: _merged(shares) for name, shares in out.items()}
         return dict(sorted(merged.items(), key=lambda item: item[1].lines[0]))
 
@@ -93,7 +99,7 @@ class FusedRoute:
         lines: Sequence[int],
         payloads: Sequence[bytes],
         read: Callable[[bytes], str | None],
-        line_failures: list[EventFailure],
+        unrouted: list[tuple[int, EventFailure]],
         line_event: Callable[[int], RawEvent],
         no_route: Callable[[str | None], str],
     ) -> None:
@@ -102,37 +108,40 @@ class FusedRoute:
                 failure = (FailureReason.ROUTE, no_route(read(payloads[j])))
             except ValueError as e:
                 failure = (FailureReason.MALFORMED, not_json(e))
-            line_failures.append((line_event(j), *failure))
+            unrouted.append((j, (line_event(j), *failure)))
 
     def _python(
         self,
         rest: Sequence[int],
         payloads: Sequence[bytes],
         read: Callable[[bytes], str | None],
-        line_failures: list[EventFailure],
+        failures: tuple[list[tuple[int, EventFailure]], list[EventFailure]],
         line_event: Callable[[int], RawEvent],
         no_route: Callable[[str | None], str],
         out: dict[str, list[Routed]],
     ) -> None:
-        """The lines the plan left: routed and encoded as the scan's path does it."""
+        """The lines the plan left: routed and encoded as the scan's path does it.
+        ``failures``: where the lines that reach no dataset go (with their index), and where
+        those the encoder refuses go."""
         route = self.route
+        unrouted, encoding = failures
         by_name: dict[str | None, list[int]] = {}
         for j in rest:
             try:
                 text = read(payloads[j])
             except ValueError as e:
-                line_failures.append((line_event(j), FailureReason.MALFORMED, not_json(e)))
+                unrouted.append((j, (line_event(j), FailureReason.MALFORMED, not_json(e))))
                 continue
             name = route.default if text is None else route.to.get(text, route.default)
             by_name.setdefault(name, []).append(j)
         for name, lines in by_name.items():
             if name is None:
-                self._unrouted(lines, payloads, read, line_failures, line_event, no_route)
+                self._unrouted(lines, payloads, read, unrouted, line_event, no_route)
                 continue
             result = guarded(self.encoder.encode_lines, [payloads[j] for j in lines])
             failed = {f.at for f in result.failures}
             for f in result.failures:
-                line_failures.append((line_event(lines[f.at]), f.reason, f.detail))
+                encoding.append((line_event(lines[f.at]), f.reason, f.detail))
             kept = [j for i, j in enumerate(lines) if i not in failed]
             if kept:
                 times = None if self.time is None else array("q", [_UNKNOWN] * len(kept)).tobytes()

@@ -26,6 +26,7 @@ from array import array
 from collections.abc import Callable
 
 from tfrecordd.format.compress import Compressor
+from tfrecordd.format.compression import Compression
 from tfrecordd.format.writer import Packed
 from tfrecordd.pipeline.encoding import PACK_MIN_BYTES, EncodeRequest, Outcome, Part
 from tfrecordd.pipeline.routing import Target, encode_with
@@ -81,26 +82,56 @@ def _joined(target: Target, requests: list[EncodeRequest]) -> list[Outcome]:
 
 def joined_parts(target: Target, batches: list[list[Part]]) -> list[Part]:
     """The framed parts of several batches by (dataset, folder), in order of first appearance,
-    their records in batch order: those of one (dataset, folder) that frame to
-    :data:`~tfrecordd.pipeline.encoding.PACK_MIN_BYTES` or more together are compressed into
-    one unit; smaller ones stay as they are, framed, for the shard's writer to gather (and to
-    fill a shard to its record cap as closely as batch by batch)."""
+    their records in batch order: consecutive ones of one (dataset, folder) that frame to
+    :data:`~tfrecordd.pipeline.encoding.PACK_MIN_BYTES` or more together, within the dataset's
+    shard caps, are compressed into one unit; the others stay as they are, framed, for the
+    shard's writer to gather (and to fill a shard to its record cap as closely as batch by
+    batch)."""
     by_key: dict[tuple[str, str], list[Part]] = {}
     for parts in batches:
         for part in parts:
             by_key.setdefault((part.dataset, part.folder), []).append(part)
     out: list[Part] = []
-    for (dataset, folder), parts in by_key.items():
-        pieces = [p.records.unit.data for p in parts]
-        if sum(map(len, pieces)) < PACK_MIN_BYTES:
-            out.extend(parts)
-            continue
-        lengths = array("Q")
-        for p in parts:
-            lengths.extend(p.records.lengths)
+    for (dataset, _), parts in by_key.items():
         plan = target.config.datasets[dataset]
-        unit = Compressor.unit(plan.compression, plan.level, pieces)
-        spans = [p.times for p in parts if p.times is not None]
-        times = (min(t[0] for t in spans), max(t[1] for t in spans)) if spans else None
-        out.append(Part(dataset, folder, Packed(unit, lengths), times))
+        for run in _runs(parts, plan.max_records, plan.compression, plan.max_bytes // 4):
+            if len(run) > 1 and sum(p.records.unit.raw_size for p in run) >= PACK_MIN_BYTES:
+                out.append(_unit(run, plan.compression, plan.level))
+            else:
+                out.extend(run)
     return out
+
+
+def _runs(
+    parts: list[Part], max_records: int, compression: Compression, max_bytes: int
+) -> list[list[Part]]:
+    """``parts`` cut into runs, in order, none past ``max_records`` records (``0``: no cap)
+    or ``max_bytes`` once compressed at worst (``0``: no cap)."""
+    runs: list[list[Part]] = []
+    run: list[Part] = []
+    records = raw = 0
+    for part in parts:
+        records += part.count
+        raw += part.records.unit.raw_size
+        if run and (
+            (max_records and records > max_records)
+            or (max_bytes and Compressor.bound(compression, raw) > max_bytes)
+        ):
+            runs.append(run)
+            run, records, raw = [], part.count, part.records.unit.raw_size
+        run.append(part)
+    if run:
+        runs.append(run)
+    return runs
+
+
+def _unit(run: list[Part], compression: Compression, level: int | None) -> Part:
+    """Framed parts of one (dataset, folder) compressed into one unit."""
+    lengths = array("Q")
+    for p in run:
+        lengths.extend(p.records.lengths)
+    unit = Compressor.unit(compression, level, [p.records.unit.data for p in run])
+    spans = [p.times for p in run if p.times is not None]
+    times = (min(t[0] for t in spans), max(t[1] for t in spans)) if spans else None
+    first = run[0]
+    return Part(first.dataset, first.folder, Packed(unit, lengths), times)

@@ -24,6 +24,7 @@ each line's value as it encodes it (:mod:`~tfrecordd.pipeline.fused`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,10 +48,12 @@ from tfrecordd.pipeline.encoding import (
     packed,
     packed_framed,
 )
-from tfrecordd.pipeline.fused import fused_route
+from tfrecordd.pipeline.fused import Routed, fused_route
 from tfrecordd.plugin import Encoder, EncoderConfig, Failure
 from tfrecordd.schema import FeatureSpec, string_groups
 from tfrecordd.schema.json_values import load_event
+
+log = logging.getLogger("tfrecordd")
 
 __all__ = [
     "DatasetPlan",
@@ -72,6 +75,11 @@ class DatasetPlan:
     level: int | None = None
     partition: PartitionSection = field(default_factory=PartitionSection)
     features: Mapping[str, FeatureSpec] = field(default_factory=dict)
+    max_records: int = 0
+    """The dataset's ``max_shard_records`` (``0``: none): no joined unit holds more."""
+    max_bytes: int = 0
+    """The dataset's ``max_shard_bytes`` (``0``: none): no joined unit may take more than a
+    quarter of it, as no batch does (``max_batch_bytes``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,16 +205,22 @@ class Target:
 
         parts: list[Part] = []
         fallbacks: dict[tuple[str, str], int] = {}
+        routed: dict[str, Routed] | None = None
         if self.fused is not None and not events and payloads:
             route = self.config.route
             assert route is not None
-            routed = self.fused.groups(
-                payloads,
-                lambda payload: _json_value(payload, route.field),
-                line_failures,
-                line_event,
-                lambda value: _no_route(route.field, value),
-            )
+            try:
+                routed = self.fused.groups(
+                    payloads,
+                    lambda payload: _json_value(payload, route.field),
+                    line_failures,
+                    line_event,
+                    lambda value: _no_route(route.field, value),
+                )
+            except MemoryError:  # the plan could not allocate: the scan's path, in Python
+                log.warning("encoding a batch's %d lines: out of memory in C", len(payloads))
+        if routed is not None:
+            assert self.fused is not None
             for name, share in routed.items():
                 times = share.times if self.fused.time == self._time_field(name) else None
                 parts.extend(

@@ -29,7 +29,6 @@ order (:meth:`WriteStage.commit`).
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import time
 from collections.abc import Mapping
@@ -46,14 +45,12 @@ from tfrecordd.fsys import FileSystem
 from tfrecordd.outputs.shards import OpenShard
 from tfrecordd.pipeline.commit import Committer, CommitUnit, Kept, Positions, each_at_once
 from tfrecordd.pipeline.completion import LATE_TREE
-from tfrecordd.pipeline.datasets import DatasetOutput, Placed, account_all
+from tfrecordd.pipeline.datasets import DatasetOutput, Placed, account_all, dead_letter
 from tfrecordd.pipeline.encode import take_waiting
 from tfrecordd.pipeline.encoding import EncodedBatch, Part
 from tfrecordd.pipeline.shardrun import Merged, MergedRun
 from tfrecordd.pipeline.space import FreeSpace
 from tfrecordd.pipeline.writecounts import WriteCounts
-
-log = logging.getLogger("tfrecordd")
 
 COMPRESS_THREADS = min(4, os.cpu_count() or 1)
 """Threads that compress what small writes to open shards gathered (a partitioned dataset's
@@ -248,23 +245,12 @@ class WriteStage:
         dead letters of its batches and those of the next ones; the count. Blocking."""
         for batch in batches:
             if batch.failures:
-                self._dead_letter(batch)
+                dead_letter(batch.source, batch.failures, self.dead_letters, self.metrics)
             if batch.parts:  # its records written, the commit to come
                 crashpoints.reached("mid-write")
             self.taken[batch.source] = self.taken.get(batch.source, 0) + batch.batches
             self.unit.add(batch, self.committer.sources[batch.source].compact)
         return len(batches)
-
-    def _dead_letter(self, batch: EncodedBatch) -> None:
-        discarded = 0
-        for ev, reason, detail in batch.failures:
-            where, payload = ev.where, ev.payload
-            discarded += self.dead_letters.write(batch.source, where, reason, detail, payload)
-            self.metrics.events_invalid.labels(batch.source, reason).inc()
-        self.metrics.events_dead_lettered.labels(batch.source).inc(len(batch.failures))
-        if discarded:
-            self.metrics.dead_letters_discarded.inc(discarded)
-            log.warning("dead letters rotated: %d older dead letter(s) deleted", discarded)
 
     def write_run(self, run: list[EncodedBatch]) -> int:
         """Write the batches of ``run`` in order, taking each one's position into the unit, up
@@ -293,8 +279,9 @@ class WriteStage:
                 return n
             account_all(self.datasets, placed, batch.source, self.metrics, self.dead_letters)
             compact = self.committer.sources[batch.source].compact
-            for part in parts:
-                self._write_part(part).positions.extend(batch.source, batch.tokens, compact)
+            # A joined batch may bring several parts to one shard: its positions go in once.
+            for entry in {id(e): e for e in map(self._write_part, parts)}.values():
+                entry.positions.extend(batch.source, batch.tokens, compact)
             self._add(batch)
             n += 1
             if self.cut_wanted:
@@ -321,7 +308,9 @@ class WriteStage:
         last: dict[ShardKey, None] = {}  # the shards in the order of their last part
         for batch, placed in taken:
             compact = self.committer.sources[batch.source].compact
-            for key in [(p.part.dataset, p.part.folder) for p in placed if not p.refused]:
+            for key in dict.fromkeys(
+                (p.part.dataset, p.part.folder) for p in placed if not p.refused
+            ):
                 entries[key].positions.extend(batch.source, batch.tokens, compact)
                 last[key] = last.pop(key, None)
             self._add(batch)
@@ -353,19 +342,23 @@ class WriteStage:
         the cap still closes shards as it is written (:meth:`_open_shard`)."""
         closed = False
         new: dict[str, int] = {}
+        keys = dict.fromkeys((p.dataset, p.folder) for p in parts)
+        opened: set[ShardKey] = set()  # a joined batch may bring several parts to one folder
         for part in parts:
             key = (part.dataset, part.folder)
             entry = self.open.get(key)
             if entry is None:
-                new[part.dataset] = new.get(part.dataset, 0) + 1
+                if key not in opened:
+                    opened.add(key)
+                    new[part.dataset] = new.get(part.dataset, 0) + 1
                 continue
             limit = self.datasets[part.dataset].config.max_shard_records
+            # Part by part: a shard that the next part fills is closed as it is written.
             if (limit and entry.shard.records + part.count > limit) or not entry.shard.fits(
                 part.records
             ):
                 self._close(key)
                 closed = True
-        keys = {(p.dataset, p.folder) for p in parts}
         for dataset, count in new.items():
             cap = self.datasets[dataset].config.max_open_shards
             here = [k for k in self.open if k[0] == dataset]
