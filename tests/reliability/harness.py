@@ -823,7 +823,8 @@ class AckAudit:
         if not acked:
             return
         index.refresh()
-        late = late_ids(self.state) if self.state is not None else set()
+        # The daemon was killed just now (or runs): its last dead letter may be cut short.
+        late = late_ids(self.state, partial=True) if self.state is not None else set()
         for name in acked:
             self.checked.add(name)
             self.files += 1
@@ -880,20 +881,27 @@ def dead_letter_place(where: str) -> str:
     return f"{name}:{rest.rpartition(':')[2]}"
 
 
-def dead_letter_entries(state: Path) -> list[dict[str, Any]]:
-    """Every dead letter in ``state`` (and its rotated file)."""
+def dead_letter_entries(state: Path, *, partial: bool = False) -> list[dict[str, Any]]:
+    """Every dead letter in ``state`` (and its rotated file). ``partial``: the daemon runs, or
+    was killed just now, so the last line may be cut short (a line is not always one write;
+    a restart cuts the file back to the last commit's end): such a line is left out."""
     found: list[dict[str, Any]] = []
     for name in ("dead-letters.jsonl.1", "dead-letters.jsonl"):
         path = state / name
         if path.exists():
-            found += [json.loads(line) for line in path.read_text().splitlines()]
+            text = path.read_text()
+            lines = text.splitlines()
+            if partial and lines and not text.endswith("\n"):
+                lines.pop()
+            found += [json.loads(line) for line in lines]
     return found
 
 
-def late_ids(state: Path) -> set[int]:
-    """The ids of the records dead-lettered as late (the dead letter holds the record)."""
+def late_ids(state: Path, *, partial: bool = False) -> set[int]:
+    """The ids of the records dead-lettered as late (the dead letter holds the record);
+    ``partial`` as :func:`dead_letter_entries` says."""
     found: set[int] = set()
-    for letter in dead_letter_entries(state):
+    for letter in dead_letter_entries(state, partial=partial):
         if letter["reason"] == "late":
             raw = letter.get("raw_base64")
             i = record_id(base64.b64decode(raw) if raw else letter["raw"].encode())
