@@ -165,6 +165,11 @@ def test_a_joined_unit_holds_no_more_than_a_shard_may() -> None:
     (joined,) = stage.encode_all(batches)
     assert [p.count for p in joined.parts] == [400, 400]  # two units, each under the cap
     assert {p.records.unit.compression for p in joined.parts} == {Compression.GZIP}
+    # A part the cap keeps alone is compressed as a batch encoded alone would be.
+    (three,) = stage.encode_all([_batch(n, "s", [("h", 0, 3)] * 400, 200) for n in range(3)])
+    assert [p.count for p in three.parts] == [400, 400, 400]
+    assert {p.records.unit.compression for p in three.parts} == {Compression.GZIP}
+    assert {p.records.unit.compression for p in joined.parts} == {Compression.GZIP}
     alone = [e for b in batches for e in stage.encode_all([b])]
     assert [r for p in joined.parts for r in unpack(p.records)] == [
         r for e in alone for p in e.parts for r in unpack(p.records)

@@ -83,10 +83,10 @@ def _joined(target: Target, requests: list[EncodeRequest]) -> list[Outcome]:
 def joined_parts(target: Target, batches: list[list[Part]]) -> list[Part]:
     """The framed parts of several batches by (dataset, folder), in order of first appearance,
     their records in batch order: consecutive ones of one (dataset, folder) that frame to
-    :data:`~tfrecordd.pipeline.encoding.PACK_MIN_BYTES` or more together, within the dataset's
-    shard caps, are compressed into one unit; the others stay as they are, framed, for the
-    shard's writer to gather (and to fill a shard to its record cap as closely as batch by
-    batch)."""
+    :data:`~tfrecordd.pipeline.encoding.PACK_MIN_BYTES` or more together (or alone, as a batch
+    encoded alone would be), within the dataset's shard caps, are compressed into one unit; the
+    others stay as they are, framed, for the shard's writer to gather (and to fill a shard to
+    its record cap as closely as batch by batch)."""
     by_key: dict[tuple[str, str], list[Part]] = {}
     for parts in batches:
         for part in parts:
@@ -95,7 +95,7 @@ def joined_parts(target: Target, batches: list[list[Part]]) -> list[Part]:
     for (dataset, _), parts in by_key.items():
         plan = target.config.datasets[dataset]
         for run in _runs(parts, plan.max_records, plan.compression, plan.max_bytes // 4):
-            if len(run) > 1 and sum(p.records.unit.raw_size for p in run) >= PACK_MIN_BYTES:
+            if sum(p.records.unit.raw_size for p in run) >= PACK_MIN_BYTES:
                 out.append(_unit(run, plan.compression, plan.level))
             else:
                 out.extend(run)
