@@ -127,11 +127,15 @@ def _summary(outcome: Outcome) -> tuple[object, ...]:
     return parts, sorted(lines), outcome.line_events, sorted(outcome.fallbacks.items())
 
 
-def _both(target: Target, lines: list[bytes]) -> tuple[Outcome, Outcome]:
+def _request(target: Target, lines: list[bytes]) -> EncodeRequest:
     text = b"".join(p.replace(b"\n", b" ") + b"\n" for p in lines)
-    request = EncodeRequest(
+    return EncodeRequest(
         "@s", [], Lines(text, "l", 0, 1 << 20), target.config.datasets["a"].compression, None
     )
+
+
+def _both(target: Target, lines: list[bytes]) -> tuple[Outcome, Outcome]:
+    request = _request(target, lines)
     fused = encode_with(target, request)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(target, "fused", None)
@@ -207,8 +211,4 @@ def test_a_plan_out_of_memory_leaves_the_batch_to_the_scan() -> None:
     assert target.fused is not None
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(target.fused, "plan", _NoMemory())
-        text = b"".join(p + b"\n" for p in payloads)
-        request = EncodeRequest(
-            "@s", [], Lines(text, "l", 0, 1 << 20), target.config.datasets["a"].compression, None
-        )
-        assert _summary(encode_with(target, request)) == _summary(scanned)
+        assert _summary(encode_with(target, _request(target, payloads))) == _summary(scanned)
