@@ -193,9 +193,10 @@ async def test_a_file_of_whole_read_chunks_ends_once(tmp_path: Path) -> None:
     source = make(spool, read_size=4096)
     ctx = await run_until_files_done(source, 1, RecordingContext(name="spool", max_batch_events=3))
     assert [e.payload for e in good(ctx)] == [line] * 8
-    # Two reads of four lines each, cut 3 + 1 by the batch size; the last batch ends the file.
-    assert [len(b.expand()) for b in ctx.batches] == [3, 1, 3, 1]
-    assert [b.token["eof"] for b in ctx.batches] == [False, False, False, True]
+    # Two reads of four lines each: the first read's short tail is completed from the second;
+    # the last batch ends the file.
+    assert [len(b.expand()) for b in ctx.batches] == [3, 3, 2]
+    assert [b.token["eof"] for b in ctx.batches] == [False, False, True]
     assert ctx.batches[-1].token["o"] == 8 * 1024
 
 
@@ -352,3 +353,43 @@ def test_lines_come_out_once_across_reads_long_lines_and_resumes(
         again = anyio.run(read, spool, {token["f"]: token["o"]})
         assert _events(again) == _expected_lines(body, token["o"], 1000)
         assert again.batches[-1].token["o"] == len(body)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.integers(0, 700), min_size=1, max_size=120),
+    st.sampled_from([4096, 5000, 8192]),
+    st.integers(1, 40),
+    st.integers(100, 12000),
+    st.booleans(),
+)
+def test_every_batch_of_a_file_but_its_last_is_full_whatever_the_reads(
+    lengths: list[int], read_size: int, max_events: int, max_bytes: int, newline_at_end: bool
+) -> None:
+    """A file's batches are cut by ``max_batch_events`` and ``max_batch_bytes`` alone, not by
+    where a read ends: each but the last holds ``max_events`` lines, or the next line would take
+    it past ``max_bytes``; none goes past either cap (unless it is one line); every line is
+    there once, in order, with its offset."""
+    body = b"\n".join(b"%d" % i + b"x" * n for i, n in enumerate(lengths))
+    body += b"\n" if newline_at_end else b""
+
+    async def read(spool: Path) -> RecordingContext:
+        source = make(spool, read_size=read_size, max_line_bytes=1000)
+        ctx = RecordingContext(name="spool", max_batch_events=max_events, max_batch_bytes=max_bytes)
+        return await run_until_files_done(source, 1, ctx)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spool = Path(tmp)
+        (spool / "a.jsonl").write_bytes(body)
+        ctx = anyio.run(read, spool)
+    assert _events(ctx) == _expected_lines(body, 0, 1000)
+    datas = [b.lines.data for b in ctx.batches if b.lines is not None]
+    assert len(datas) == len(ctx.batches)
+    assert b"".join(datas) == body
+    for i, data in enumerate(datas):
+        lines = data.splitlines(keepends=True)
+        assert len(lines) <= max_events
+        assert len(data) <= max_bytes or len(lines) == 1
+        if i + 1 < len(datas):
+            following = datas[i + 1].splitlines(keepends=True)[0]
+            assert len(lines) == max_events or len(data) + len(following) > max_bytes, (i, datas)

@@ -125,7 +125,11 @@ class FormatReaders:
 
         A buffer's last batch waits for the next read: when that read finds the end of the file,
         the batch carries the file's end, instead of a batch of its own after it (which would
-        cost a commit of its own when it arrives between two shards).
+        cost a commit of its own when it arrives between two shards). Where that batch is short
+        of ``max_batch_events`` and ``max_batch_bytes`` only because the buffer ended, the next
+        read's first lines complete it: a file's batches are all full but its last, whatever
+        the reads (with 1 MiB reads of 220-byte lines, every other batch was a read's short
+        tail, and a partitioned dataset's parts of a batch were half as large).
         """
         max_line, read_size = self.config.max_line_bytes, self.config.read_size
         max_events, max_bytes = ctx.max_batch_events, ctx.max_batch_bytes
@@ -136,6 +140,7 @@ class FormatReaders:
         eof = False
         lines = False  # whether the last buffer held whole lines: if not, the end goes alone
         held: tuple[Lines, int] | None = None  # the last batch cut, and the offset after it
+        short: tuple[int, int] | None = None  # held's (lines, bytes) if the buffer's end cut it
         part = False  # the file ends in a line without its line end, not read (not final)
         # The number of the line at `offset`, for dead letters; 0: not known (a file resumed
         # from a journalled offset, where counting would mean reading it again from its start).
@@ -143,10 +148,10 @@ class FormatReaders:
         head_line = 0
 
         async def send_held(last: bool) -> None:
-            nonlocal held
+            nonlocal held, short
             if held is not None:
                 batch, end = held
-                held = None
+                held = short = None
                 token = _token(claim, end, last, seen=reader.last_seen, part=last and part)
                 await ctx.send(RawBatch(ctx.name, [], token, batch))
 
@@ -166,7 +171,8 @@ class FormatReaders:
                 if held is not None and eof and not kept and head is None:
                     await send_held(True)
                     return
-                await send_held(False)
+                if head is not None or short is None:
+                    await send_held(False)
                 n, at = kept + got, 0  # work[at:n] is unread, from stream position `offset`
                 if offset == 0 and not kept and n >= len(BOM) and work[: len(BOM)] == BOM:
                     # A UTF-8 byte-order mark (.NET's Encoding.UTF8, PowerShell 5.1's utf8) is
@@ -198,11 +204,36 @@ class FormatReaders:
                 start = at
                 with memoryview(work) as view:
                     newlines: list[int] = []
+                    if short is not None and held is not None and whole > start:
+                        # The short batch held from the read before goes on with this one's
+                        # first lines, within the caps (else it goes as it is).
+                        room = max_bytes - short[1]
+                        end = next(cuts(work, start, whole, max_events - short[0], room, newlines))
+                        if end - start <= room:
+                            batch = held[0]
+                            data = batch.data + view[start:end]
+                            held = (
+                                Lines(data, rel, batch.offset, max_line, batch.line),
+                                (offset + end - at),
+                            )
+                            short = _short(
+                                short[0] + newlines[-1],
+                                len(data),
+                                end == whole,
+                                max_events,
+                                max_bytes,
+                            )
+                            start = end
+                            line = line and line + newlines[-1]
+                        newlines.clear()
                     for end in cuts(work, start, whole, max_events, max_bytes, newlines):
                         await send_held(False)
                         at_start = offset + start - at
                         batch = Lines(bytes(view[start:end]), rel, at_start, max_line, line)
                         held = batch, offset + end - at
+                        short = _short(
+                            newlines[-1], end - start, end == whole, max_events, max_bytes
+                        )
                         start = end
                         line = line and line + newlines[-1]
                 if eof:
@@ -397,6 +428,14 @@ async def reject(ctx: SourceContext, claim: str, rel: str, reason: str, offset: 
 def work_size(config: FormatSettings) -> int:
     """The read buffer's size: a read, after the start of a line left from the read before."""
     return config.read_size + min(config.max_line_bytes, config.read_size)
+
+
+def _short(
+    lines: int, size: int, tail: bool, max_events: int, max_bytes: int
+) -> tuple[int, int] | None:
+    """A batch's ``(lines, size)`` if it is a buffer's ``tail`` short of both caps (the next
+    read may complete it), else ``None``."""
+    return (lines, size) if tail and lines < max_events and size < max_bytes else None
 
 
 def cuts(
