@@ -883,8 +883,11 @@ def dead_letter_place(where: str) -> str:
 
 def dead_letter_entries(state: Path, *, partial: bool = False) -> list[dict[str, Any]]:
     """Every dead letter in ``state`` (and its rotated file). ``partial``: the daemon runs, or
-    was killed just now, so the last line may be cut short (a line is not always one write;
-    a restart cuts the file back to the last commit's end): such a line is left out."""
+    was killed just now, so the last line may be cut short: a line is one ``write()``, but
+    Linux copies a write into the page cache a page at a time and stops at the next page when
+    the writer is being killed (``generic_perform_write``), so a SIGKILL leaves the part of a
+    line before the first page boundary it crosses (a restart cuts the file back to the last
+    commit's end). Such a line is left out."""
     found: list[dict[str, Any]] = []
     for name in ("dead-letters.jsonl.1", "dead-letters.jsonl"):
         path = state / name
